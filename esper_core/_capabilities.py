@@ -1,0 +1,66 @@
+"""Probe device capabilities once, in one place, and say what was chosen.
+
+Everything that branches on CUDA availability asks this module, so tests can force each path
+and the resolved choice is logged once at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def cuda_available() -> bool:
+    """True when a CUDA device can be used by this process."""
+    return torch.cuda.is_available()
+
+
+def resolve_device(requested: str) -> torch.device:
+    """Turn ``auto`` / ``cpu`` / ``cuda`` into a device, refusing an impossible request.
+
+    Args:
+        requested: ``auto`` picks CUDA when present, else CPU.
+
+    Returns:
+        The device to run on.
+
+    Raises:
+        ValueError: for an unknown name, or ``cuda`` on a machine without a CUDA device.
+    """
+    if requested not in DEVICE_CHOICES:
+        raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {requested!r}")
+    if requested == "cuda" and not cuda_available():
+        raise ValueError(
+            "device 'cuda' was requested but torch sees no CUDA device "
+            f"(torch {torch.__version__}); use --device cpu or --device auto"
+        )
+    if requested == "auto":
+        requested = "cuda" if cuda_available() else "cpu"
+    device = torch.device(requested)
+    _log_choice(str(device))
+    return device
+
+
+@functools.cache
+def _log_choice(device: str) -> None:
+    log.info("esper device: %s (torch %s)", device, torch.__version__)
+
+
+@functools.cache
+def initialise_pytorch_defaults() -> None:
+    """Set float32 matmul precision and TF32 once per process (seed 000, change 3).
+
+    On CPU the precision setting is harmless; TF32 flags only matter on CUDA, so they are set
+    only when a CUDA device is present.
+    """
+    torch.set_float32_matmul_precision("high")
+    if cuda_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    log.info("matmul precision 'high'; TF32 %s", "on" if cuda_available() else "n/a (no CUDA)")

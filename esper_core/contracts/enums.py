@@ -1,0 +1,133 @@
+"""Leyline enums: the vocabulary every subsystem speaks.
+
+Values are lower-case strings so that JSON, SQL rows and Prometheus labels carry readable names.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class SeedStage(str, Enum):
+    """Lifecycle stage of a seed slot (DESIGN.md "Seed lifecycle")."""
+
+    DORMANT = "dormant"
+    GERMINATED = "germinated"
+    TRAINING = "training"
+    BLENDING = "blending"
+    PROBATIONARY = "probationary"
+    FOSSILIZED = "fossilized"
+    CULLED = "culled"
+    EMBARGOED = "embargoed"
+
+    @property
+    def is_active(self) -> bool:
+        """True while the slot holds a seed module that takes part in forward passes."""
+        return self in _ACTIVE_STAGES
+
+
+_ACTIVE_STAGES = frozenset(
+    {
+        SeedStage.GERMINATED,
+        SeedStage.TRAINING,
+        SeedStage.BLENDING,
+        SeedStage.PROBATIONARY,
+        SeedStage.FOSSILIZED,
+    }
+)
+
+
+class GateId(str, Enum):
+    """The lifecycle gates; each verdict is a telemetry event named ``kasmina.gate.<id>``."""
+
+    G0_SANITY = "g0_sanity"
+    G1_GRADIENT_HEALTH = "g1_gradient_health"
+    G2_STABILITY = "g2_stability"
+    G3_INTERFACE = "g3_interface"
+    G4_SYSTEM_IMPACT = "g4_system_impact"
+    G5_RESET = "g5_reset"
+
+
+class CommandType(str, Enum):
+    """What an adaptation command asks for."""
+
+    WAIT = "wait"
+    SEED = "seed"
+    OPTIMIZER = "optimizer"
+    PAUSE = "pause"
+
+
+class SeedOperation(str, Enum):
+    """The operation of a ``CommandType.SEED`` command."""
+
+    GERMINATE = "germinate"
+    ADVANCE = "advance"
+    FOSSILIZE = "fossilize"
+    CULL = "cull"
+
+
+class HealthStatus(str, Enum):
+    """Health carried by every telemetry packet."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    CRITICAL = "critical"
+
+
+class TelemetryLevel(str, Enum):
+    """Severity of a telemetry event."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class BlueprintTier(str, Enum):
+    """Karn tier: how much trust a blueprint has earned."""
+
+    SAFE = "safe"
+    EXPERIMENTAL = "experimental"
+    HIGH_RISK = "high_risk"
+
+
+class ArtifactStatus(str, Enum):
+    """Urza status of a published kernel artifact."""
+
+    ACTIVE = "active"
+    QUARANTINED = "quarantined"
+    RETIRED = "retired"
+
+
+class ArtifactKind(str, Enum):
+    """How an artifact's blob is loaded: an exported program, or eager weights (fallback)."""
+
+    EXPORTED = "exported"
+    EAGER = "eager"
+
+
+class BlendSchedule(str, Enum):
+    """Shape of the alpha ramp during BLENDING."""
+
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
+class BlendMode(str, Enum):
+    """How a seed's output joins the host's activation.
+
+    RESIDUAL: ``y = x + alpha * seed(x)``; CONVEX: ``y = (1 - alpha) * x + alpha * seed(x)``.
+    """
+
+    RESIDUAL = "residual"
+    CONVEX = "convex"
+
+
+class Outcome(str, Enum):
+    """Outcome of a command once its observation window closed (field reports)."""
+
+    SUCCESS = "success"
+    NEUTRAL = "neutral"
+    REGRESSION = "regression"

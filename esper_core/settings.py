@@ -1,0 +1,53 @@
+"""Service settings (where things live), kept apart from training hyperparameters.
+
+Read from ``ESPER_*`` environment variables, e.g. ``ESPER_HOME=/data/esper``,
+``ESPER_REGISTRY_URL=postgresql+psycopg://...``, ``ESPER_PROMETHEUS_PORT=9464``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class EsperSettings(BaseSettings):
+    """Locations and service endpoints for one Esper installation."""
+
+    model_config = SettingsConfigDict(env_prefix="ESPER_", extra="ignore")
+
+    home: Path = Field(default=Path(".esper"), description="Root of registry, artifacts and runs.")
+    registry_url: SecretStr | None = Field(
+        default=None,
+        description="SQLAlchemy URL of Urza; default: SQLite file <home>/registry.db.",
+    )
+    prometheus_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics on this port while flows run; unset: no server.",
+    )
+
+    @field_validator("home")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Resolve once so Prefect tasks in other working directories see the same place.
+        return value.expanduser().resolve()
+
+    @property
+    def registry_db_url(self) -> str:
+        """The registry URL to connect to (secret revealed only here)."""
+        if self.registry_url is not None:
+            return self.registry_url.get_secret_value()
+        return f"sqlite:///{self.home / 'registry.db'}"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Content-addressed blob store of compiled kernels."""
+        return self.home / "artifacts"
+
+    @property
+    def runs_dir(self) -> Path:
+        """One sub-directory per training run."""
+        return self.home / "runs"
