@@ -1,0 +1,58 @@
+"""What Tamiyo knows about a blueprint it may germinate: Karn's descriptor plus Urza's facts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from esper_core.contracts import BlueprintDescriptor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlueprintCandidate:
+    """A blueprint that can be germinated now, with the registry facts the policy weighs.
+
+    Attributes:
+        descriptor: Karn's descriptor (id, tier, risk, parameter bounds).
+        shape_profiles: Shape profiles for which Urza holds an active compiled artifact; a slot
+            can only host this blueprint if its ``shape_profile`` is in this set.
+        latency_p95_ms: p95 latency of the artifact in milliseconds (worst over its profiles).
+        param_cost: Number of parameters the seed adds to the host.
+    """
+
+    descriptor: BlueprintDescriptor
+    shape_profiles: frozenset[str]
+    latency_p95_ms: float
+    param_cost: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape_profiles, frozenset):
+            raise ValueError(
+                f"shape_profiles must be a frozenset, got {type(self.shape_profiles).__name__}: "
+                "wrap the profile names in frozenset(...)"
+            )
+        if not (math.isfinite(self.latency_p95_ms) and self.latency_p95_ms >= 0.0):
+            raise ValueError(
+                f"latency_p95_ms must be a finite number >= 0, got {self.latency_p95_ms!r}: "
+                f"pass the measured p95 of blueprint {self.descriptor.blueprint_id!r}"
+            )
+        if self.param_cost < 0:
+            raise ValueError(
+                f"param_cost must be >= 0, got {self.param_cost}: pass the seed's parameter count"
+            )
+
+    @property
+    def blueprint_id(self) -> str:
+        """The Karn blueprint id."""
+        return self.descriptor.blueprint_id
+
+    def fits(self, shape_profile: str) -> bool:
+        """Whether an active artifact exists for ``shape_profile``.
+
+        Args:
+            shape_profile: The slot's Karn shape profile.
+
+        Returns:
+            True if this candidate can be germinated in a slot with that profile.
+        """
+        return shape_profile in self.shape_profiles

@@ -1,0 +1,317 @@
+"""Turn a run's recent ``SystemStatePacket``s into the hetero graph Tamiyo's policy reads.
+
+Node types and their features (names in the ``*_FEATURES`` tuples, sizes in the ``*_DIM``
+constants, so the policy has fixed input widths):
+
+- ``global`` (1 node): losses, accuracy, val-loss trend and volatility, learning rate, latency
+  against budget, host size, epoch, active seeds.
+- ``layer`` (one per ``LayerState``, in host order): width, activation statistics, gradient
+  norm, relative depth.
+- ``slot`` (one per ``SeedState``): lifecycle stage, blend alpha, ages, size, gradient norm, the
+  seed's effect on validation loss, last gate verdict.
+- ``blueprint`` (one per ``BlueprintCandidate``): tier, risk, latency, parameter cost, number of
+  shape profiles with an artifact.
+
+Every relation has an explicit reverse so that every node type receives messages, and every
+edge type is always present (possibly with zero edges) so the graph metadata never changes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch_geometric.data import HeteroData
+
+from esper_core.contracts import BlueprintTier, LayerState, SeedStage, SeedState, SystemStatePacket
+from esper_core.tamiyo.candidates import BlueprintCandidate
+
+NodeType = str
+EdgeType = tuple[str, str, str]
+
+NODE_TYPES: tuple[NodeType, ...] = ("global", "layer", "slot", "blueprint")
+
+# Forward relations first, then their reverses in the same order.
+FORWARD_EDGE_TYPES: tuple[EdgeType, ...] = (
+    ("layer", "feeds", "layer"),
+    ("layer", "hosts", "slot"),
+    ("blueprint", "fits", "slot"),
+    ("global", "context", "layer"),
+    ("global", "context", "slot"),
+    ("global", "context", "blueprint"),
+)
+REVERSE_EDGE_TYPES: tuple[EdgeType, ...] = (
+    ("layer", "fed_by", "layer"),
+    ("slot", "hosted_in", "layer"),
+    ("slot", "fitted_by", "blueprint"),
+    ("layer", "informs", "global"),
+    ("slot", "informs", "global"),
+    ("blueprint", "informs", "global"),
+)
+EDGE_TYPES: tuple[EdgeType, ...] = FORWARD_EDGE_TYPES + REVERSE_EDGE_TYPES
+
+GLOBAL_FEATURES: tuple[str, ...] = (
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "val_loss_slope",  # least-squares slope per epoch over the last TREND_WINDOW epochs
+    "val_loss_volatility",  # population std of the last TREND_WINDOW val losses
+    "log_learning_rate",
+    "latency_budget_ratio",  # epoch_latency_ms / latency_budget_ms
+    "log1p_host_params",
+    "log1p_epoch",
+    "active_seeds",
+)
+LAYER_FEATURES: tuple[str, ...] = (
+    "log_width",
+    "activation_mean",
+    "activation_std",
+    "log1p_grad_norm",
+    "relative_depth",  # 0 for the first layer, 1 for the last
+)
+_SLOT_STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
+SLOT_FEATURES: tuple[str, ...] = tuple(f"stage_{s.value}" for s in _SLOT_STAGES) + (
+    "alpha",
+    "log1p_age_epochs",
+    "log1p_epochs_in_stage",
+    "log1p_param_count",
+    "log1p_grad_norm",
+    "val_loss_with_seed_delta",  # metrics["val_loss_with_seed"] - packet val_loss
+    "val_loss_without_seed_delta",  # metrics["val_loss_without_seed"] - packet val_loss
+    "gate_passed",
+    "gate_failed",
+    "gate_none",
+)
+_TIERS: tuple[BlueprintTier, ...] = tuple(BlueprintTier)
+BLUEPRINT_FEATURES: tuple[str, ...] = tuple(f"tier_{t.value}" for t in _TIERS) + (
+    "risk",
+    "log1p_latency_p95_ms",
+    "log1p_param_cost",
+    "num_profiles",
+)
+
+GLOBAL_DIM = len(GLOBAL_FEATURES)
+LAYER_DIM = len(LAYER_FEATURES)
+SLOT_DIM = len(SLOT_FEATURES)
+BLUEPRINT_DIM = len(BLUEPRINT_FEATURES)
+FEATURE_DIMS: dict[NodeType, int] = {
+    "global": GLOBAL_DIM,
+    "layer": LAYER_DIM,
+    "slot": SLOT_DIM,
+    "blueprint": BLUEPRINT_DIM,
+}
+
+TREND_WINDOW = 5
+# Bounds every feature: a diverged loss of 1e30 must not saturate the policy's activations.
+FEATURE_CLIP = 1e4
+
+# A feature row before tensorisation; ``None`` marks an entry that was not observed.
+_Row = list[float | None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TamiyoGraph:
+    """The policy's input graph plus the ids needed to map node scores back to commands.
+
+    Attributes:
+        data: The hetero graph; ``data.x_dict`` / ``data.edge_index_dict`` feed the policy.
+        slot_ids: Slot id of each ``slot`` node, in node order.
+        blueprint_ids: Blueprint id of each ``blueprint`` node, in node order.
+        coverage: Share of feature entries that were observed rather than defaulted to 0.
+    """
+
+    data: HeteroData
+    slot_ids: tuple[str, ...]
+    blueprint_ids: tuple[str, ...]
+    coverage: float
+
+    def inputs(
+        self, device: torch.device
+    ) -> tuple[dict[NodeType, torch.Tensor], dict[EdgeType, torch.Tensor]]:
+        """The policy's ``(x_dict, edge_index_dict)`` on ``device``.
+
+        Args:
+            device: Where the policy runs.
+
+        Returns:
+            Node features per node type and edge indices per edge type.
+        """
+        # non_blocking only overlaps anything for pinned host memory; it is harmless otherwise.
+        x_dict = {nt: x.to(device, non_blocking=True) for nt, x in self.data.x_dict.items()}
+        edge_index_dict = {
+            et: ei.to(device, non_blocking=True) for et, ei in self.data.edge_index_dict.items()
+        }
+        return x_dict, edge_index_dict
+
+
+def build_graph(
+    history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate]
+) -> TamiyoGraph:
+    """Build Tamiyo's hetero graph for the current epoch.
+
+    Args:
+        history: The run's packets, oldest first; ``history[-1]`` is the current epoch. Earlier
+            packets only feed the val-loss trend and volatility.
+        candidates: Blueprints that can be germinated, one ``blueprint`` node each.
+
+    Returns:
+        The graph with every node type and every edge type in ``EDGE_TYPES`` present (possibly
+        empty), float32 features bounded by ``FEATURE_CLIP`` and int64 ``(2, E)`` edge indices.
+
+    Raises:
+        ValueError: If ``history`` is empty.
+    """
+    if not history:
+        raise ValueError("history is empty: pass at least the current epoch's SystemStatePacket")
+    current = history[-1]
+    rows: dict[NodeType, list[_Row]] = {
+        "global": [_global_row(history)],
+        "layer": [
+            _layer_row(layer, i, len(current.layers)) for i, layer in enumerate(current.layers)
+        ],
+        "slot": [_slot_row(seed, current.val_loss) for seed in current.seeds],
+        "blueprint": [_blueprint_row(c) for c in candidates],
+    }
+    data = HeteroData()
+    observed = total = 0
+    for node_type, node_rows in rows.items():
+        x, n_observed = _tensorise(node_rows, FEATURE_DIMS[node_type])
+        data[node_type].x = x  # (num_nodes, FEATURE_DIMS[node_type])
+        observed += n_observed
+        total += x.numel()
+    for edge_type, (src, dst) in _edges(current, candidates).items():
+        data[edge_type].edge_index = torch.tensor([src, dst], dtype=torch.long)  # (2, E)
+    return TamiyoGraph(
+        data=data,
+        slot_ids=tuple(s.slot_id for s in current.seeds),
+        blueprint_ids=tuple(c.blueprint_id for c in candidates),
+        coverage=observed / total,
+    )
+
+
+def _tensorise(rows: list[_Row], dim: int) -> tuple[torch.Tensor, int]:
+    """Stack rows into a bounded float32 tensor; count entries that were observed and finite."""
+    values: list[list[float]] = []
+    observed = 0
+    for row in rows:
+        assert len(row) == dim, f"feature row has {len(row)} entries, expected {dim}"
+        clean: list[float] = []
+        for value in row:
+            if value is None or not math.isfinite(value):
+                clean.append(0.0)
+            else:
+                observed += 1
+                clean.append(max(-FEATURE_CLIP, min(FEATURE_CLIP, value)))
+        values.append(clean)
+    return torch.tensor(values, dtype=torch.float32).reshape(len(rows), dim), observed
+
+
+def _global_row(history: Sequence[SystemStatePacket]) -> _Row:
+    current = history[-1]
+    recent = [p.val_loss for p in history[-TREND_WINDOW:]]
+    slope = _slope(recent) if len(recent) >= 2 else None
+    volatility = statistics.pstdev(recent) if len(recent) >= 2 else None
+    return [
+        current.train_loss,
+        current.val_loss,
+        current.val_accuracy,
+        slope,
+        volatility,
+        math.log(current.learning_rate),
+        current.epoch_latency_ms / current.latency_budget_ms,
+        math.log1p(current.host_params),
+        math.log1p(current.epoch),
+        float(sum(s.stage.is_active for s in current.seeds)),
+    ]
+
+
+def _slope(values: list[float]) -> float:
+    """Least-squares slope of ``values`` against 0, 1, 2, ... (needs at least two values)."""
+    n = len(values)
+    x_mean = (n - 1) / 2
+    y_mean = sum(values) / n
+    cov = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(values))
+    var = sum((i - x_mean) ** 2 for i in range(n))
+    return cov / var
+
+
+def _layer_row(layer: LayerState, index: int, num_layers: int) -> _Row:
+    return [
+        math.log(layer.width),
+        layer.activation_mean,
+        layer.activation_std,
+        _log1p_nonneg(layer.grad_norm),
+        index / (num_layers - 1) if num_layers > 1 else 0.0,
+    ]
+
+
+def _slot_row(seed: SeedState, val_loss: float) -> _Row:
+    stage_onehot: _Row = [float(seed.stage is s) for s in _SLOT_STAGES]
+    grad_norm = seed.metrics.get("grad_norm")
+    with_seed = seed.metrics.get("val_loss_with_seed")
+    without_seed = seed.metrics.get("val_loss_without_seed")
+    gate = seed.last_gate
+    return stage_onehot + [
+        seed.alpha,
+        math.log1p(seed.age_epochs),
+        math.log1p(seed.epochs_in_stage),
+        math.log1p(seed.param_count),
+        None if grad_norm is None else _log1p_nonneg(grad_norm),
+        None if with_seed is None else with_seed - val_loss,
+        None if without_seed is None else without_seed - val_loss,
+        float(gate is not None and gate.passed),
+        float(gate is not None and not gate.passed),
+        float(gate is None),
+    ]
+
+
+def _blueprint_row(candidate: BlueprintCandidate) -> _Row:
+    tier_onehot: _Row = [float(candidate.descriptor.tier is t) for t in _TIERS]
+    return tier_onehot + [
+        candidate.descriptor.risk,
+        math.log1p(candidate.latency_p95_ms),
+        math.log1p(candidate.param_cost),
+        float(len(candidate.shape_profiles)),
+    ]
+
+
+def _log1p_nonneg(value: float) -> float:
+    # Norms are >= 0 by definition; a negative one is a reporting bug, so keep its sign visible
+    # to the policy instead of producing log1p(<-1) = nan.
+    return math.copysign(math.log1p(abs(value)), value)
+
+
+def _edges(
+    current: SystemStatePacket, candidates: Sequence[BlueprintCandidate]
+) -> dict[EdgeType, tuple[list[int], list[int]]]:
+    """(src, dst) node indices for every edge type in ``EDGE_TYPES``."""
+    num_layers, num_slots = len(current.layers), len(current.seeds)
+    layer_index: dict[str, list[int]] = {}
+    for i, layer in enumerate(current.layers):
+        layer_index.setdefault(layer.name, []).append(i)
+    hosts = [(i, j) for j, s in enumerate(current.seeds) for i in layer_index.get(s.layer, [])]
+    fits = [
+        (b, j)
+        for b, cand in enumerate(candidates)
+        for j, s in enumerate(current.seeds)
+        if cand.fits(s.shape_profile)
+    ]
+    forward: dict[EdgeType, list[tuple[int, int]]] = {
+        ("layer", "feeds", "layer"): [(i, i + 1) for i in range(num_layers - 1)],
+        ("layer", "hosts", "slot"): hosts,
+        ("blueprint", "fits", "slot"): fits,
+        ("global", "context", "layer"): [(0, i) for i in range(num_layers)],
+        ("global", "context", "slot"): [(0, j) for j in range(num_slots)],
+        ("global", "context", "blueprint"): [(0, b) for b in range(len(candidates))],
+    }
+    edges: dict[EdgeType, tuple[list[int], list[int]]] = {}
+    for fwd, rev in zip(FORWARD_EDGE_TYPES, REVERSE_EDGE_TYPES, strict=True):
+        pairs = forward[fwd]
+        src = [p[0] for p in pairs]
+        dst = [p[1] for p in pairs]
+        edges[fwd] = (src, dst)
+        edges[rev] = (dst, src)
+    return edges

@@ -1,0 +1,309 @@
+"""Transparent rule-based policy: what Tamiyo does until its GNN has been trained by Simic.
+
+Rules, first match wins (each command's ``reason`` quotes the numbers it used):
+
+1. A PROBATIONARY seed whose last gate is a passed G4 (system impact) is fossilized.
+2. An active, not yet fossilized seed whose last gate failed is culled.
+3. With ``max_active_seeds`` seeds in flight (GERMINATED .. PROBATIONARY), wait.
+4. With a DORMANT slot and either a val-loss plateau or the probe epoch reached before any seed
+   has ever left DORMANT, germinate: the lowest-risk (then fastest) SAFE blueprint with an
+   artifact for the slot's shape profile, in the dormant slot whose host layer has the largest
+   gradient norm among the slots that have such a blueprint. No fitting blueprint: wait.
+5. Otherwise wait.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from esper_core.contracts import (
+    AdaptationCommand,
+    BlendSchedule,
+    BlueprintTier,
+    CommandType,
+    GateId,
+    SeedOperation,
+    SeedStage,
+    SeedState,
+    SystemStatePacket,
+)
+from esper_core.tamiyo.candidates import BlueprintCandidate
+
+ISSUED_BY = "heuristic"
+
+# Builds a heuristic command for the current run and epoch: make(command_type, reason, **fields).
+_Make = Callable[..., AdaptationCommand]
+
+IN_FLIGHT_STAGES: frozenset[SeedStage] = frozenset(
+    {SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.PROBATIONARY}
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class HeuristicConfig:
+    """Thresholds of the rule-based policy.
+
+    Attributes:
+        plateau_window: Epochs over which the val-loss improvement is measured.
+        plateau_rel_tol: A relative val-loss improvement below this over ``plateau_window``
+            epochs is a plateau (0.01 = 1 %).
+        probe_epoch: Germinate the first seed no later than this epoch even without a plateau,
+            so short runs still explore; None disables the probe.
+        max_active_seeds: Seeds allowed in flight (GERMINATED .. PROBATIONARY) at once.
+        blend_epochs: Length of the alpha ramp written into germinate commands.
+        blend_schedule: Shape of the alpha ramp written into germinate commands.
+    """
+
+    plateau_window: int = 2
+    plateau_rel_tol: float = 0.01
+    probe_epoch: int | None = 1
+    max_active_seeds: int = 1
+    blend_epochs: int = 2
+    blend_schedule: BlendSchedule = BlendSchedule.LINEAR
+
+    def __post_init__(self) -> None:
+        if self.plateau_window < 1:
+            raise ValueError(f"plateau_window must be >= 1 epoch, got {self.plateau_window}")
+        if not 0.0 <= self.plateau_rel_tol < 1.0:
+            raise ValueError(
+                f"plateau_rel_tol must lie in [0, 1), got {self.plateau_rel_tol}: "
+                "it is a fraction, e.g. 0.01 for 1 %"
+            )
+        if self.probe_epoch is not None and self.probe_epoch < 0:
+            raise ValueError(f"probe_epoch must be >= 0 or None (disabled), got {self.probe_epoch}")
+        if self.max_active_seeds < 1:
+            raise ValueError(f"max_active_seeds must be >= 1, got {self.max_active_seeds}")
+        if self.blend_epochs < 1:
+            raise ValueError(f"blend_epochs must be >= 1, got {self.blend_epochs}")
+        if not isinstance(self.blend_schedule, BlendSchedule):
+            options = [s.value for s in BlendSchedule]
+            if self.blend_schedule not in options:
+                raise ValueError(
+                    f"blend_schedule must be one of {options}, got {self.blend_schedule!r}"
+                )
+            self.blend_schedule = BlendSchedule(self.blend_schedule)
+
+
+class HeuristicPolicy:
+    """Rule-based policy with one ``decide`` call per epoch.
+
+    Args:
+        config: Thresholds; defaults to ``HeuristicConfig()``.
+    """
+
+    def __init__(self, config: HeuristicConfig | None = None) -> None:
+        self.config = config if config is not None else HeuristicConfig()
+
+    def decide(
+        self,
+        history: Sequence[SystemStatePacket],
+        candidates: Sequence[BlueprintCandidate],
+        *,
+        run_id: str,
+    ) -> AdaptationCommand:
+        """Choose this epoch's command.
+
+        Args:
+            history: The run's packets, oldest first; ``history[-1]`` is the current epoch.
+            candidates: Blueprints with active artifacts that may be germinated.
+            run_id: Run the command belongs to.
+
+        Returns:
+            A command with ``issued_by="heuristic"`` and a reason quoting the numbers used.
+
+        Raises:
+            ValueError: If ``history`` is empty.
+        """
+        if not history:
+            raise ValueError("history is empty: pass at least the current epoch's packet")
+        make: _Make = functools.partial(_make_command, run_id=run_id, epoch=history[-1].epoch)
+        seeds = history[-1].seeds
+        for rule in (_fossilize_on_passed_g4, _cull_on_failed_gate, self._wait_while_in_flight):
+            command = rule(seeds, make)
+            if command is not None:
+                return command
+        return self._germinate_or_wait(history, candidates, make)
+
+    def _wait_while_in_flight(
+        self, seeds: Sequence[SeedState], make: _Make
+    ) -> AdaptationCommand | None:
+        """Rule 3: wait while ``max_active_seeds`` seeds are in flight."""
+        in_flight = [s for s in seeds if s.stage in IN_FLIGHT_STAGES]
+        if len(in_flight) < self.config.max_active_seeds:
+            return None
+        listed = ", ".join(
+            f"{s.slot_id} {s.stage.value} for {s.epochs_in_stage} epoch(s)" for s in in_flight
+        )
+        return make(
+            CommandType.WAIT,
+            f"wait: {len(in_flight)} seed(s) in flight ({listed}) >= max_active_seeds="
+            f"{self.config.max_active_seeds}",
+        )
+
+    def _germinate_or_wait(
+        self,
+        history: Sequence[SystemStatePacket],
+        candidates: Sequence[BlueprintCandidate],
+        make: _Make,
+    ) -> AdaptationCommand:
+        """Rules 4 and 5: germinate on a plateau or at the probe epoch, else wait."""
+        current = history[-1]
+        dormant = [s for s in current.seeds if s.stage is SeedStage.DORMANT]
+        if not dormant:
+            return make(CommandType.WAIT, "wait: no DORMANT slot to germinate")
+        trigger = self._trigger(history)
+        if trigger is None:
+            return make(CommandType.WAIT, f"wait: {self._no_trigger_reason(history)}")
+        fitting = [(s, c) for s in dormant if (c := _best_safe_fit(s, candidates)) is not None]
+        if not fitting:
+            profiles = sorted({s.shape_profile for s in dormant})
+            return make(
+                CommandType.WAIT,
+                f"wait: {trigger}, but no SAFE blueprint among {len(candidates)} candidate(s) "
+                f"has an artifact for the dormant slots' profiles {profiles}",
+            )
+        grad_norms = {layer.name: layer.grad_norm for layer in current.layers}
+        # max() keeps the first of equal keys, so ties go to the earlier slot. A slot whose
+        # host layer is not reported counts as grad_norm 0.
+        slot, best = max(fitting, key=lambda sc: grad_norms.get(sc[0].layer, 0.0))
+        desc = best.descriptor
+        return make(
+            CommandType.SEED,
+            f"germinate: {trigger}; slot {slot.slot_id} on layer {slot.layer} has the largest "
+            f"host grad_norm {grad_norms.get(slot.layer, 0.0):.4g} among {len(fitting)} "
+            f"germinable dormant slot(s); {desc.blueprint_id} is the lowest-risk SAFE fit for "
+            f"profile {slot.shape_profile!r} (risk {desc.risk:.3g}, "
+            f"p95 {best.latency_p95_ms:.3g} ms)",
+            seed_operation=SeedOperation.GERMINATE,
+            slot_id=slot.slot_id,
+            blueprint_id=desc.blueprint_id,
+            blend_epochs=self.config.blend_epochs,
+            blend_schedule=self.config.blend_schedule,
+        )
+
+    def _trigger(self, history: Sequence[SystemStatePacket]) -> str | None:
+        """Why a germination is due now (plateau or probe), or None."""
+        plateau = _relative_improvement(history, self.config.plateau_window)
+        if plateau is not None and plateau[0] < self.config.plateau_rel_tol:
+            improvement, before, after = plateau
+            return (
+                f"val_loss plateau: relative improvement {improvement:.2%} over the last "
+                f"{self.config.plateau_window} epoch(s) ({before:.4g} -> {after:.4g}) < "
+                f"plateau_rel_tol {self.config.plateau_rel_tol:.2%}"
+            )
+        probe = self.config.probe_epoch
+        epoch = history[-1].epoch
+        if probe is not None and epoch >= probe and not _ever_germinated(history):
+            return f"probe: epoch {epoch} >= probe_epoch {probe} and no seed has left DORMANT yet"
+        return None
+
+    def _no_trigger_reason(self, history: Sequence[SystemStatePacket]) -> str:
+        window = self.config.plateau_window
+        plateau = _relative_improvement(history, window)
+        if plateau is None:
+            parts = [f"{len(history)} epoch(s) of history, a plateau needs {window + 1}"]
+        else:
+            improvement, before, after = plateau
+            parts = [
+                f"val_loss improved {improvement:.2%} over the last {window} epoch(s) "
+                f"({before:.4g} -> {after:.4g}) >= plateau_rel_tol "
+                f"{self.config.plateau_rel_tol:.2%}"
+            ]
+        probe = self.config.probe_epoch
+        if probe is None:
+            parts.append("probe disabled")
+        elif _ever_germinated(history):
+            parts.append("probe not needed: a seed has already germinated")
+        else:
+            parts.append(f"epoch {history[-1].epoch} < probe_epoch {probe}")
+        return "; ".join(parts)
+
+
+def _make_command(
+    command_type: CommandType,
+    reason: str,
+    *,
+    run_id: str,
+    epoch: int,
+    **fields: Any,  # noqa: ANN401  (forwarded verbatim; AdaptationCommand validates them)
+) -> AdaptationCommand:
+    return AdaptationCommand(
+        run_id=run_id,
+        epoch=epoch,
+        command_type=command_type,
+        issued_by=ISSUED_BY,
+        reason=reason,
+        **fields,
+    )
+
+
+def _fossilize_on_passed_g4(seeds: Sequence[SeedState], make: _Make) -> AdaptationCommand | None:
+    """Rule 1: fossilize a PROBATIONARY seed whose last gate is a passed G4."""
+    for seed in seeds:
+        gate = seed.last_gate
+        if (
+            seed.stage is SeedStage.PROBATIONARY
+            and gate is not None
+            and gate.gate is GateId.G4_SYSTEM_IMPACT
+            and gate.passed
+        ):
+            return make(
+                CommandType.SEED,
+                f"fossilize: slot {seed.slot_id} passed {gate.gate.value}"
+                f"{_measured(gate.measured)}",
+                seed_operation=SeedOperation.FOSSILIZE,
+                slot_id=seed.slot_id,
+            )
+    return None
+
+
+def _cull_on_failed_gate(seeds: Sequence[SeedState], make: _Make) -> AdaptationCommand | None:
+    """Rule 2: cull an in-flight (active, not fossilized) seed whose last gate failed."""
+    for seed in seeds:
+        gate = seed.last_gate
+        if seed.stage in IN_FLIGHT_STAGES and gate is not None and not gate.passed:
+            return make(
+                CommandType.SEED,
+                f"cull: slot {seed.slot_id} ({seed.stage.value}) failed {gate.gate.value}: "
+                f"{gate.reason}{_measured(gate.measured)}",
+                seed_operation=SeedOperation.CULL,
+                slot_id=seed.slot_id,
+            )
+    return None
+
+
+def _relative_improvement(
+    history: Sequence[SystemStatePacket], window: int
+) -> tuple[float, float, float] | None:
+    """(relative improvement, val_loss ``window`` epochs ago, val_loss now), or None if short."""
+    if len(history) <= window:
+        return None
+    before, after = history[-1 - window].val_loss, history[-1].val_loss
+    # Guard the division: a val loss of exactly 0 cannot improve, which reads as a plateau.
+    improvement = (before - after) / max(abs(before), 1e-12)
+    return improvement, before, after
+
+
+def _ever_germinated(history: Sequence[SystemStatePacket]) -> bool:
+    return any(s.stage is not SeedStage.DORMANT for packet in history for s in packet.seeds)
+
+
+def _best_safe_fit(
+    slot: SeedState, candidates: Sequence[BlueprintCandidate]
+) -> BlueprintCandidate | None:
+    """The SAFE candidate fitting ``slot`` with the lowest risk, then latency (ties: first)."""
+    fits = [
+        c
+        for c in candidates
+        if c.descriptor.tier is BlueprintTier.SAFE and c.fits(slot.shape_profile)
+    ]
+    return min(fits, key=lambda c: (c.descriptor.risk, c.latency_p95_ms), default=None)
+
+
+def _measured(measured: dict[str, float]) -> str:
+    if not measured:
+        return ""
+    return " (" + ", ".join(f"{k}={v:.4g}" for k, v in sorted(measured.items())) + ")"

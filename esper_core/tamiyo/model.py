@@ -1,0 +1,155 @@
+"""Tamiyo's policy: a hetero-GNN over the training-state graph built by ``graph.build_graph``.
+
+Shape legend: N_t nodes of type t; G global nodes (1 per graph); S slot nodes; B blueprint
+nodes; H = ``hidden_dim``; A = ``len(ACTIONS)``; K = ``len(BlendSchedule)``.
+
+The module is plain eager PyTorch with fixed input widths (no lazy ``-1`` layers, so no dry
+run is needed before building an optimizer) and no data-dependent Python control flow in
+``forward``, so ``torch.compile(dynamic=True)`` traces it without graph breaks. Compilation,
+precision and device placement are applied from outside, in ``build.prepare_policy``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import HeteroConv, SAGEConv
+
+from esper_core.contracts import BlendSchedule, CommandType, SeedOperation
+from esper_core.tamiyo.graph import EDGE_TYPES, FEATURE_DIMS, NODE_TYPES, EdgeType, NodeType
+
+ACTIONS: tuple[tuple[CommandType, SeedOperation | None], ...] = (
+    (CommandType.WAIT, None),
+    (CommandType.SEED, SeedOperation.GERMINATE),
+    (CommandType.SEED, SeedOperation.ADVANCE),
+    (CommandType.SEED, SeedOperation.FOSSILIZE),
+    (CommandType.SEED, SeedOperation.CULL),
+    (CommandType.OPTIMIZER, None),
+    (CommandType.PAUSE, None),
+)
+# Same spelling as ``AdaptationCommand.action``.
+ACTION_NAMES: tuple[str, ...] = tuple(
+    op.value if op is not None else ctype.value for ctype, op in ACTIONS
+)
+BLEND_SCHEDULES: tuple[BlendSchedule, ...] = tuple(BlendSchedule)
+
+# Heads read only these node types, so the last message-passing layer updates only them.
+_HEAD_NODE_TYPES: frozenset[NodeType] = frozenset({"global", "slot", "blueprint"})
+
+
+@dataclass(kw_only=True, slots=True)
+class TamiyoGNNConfig:
+    """Size of the policy network.
+
+    Attributes:
+        hidden_dim: Width H of every node embedding.
+        num_layers: Number of hetero message-passing layers.
+        dropout: Dropout on each layer's messages while training (0 disables).
+    """
+
+    hidden_dim: int = 64
+    num_layers: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.hidden_dim < 1:
+            raise ValueError(f"hidden_dim must be >= 1, got {self.hidden_dim}: use e.g. 64")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}: use e.g. 4")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}: use 0.0 to disable")
+
+
+class PolicyOutput(NamedTuple):
+    """Everything the policy predicts for one graph (or a batch of G graphs)."""
+
+    action_logits: Tensor  # (G, A) over ACTIONS
+    slot_scores: Tensor  # (S,) one score per slot node, for choosing the slot to act on
+    blueprint_scores: Tensor  # (B,) one score per blueprint node, for choosing what to germinate
+    blend_logits: Tensor  # (G, K) over BLEND_SCHEDULES
+    lr_adjust: Tensor  # (G,) in (-1, 1): log-scale learning-rate adjustment
+    value: Tensor  # (G,) state value estimate
+    risk: Tensor  # (G,) in (0, 1): predicted probability the proposal regresses the run
+
+
+class TamiyoGNN(nn.Module):
+    """Hetero-GNN policy: input projections, residual ``HeteroConv`` layers, and heads.
+
+    Args:
+        config: Network size.
+    """
+
+    def __init__(self, config: TamiyoGNNConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_dim
+        self.input_proj = nn.ModuleDict(
+            {node_type: nn.Linear(FEATURE_DIMS[node_type], hidden) for node_type in NODE_TYPES}
+        )
+        self.convs = nn.ModuleList(
+            _hetero_layer(hidden, last=(i == config.num_layers - 1))
+            for i in range(config.num_layers)
+        )
+        self.action_head = _mlp(hidden, len(ACTIONS))
+        self.slot_head = _mlp(hidden, 1)
+        self.blueprint_head = _mlp(hidden, 1)
+        self.blend_head = _mlp(hidden, len(BLEND_SCHEDULES))
+        self.lr_head = _mlp(hidden, 1)
+        self.value_head = _mlp(hidden, 1)
+        self.risk_head = _mlp(hidden, 1)
+
+    def forward(
+        self, x_dict: dict[NodeType, Tensor], edge_index_dict: dict[EdgeType, Tensor]
+    ) -> PolicyOutput:
+        """Score a training-state graph.
+
+        Args:
+            x_dict: Node features per node type, ``(N_t, FEATURE_DIMS[t])``; every type in
+                ``NODE_TYPES`` must be present (possibly with 0 rows).
+            edge_index_dict: int64 ``(2, E)`` indices per edge type in ``EDGE_TYPES``.
+
+        Returns:
+            The policy's predictions; score tensors are empty when there are no slot or
+            blueprint nodes.
+        """
+        h_dict = {nt: self.input_proj[nt](x_dict[nt]) for nt in NODE_TYPES}  # (N_t, H)
+        for conv in self.convs:
+            msg_dict = conv(h_dict, edge_index_dict)  # (N_t, H) for each destination type
+            # Residual update; types a layer does not update (``layer`` in the last) pass through.
+            h_dict = {
+                nt: h
+                + F.dropout(F.relu(msg_dict[nt]), p=self.config.dropout, training=self.training)
+                if nt in msg_dict
+                else h
+                for nt, h in h_dict.items()
+            }
+        h_global = h_dict["global"]  # (G, H)
+        return PolicyOutput(
+            action_logits=self.action_head(h_global),
+            slot_scores=self.slot_head(h_dict["slot"]).squeeze(-1),
+            blueprint_scores=self.blueprint_head(h_dict["blueprint"]).squeeze(-1),
+            blend_logits=self.blend_head(h_global),
+            lr_adjust=torch.tanh(self.lr_head(h_global)).squeeze(-1),
+            value=self.value_head(h_global).squeeze(-1),
+            risk=torch.sigmoid(self.risk_head(h_global)).squeeze(-1),
+        )
+
+
+def _hetero_layer(hidden: int, *, last: bool) -> HeteroConv:
+    """One message-passing layer: a mean-aggregating SAGEConv per relation, summed per type."""
+    edge_types = [et for et in EDGE_TYPES if not last or et[-1] in _HEAD_NODE_TYPES]
+    convs = {et: SAGEConv((hidden, hidden), hidden) for et in edge_types}
+    with warnings.catch_warnings():
+        # In the last layer ``layer`` nodes only send messages; HeteroConv warns about such
+        # source-only types, which is exactly what we want there (no head reads them).
+        warnings.filterwarnings("ignore", message=".*do not get updated.*")
+        return HeteroConv(convs, aggr="sum")
+
+
+def _mlp(hidden: int, out_dim: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))

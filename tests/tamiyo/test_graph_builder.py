@@ -1,0 +1,188 @@
+"""Tamiyo's graph builder: node/edge layout, feature hygiene, coverage."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from esper_core.contracts import (
+    BlueprintDescriptor,
+    BlueprintTier,
+    LayerState,
+    SeedStage,
+    SeedState,
+    SystemStatePacket,
+)
+from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.tamiyo.graph import (
+    EDGE_TYPES,
+    FEATURE_CLIP,
+    FEATURE_DIMS,
+    FORWARD_EDGE_TYPES,
+    NODE_TYPES,
+    REVERSE_EDGE_TYPES,
+    SLOT_FEATURES,
+    TamiyoGraph,
+    build_graph,
+)
+from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+
+
+@pytest.fixture
+def graph() -> TamiyoGraph:
+    # 3 packets, 3 layers, slot0 DORMANT + slot1 TRAINING, 3 candidates.
+    return build_graph(
+        synthetic_history(num_epochs=3, num_layers=3, num_slots=2), synthetic_candidates(3)
+    )
+
+
+def _candidate(blueprint_id: str, profiles: set[str]) -> BlueprintCandidate:
+    return BlueprintCandidate(
+        descriptor=BlueprintDescriptor(
+            blueprint_id=blueprint_id,
+            name=blueprint_id,
+            tier=BlueprintTier.SAFE,
+            host_kinds=("mlp",),
+            description="test",
+            risk=0.1,
+        ),
+        shape_profiles=frozenset(profiles),
+        latency_p95_ms=1.0,
+        param_cost=100,
+    )
+
+
+def _edge_pairs(graph: TamiyoGraph, edge_type: tuple[str, str, str]) -> set[tuple[int, int]]:
+    src, dst = graph.data[edge_type].edge_index.tolist()
+    return set(zip(src, dst, strict=True))
+
+
+def test_node_counts_and_feature_dims(graph: TamiyoGraph) -> None:
+    counts = {nt: graph.data[nt].x.shape[0] for nt in NODE_TYPES}
+    assert counts == {"global": 1, "layer": 3, "slot": 2, "blueprint": 3}
+    for nt in NODE_TYPES:
+        x = graph.data[nt].x
+        assert x.dtype == torch.float32
+        assert x.shape[1] == FEATURE_DIMS[nt]
+        assert torch.isfinite(x).all()
+    assert graph.slot_ids == ("slot0", "slot1")
+    assert graph.blueprint_ids == ("bp0", "bp1", "bp2")
+    assert 0.0 < graph.coverage <= 1.0
+
+
+def test_slot_features_encode_stage_and_gate(graph: TamiyoGraph) -> None:
+    x_slot = graph.data["slot"].x
+    col = {name: i for i, name in enumerate(SLOT_FEATURES)}
+    assert x_slot[0, col["stage_dormant"]] == 1.0 and x_slot[1, col["stage_training"]] == 1.0
+    assert x_slot[:, col["gate_none"]].tolist() == [1.0, 1.0]
+    # Stage one-hot rows sum to one.
+    stage_cols = [i for name, i in col.items() if name.startswith("stage_")]
+    assert x_slot[:, stage_cols].sum(dim=1).tolist() == [1.0, 1.0]
+
+
+def test_every_edge_type_present_and_well_formed(graph: TamiyoGraph) -> None:
+    assert set(graph.data.edge_types) == set(EDGE_TYPES)
+    for src_type, rel, dst_type in EDGE_TYPES:
+        edge_index = graph.data[src_type, rel, dst_type].edge_index
+        assert edge_index.dtype == torch.int64
+        assert edge_index.dim() == 2 and edge_index.shape[0] == 2
+        if edge_index.numel():
+            assert edge_index[0].min() >= 0 and edge_index[0].max() < graph.data[src_type].num_nodes
+            assert edge_index[1].min() >= 0 and edge_index[1].max() < graph.data[dst_type].num_nodes
+    # Every node type receives messages, and each reverse relation mirrors its forward one.
+    assert {dst for _, _, dst in EDGE_TYPES} == set(NODE_TYPES)
+    for fwd, rev in zip(FORWARD_EDGE_TYPES, REVERSE_EDGE_TYPES, strict=True):
+        assert _edge_pairs(graph, rev) == {(d, s) for s, d in _edge_pairs(graph, fwd)}
+
+
+def test_edges_follow_the_host_structure(graph: TamiyoGraph) -> None:
+    assert _edge_pairs(graph, ("layer", "feeds", "layer")) == {(0, 1), (1, 2)}
+    # slot0 sits on layer0, slot1 on layer1.
+    assert _edge_pairs(graph, ("layer", "hosts", "slot")) == {(0, 0), (1, 1)}
+    assert _edge_pairs(graph, ("global", "context", "blueprint")) == {(0, 0), (0, 1), (0, 2)}
+    assert _edge_pairs(graph, ("slot", "informs", "global")) == {(0, 0), (1, 0)}
+
+
+def test_blueprint_without_the_slots_profile_gets_no_fits_edge() -> None:
+    history = synthetic_history(num_slots=2)  # profiles w16 (slot0) and w32 (slot1)
+    candidates = [_candidate("fits-all", {"w16", "w32"}), _candidate("only-w32", {"w32"})]
+    graph = build_graph(history, candidates)
+    assert _edge_pairs(graph, ("blueprint", "fits", "slot")) == {(0, 0), (0, 1), (1, 1)}
+
+
+def test_empty_history_raises() -> None:
+    with pytest.raises(ValueError, match="history is empty"):
+        build_graph([], synthetic_candidates())
+
+
+def test_no_slots_no_blueprints_keeps_every_edge_type() -> None:
+    graph = build_graph(synthetic_history(num_slots=0), [])
+    assert graph.data["slot"].x.shape == (0, FEATURE_DIMS["slot"])
+    assert graph.data["blueprint"].x.shape == (0, FEATURE_DIMS["blueprint"])
+    assert set(graph.data.edge_types) == set(EDGE_TYPES)
+    assert graph.data["blueprint", "fits", "slot"].edge_index.shape == (2, 0)
+
+
+def _packet(seeds: tuple[SeedState, ...], val_loss: float = 1.0) -> SystemStatePacket:
+    return SystemStatePacket(
+        run_id="r",
+        epoch=0,
+        train_loss=1.0,
+        val_loss=val_loss,
+        val_accuracy=0.5,
+        learning_rate=0.1,
+        epoch_latency_ms=5.0,
+        latency_budget_ms=10.0,
+        host_params=100,
+        layers=(LayerState(name="fc", width=8),),
+        seeds=seeds,
+    )
+
+
+def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
+    full = {
+        "grad_norm": 0.2,
+        "samples": 8.0,
+        "val_loss_with_seed": 0.9,
+        "val_loss_without_seed": 1.0,
+    }
+    seed = SeedState(
+        slot_id="s",
+        layer="fc",
+        shape_profile="p",
+        stage=SeedStage.TRAINING,
+        blueprint_id="b",
+        metrics=full,
+    )
+    bare = seed.model_copy(update={"metrics": {}})
+    # Two packets so the val-loss trend and volatility are observed.
+    observed = build_graph([_packet((seed,)), _packet((seed,))], [])
+    defaulted = build_graph([_packet((bare,)), _packet((bare,))], [])
+    assert observed.coverage == 1.0
+    missing = 3  # grad_norm, val_loss_with_seed delta, val_loss_without_seed delta
+    total = sum(observed.data[nt].x.numel() for nt in NODE_TYPES)
+    assert defaulted.coverage == pytest.approx((total - missing) / total)
+    col = SLOT_FEATURES.index("val_loss_with_seed_delta")
+    assert observed.data["slot"].x[0, col].item() == pytest.approx(-0.1)
+    assert defaulted.data["slot"].x[0, col].item() == 0.0
+    # A single packet has no trend: two global entries are defaulted.
+    assert build_graph([_packet((seed,))], []).coverage == pytest.approx((total - 2) / total)
+
+
+def test_non_finite_and_huge_values_are_bounded() -> None:
+    seed = SeedState(
+        slot_id="s",
+        layer="fc",
+        shape_profile="p",
+        stage=SeedStage.TRAINING,
+        blueprint_id="b",
+        metrics={"grad_norm": math.inf, "val_loss_with_seed": math.nan},
+    )
+    graph = build_graph([_packet((seed,), val_loss=1e30)], [])
+    for nt in NODE_TYPES:
+        x = graph.data[nt].x
+        assert torch.isfinite(x).all() and (x.abs() <= FEATURE_CLIP).all()
+    assert graph.data["global"].x[0, 1].item() == FEATURE_CLIP  # val_loss clipped
+    assert graph.coverage < 1.0
