@@ -1,0 +1,139 @@
+"""Seed modules for MLP hosts.
+
+Every seed maps ``x`` of shape (B, W) to a delta of the same shape that the host's slot adds
+(``y = x + alpha * seed(x)``). Each module's last layer starts at zero, so a fresh seed's delta
+is exactly zero and germinating it cannot perturb the host. None of them holds mode-dependent
+layers (dropout, batch norm): Tezzeret exports them in eval mode and Kasmina trains the exported
+graph, so train and eval must compute the same function.
+
+Shape legend: B batch, W width (the slot's feature size), H hidden width, R rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from esper_core.karn.profiles import ShapeProfile
+
+
+def _zero_(layer: nn.Linear) -> nn.Linear:
+    nn.init.zeros_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ResidualMLP(nn.Module):
+    """Two-layer MLP ``W -> expansion*W -> W`` with GELU."""
+
+    def __init__(self, width: int, expansion: int) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(width, expansion * width)
+        self.fc_out = _zero_(nn.Linear(expansion * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+class LowRankAdapter(nn.Module):
+    """LoRA-style bottleneck ``W -> R -> W``; cheapest capacity increment."""
+
+    def __init__(self, width: int, rank: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(width, rank, bias=False)
+        self.up = _zero_(nn.Linear(rank, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+        return self.up(self.down(x))
+
+
+class NormGate(nn.Module):
+    """LayerNorm, then a linear map scaled per feature by a sigmoid gate."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.gate = nn.Linear(width, width)
+        self.value = _zero_(nn.Linear(width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+        h = self.norm(x)
+        return torch.sigmoid(self.gate(h)) * self.value(h)
+
+
+class GLUBlock(nn.Module):
+    """Gated linear unit ``(xA) * sigmoid(xB)`` of hidden width ``expansion*W``, projected back."""
+
+    def __init__(self, width: int, expansion: int) -> None:
+        super().__init__()
+        hidden = expansion * width
+        self.proj_in = nn.Linear(width, 2 * hidden)
+        self.proj_out = _zero_(nn.Linear(hidden, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+        value, gate = self.proj_in(x).chunk(2, dim=-1)  # (B, H) each
+        return self.proj_out(value * torch.sigmoid(gate))
+
+
+class WideMLP(nn.Module):
+    """Three-layer MLP ``W -> H -> H -> W`` with ``H = expansion*W`` (up to 8x): large and slow."""
+
+    def __init__(self, width: int, expansion: int) -> None:
+        super().__init__()
+        hidden = expansion * width
+        self.fc_in = nn.Linear(width, hidden)
+        self.fc_mid = nn.Linear(hidden, hidden)
+        self.fc_out = _zero_(nn.Linear(hidden, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+        h = F.gelu(self.fc_in(x))
+        return self.fc_out(F.gelu(self.fc_mid(h)))
+
+
+def mlp_width(profile: ShapeProfile, blueprint_id: str) -> int:
+    """The width of a 1-D profile, or a ValueError for a profile an MLP seed cannot take.
+
+    Args:
+        profile: The slot's shape profile.
+        blueprint_id: The blueprint being built (named in the error).
+
+    Returns:
+        ``profile.feature_shape[0]``.
+    """
+    if len(profile.feature_shape) != 1:
+        raise ValueError(
+            f"blueprint {blueprint_id!r} is for MLP hosts and needs a 1-D feature shape such as "
+            f"(128,), got {profile.feature_shape} (profile {profile.name}): attach it to a linear "
+            "layer's output or flatten the activation first"
+        )
+    return profile.feature_shape[0]
+
+
+def build_residual_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``residual_mlp`` (params: ``expansion``)."""
+    return ResidualMLP(mlp_width(profile, "residual_mlp"), int(params["expansion"]))
+
+
+def build_lowrank_adapter(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``lowrank_adapter`` (params: ``rank``)."""
+    return LowRankAdapter(mlp_width(profile, "lowrank_adapter"), int(params["rank"]))
+
+
+def build_norm_gate(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``norm_gate`` (no params)."""
+    del params  # norm_gate has no parameters
+    return NormGate(mlp_width(profile, "norm_gate"))
+
+
+def build_glu_block(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``glu_block`` (params: ``expansion``)."""
+    return GLUBlock(mlp_width(profile, "glu_block"), int(params["expansion"]))
+
+
+def build_wide_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``wide_mlp`` (params: ``expansion``)."""
+    return WideMLP(mlp_width(profile, "wide_mlp"), int(params["expansion"]))

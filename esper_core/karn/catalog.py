@@ -1,0 +1,277 @@
+"""Karn: the blueprint catalogue.
+
+A ``Blueprint`` pairs a ``BlueprintDescriptor`` (what Tamiyo, Urza and telemetry see) with the
+builder of its ``nn.Module``. ``KarnCatalog`` looks blueprints up, validates parameters against
+their bounds and builds modules; ``default_catalog()`` is the catalogue the platform ships.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Real
+
+from torch import nn
+
+from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
+from esper_core.karn import blueprints
+from esper_core.karn.profiles import ShapeProfile
+
+BlueprintBuilder = Callable[[ShapeProfile, Mapping[str, float]], nn.Module]
+
+
+class UnknownBlueprintError(ValueError):
+    """A blueprint id the catalogue does not hold."""
+
+
+class InvalidBlueprintParamsError(ValueError):
+    """Blueprint parameters that are unknown, out of bounds, or not integers where required."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Blueprint:
+    """A catalogue entry: the descriptor and the builder of its module.
+
+    Attributes:
+        descriptor: Id, tier, risk, host kinds and parameter bounds.
+        build: ``build(profile, params) -> nn.Module``; ``params`` are already resolved
+            (every bounded parameter present and valid).
+    """
+
+    descriptor: BlueprintDescriptor
+    build: BlueprintBuilder
+
+    @property
+    def blueprint_id(self) -> str:
+        """The descriptor's id."""
+        return self.descriptor.blueprint_id
+
+
+class KarnCatalog:
+    """An immutable set of blueprints, keyed by id.
+
+    Args:
+        entries: The blueprints; ids must be unique.
+
+    Raises:
+        ValueError: Two blueprints share an id.
+    """
+
+    def __init__(self, entries: Sequence[Blueprint]) -> None:
+        by_id: dict[str, Blueprint] = {}
+        for entry in entries:
+            if entry.blueprint_id in by_id:
+                raise ValueError(
+                    f"blueprint id {entry.blueprint_id!r} appears twice in the catalogue: "
+                    "give each blueprint a unique id"
+                )
+            by_id[entry.blueprint_id] = entry
+        self._by_id = by_id
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, blueprint_id: object) -> bool:
+        return blueprint_id in self._by_id
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Blueprint ids in catalogue order."""
+        return tuple(self._by_id)
+
+    def list(
+        self, tier: BlueprintTier | None = None, host_kind: str | None = None
+    ) -> builtins.list[BlueprintDescriptor]:
+        """Descriptors, optionally filtered.
+
+        Args:
+            tier: Keep only blueprints of this tier.
+            host_kind: Keep only blueprints that fit this host kind (e.g. ``"mlp"``).
+
+        Returns:
+            Matching descriptors in catalogue order.
+        """
+        return [
+            entry.descriptor
+            for entry in self._by_id.values()
+            if (tier is None or entry.descriptor.tier is tier)
+            and (host_kind is None or host_kind in entry.descriptor.host_kinds)
+        ]
+
+    def get(self, blueprint_id: str) -> Blueprint:
+        """The blueprint with id ``blueprint_id``.
+
+        Raises:
+            UnknownBlueprintError: No such id; the message lists the known ids.
+        """
+        entry = self._by_id.get(blueprint_id)
+        if entry is None:
+            raise UnknownBlueprintError(
+                f"unknown blueprint {blueprint_id!r}: known blueprints are {sorted(self._by_id)}"
+            )
+        return entry
+
+    def resolve_params(
+        self, blueprint_id: str, overrides: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        """Complete and validate a blueprint's parameters.
+
+        Args:
+            blueprint_id: The blueprint.
+            overrides: Values to use instead of the defaults; may be partial.
+
+        Returns:
+            Every bounded parameter, sorted by name, as floats (integers exactly).
+
+        Raises:
+            UnknownBlueprintError: Unknown blueprint.
+            InvalidBlueprintParamsError: An unknown parameter name, a non-number, a value out of
+                bounds, or a fraction for an integer parameter.
+        """
+        bounds = self.get(blueprint_id).descriptor.param_bounds
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(bounds))
+        if unknown:
+            raise InvalidBlueprintParamsError(
+                f"blueprint {blueprint_id!r} has no parameter(s) {unknown}: "
+                f"its parameters are {sorted(bounds) or 'none'}"
+            )
+        resolved: dict[str, float] = {}
+        for name in sorted(bounds):
+            bound = bounds[name]
+            value = overrides.get(name, bound.default)
+            resolved[name] = _check_value(blueprint_id, name, value, bound)
+        return resolved
+
+    def build(
+        self,
+        blueprint_id: str,
+        profile: ShapeProfile,
+        params: Mapping[str, float] | None = None,
+    ) -> nn.Module:
+        """Build a fresh (neutral) seed module for a slot of shape ``profile``.
+
+        Args:
+            blueprint_id: The blueprint.
+            profile: The slot's shape profile; the module is cast to its dtype.
+            params: Parameter overrides, validated by ``resolve_params``.
+
+        Returns:
+            A module mapping (B, *feature_shape) to the same shape, in training mode.
+        """
+        entry = self.get(blueprint_id)
+        resolved = self.resolve_params(blueprint_id, params)
+        return entry.build(profile, resolved).to(dtype=profile.torch_dtype)
+
+
+def _check_value(blueprint_id: str, name: str, value: object, bound: ParamBound) -> float:
+    where = f"parameter {name!r} of blueprint {blueprint_id!r}"
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidBlueprintParamsError(
+            f"{where} must be a number, got {value!r}: "
+            f"pass a value in [{bound.low:g}, {bound.high:g}]"
+        )
+    number = float(value)
+    if not math.isfinite(number) or not bound.low <= number <= bound.high:
+        raise InvalidBlueprintParamsError(
+            f"{where} is {number:g}, outside its bounds [{bound.low:g}, {bound.high:g}]: "
+            f"pick a value in that range (default {bound.default:g})"
+        )
+    if bound.integer and not number.is_integer():
+        raise InvalidBlueprintParamsError(
+            f"{where} must be an integer, got {number:g}: round it, e.g. to {round(number)}"
+        )
+    return number
+
+
+def _int_bound(low: int, high: int, default: int) -> ParamBound:
+    return ParamBound(low=low, high=high, default=default, integer=True)
+
+
+def _default_blueprints() -> list[Blueprint]:
+    mlp = ("mlp",)
+    return [
+        Blueprint(
+            descriptor=BlueprintDescriptor(
+                blueprint_id="residual_mlp",
+                name="Residual MLP",
+                tier=BlueprintTier.SAFE,
+                host_kinds=mlp,
+                description=(
+                    "Two-layer GELU MLP (W -> expansion*W -> W) added as a residual delta; "
+                    "general-purpose capacity for an under-fitting layer."
+                ),
+                risk=0.2,
+                param_bounds={"expansion": _int_bound(1, 4, 2)},
+            ),
+            build=blueprints.build_residual_mlp,
+        ),
+        Blueprint(
+            descriptor=BlueprintDescriptor(
+                blueprint_id="lowrank_adapter",
+                name="Low-rank adapter",
+                tier=BlueprintTier.SAFE,
+                host_kinds=mlp,
+                description=(
+                    "Linear bottleneck W -> rank -> W (LoRA-style); the cheapest increment, "
+                    "for small corrections when the latency budget is tight."
+                ),
+                risk=0.1,
+                param_bounds={"rank": _int_bound(1, 32, 4)},
+            ),
+            build=blueprints.build_lowrank_adapter,
+        ),
+        Blueprint(
+            descriptor=BlueprintDescriptor(
+                blueprint_id="norm_gate",
+                name="Normalised gate",
+                tier=BlueprintTier.EXPERIMENTAL,
+                host_kinds=mlp,
+                description=(
+                    "LayerNorm, then a W x W linear map scaled per feature by a sigmoid gate; "
+                    "for layers whose activations drift in scale."
+                ),
+                risk=0.4,
+            ),
+            build=blueprints.build_norm_gate,
+        ),
+        Blueprint(
+            descriptor=BlueprintDescriptor(
+                blueprint_id="glu_block",
+                name="Gated linear unit",
+                tier=BlueprintTier.EXPERIMENTAL,
+                host_kinds=mlp,
+                description=(
+                    "Gated linear unit (value * sigmoid(gate)) of hidden width expansion*W; "
+                    "multiplicative interactions a plain MLP learns slowly."
+                ),
+                risk=0.5,
+                param_bounds={"expansion": _int_bound(1, 4, 2)},
+            ),
+            build=blueprints.build_glu_block,
+        ),
+        Blueprint(
+            descriptor=BlueprintDescriptor(
+                blueprint_id="wide_mlp",
+                name="Wide MLP",
+                tier=BlueprintTier.HIGH_RISK,
+                host_kinds=mlp,
+                description=(
+                    "Three-layer GELU MLP with hidden width up to 8*W; large capacity jump, "
+                    "costly in latency and prone to over-fitting."
+                ),
+                risk=0.8,
+                param_bounds={"expansion": _int_bound(1, 8, 4)},
+            ),
+            build=blueprints.build_wide_mlp,
+        ),
+    ]
+
+
+@functools.cache
+def default_catalog() -> KarnCatalog:
+    """The catalogue Esper ships (cached: built once per process)."""
+    return KarnCatalog(_default_blueprints())
