@@ -1,0 +1,44 @@
+# One command per chore. `make run` and `make test` set everything up themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch 2.13 is what pip finds on our machines; installing it first stops a
+# dependency from pulling the (several GB) CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: install install-test run test test-slow bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+## run: the main job (morphogenesis flow on digits-mlp, ephemeral Prefect, SQLite, CPU)
+run: install
+	$(BIN)/esper run $(ARGS)
+
+## test: the whole suite, slow-marked tests included (what CI runs)
+test: install-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## test-fast: skip slow-marked tests
+test-fast: install-test
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/esper bench seed-reference
+
+clean:
+	rm -rf $(VENV) .esper .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: each times Esper and the bare PyTorch equivalent in the same process."""

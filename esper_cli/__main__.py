@@ -1,0 +1,3 @@
+from esper_cli.main import main
+
+raise SystemExit(main())

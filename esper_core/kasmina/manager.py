@@ -1,0 +1,579 @@
+"""Kasmina's seed manager: germinates seeds into slots and moves them through their lifecycle.
+
+Kasmina never compiles: kernels arrive already built (``LoadedKernel`` from Urza via the loader).
+Per-seed gradient norms are accumulated on the device every step and reduced once per epoch;
+``attribute_batch`` and ``export_seed_states`` are plain Python and run outside any compiled or
+captured region.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from esper_core.contracts import (
+    BlendMode,
+    BlendSchedule,
+    GateVerdict,
+    KernelArtifact,
+    SeedStage,
+    SeedState,
+    TelemetryEvent,
+    TelemetryLevel,
+)
+from esper_core.karn.catalog import KarnCatalog
+from esper_core.kasmina import gates
+from esper_core.kasmina.lifecycle import blend_alpha, check_transition
+from esper_core.kasmina.loader import LoadedKernel
+from esper_core.kasmina.slot import SeedSlot
+
+S = SeedStage
+# Stages whose seed parameters are updated by the optimizer.
+TRAINABLE = frozenset({S.TRAINING, S.BLENDING, S.PROBATIONARY})
+
+
+@dataclass(kw_only=True, slots=True)
+class KasminaConfig:
+    """Lifecycle timing and gate thresholds."""
+
+    min_training_epochs: int = 1
+    """Epochs a seed trains in isolation before G3 may let it blend."""
+    probation_epochs: int = 1
+    """Epochs at full alpha before G4's verdict is final."""
+    embargo_epochs: int = 1
+    """Epochs a culled slot waits before it can be reused."""
+    blend_mode: BlendMode = BlendMode.RESIDUAL
+    """How seeds join the host activation."""
+    gates: gates.GateConfig = field(default_factory=gates.GateConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("min_training_epochs", "probation_epochs", "embargo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 epoch, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class _Seed:
+    """Bookkeeping for the seed in one slot."""
+
+    blueprint_id: str
+    params: dict[str, float]
+    artifact: KernelArtifact
+    lr_scale: float
+    schedule: BlendSchedule
+    blend_epochs: int
+    age: int = 0
+    epochs_in_stage: int = 0
+    with_seed_losses: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochObservation:
+    """What Tolaria measured at the end of an epoch, for the gates.
+
+    ``probe_losses`` maps a slot to the validation loss with its seed forced in (alpha 1) for
+    TRAINING seeds, or forced out (alpha 0) for blended seeds; ``isolation_probe`` returns the
+    largest host-gradient difference between the seed present and absent for one slot.
+    """
+
+    val_loss: float
+    probe_losses: dict[str, float]
+    isolation_probe: Callable[[str], float]
+    sample_input: Callable[[str], torch.Tensor]
+
+
+class SeedManager:
+    """Owns the seed slots of one host model."""
+
+    def __init__(
+        self,
+        slots: dict[str, SeedSlot],
+        *,
+        catalog: KarnCatalog,
+        host_kind: str,
+        config: KasminaConfig | None = None,
+    ) -> None:
+        self.slots = slots
+        self.catalog = catalog
+        self.host_kind = host_kind
+        self.config = config or KasminaConfig()
+        self._seeds: dict[str, _Seed] = {}
+        self._last_gate: dict[str, GateVerdict] = {}
+        self._embargo_left: dict[str, int] = {}
+        self._events: list[TelemetryEvent] = []
+        self._grad_sq: dict[str, torch.Tensor] = {}
+        self._steps = 0
+        self._samples: dict[str, int] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._base_lr = 0.0
+        for slot in slots.values():
+            slot.blend_mode = self.config.blend_mode
+
+    # ------------------------------------------------------------------ optimizer binding
+
+    def bind_optimizer(self, optimizer: torch.optim.Optimizer, *, base_lr: float) -> None:
+        """Give each seed its own parameter group in ``optimizer`` (learning rate scaled)."""
+        self._optimizer = optimizer
+        self._base_lr = base_lr
+
+    def _add_group(self, slot_id: str) -> None:
+        if self._optimizer is None:
+            return
+        params = [p for p in self.seed_parameters(slot_id) if p.requires_grad]
+        self._optimizer.add_param_group(
+            {"params": params, "lr": self._base_lr * self._seeds[slot_id].lr_scale, "slot_id": slot_id}
+        )
+
+    def _remove_group(self, slot_id: str) -> None:
+        opt = self._optimizer
+        if opt is None:
+            return
+        for group in [g for g in opt.param_groups if g.get("slot_id") == slot_id]:
+            for p in group["params"]:
+                opt.state.pop(p, None)
+            opt.param_groups.remove(group)
+
+    def optimizer_param_count(self, slot_id: str) -> int:
+        """Parameters of ``slot_id`` still registered with the optimizer (G5 checks 0)."""
+        if self._optimizer is None:
+            return 0
+        return sum(
+            p.numel() for g in self._optimizer.param_groups if g.get("slot_id") == slot_id for p in g["params"]
+        )
+
+    def group_order(self) -> list[str]:
+        """Slot ids of the optimizer's seed groups, in optimizer order (for checkpoints)."""
+        if self._optimizer is None:
+            return []
+        return [g["slot_id"] for g in self._optimizer.param_groups if "slot_id" in g]
+
+    # ------------------------------------------------------------------ commands
+
+    def germinate(
+        self,
+        slot_id: str,
+        kernel: LoadedKernel,
+        *,
+        params: dict[str, float],
+        blend_schedule: BlendSchedule,
+        blend_epochs: int,
+        lr_scale: float,
+    ) -> GateVerdict:
+        """Attach a loaded kernel to a DORMANT slot if G0 passes.
+
+        Returns:
+            The G0 verdict; on failure the slot stays DORMANT.
+        """
+        slot = self._slot(slot_id)
+        check_transition(slot_id, slot.stage, S.GERMINATED)
+        artifact = kernel.artifact
+        verdict = gates.g0_sanity(
+            self.catalog,
+            blueprint_id=artifact.blueprint_id,
+            params=params or artifact.params,
+            guard=artifact.guard,
+            profile=slot.profile,
+            host_kind=self.host_kind,
+        )
+        self._gate(slot_id, verdict)
+        if not verdict.passed:
+            return verdict
+        if kernel.fallback:
+            self._event(
+                "kasmina.kernel.fallback",
+                TelemetryLevel.WARNING,
+                f"{artifact.blueprint_id} runs eagerly: {artifact.fallback_reason}",
+                slot_id=slot_id,
+                blueprint_id=artifact.blueprint_id,
+            )
+        slot.seed = kernel.module
+        slot.alpha = 0.0
+        self._seeds[slot_id] = _Seed(
+            blueprint_id=artifact.blueprint_id,
+            params=dict(params or artifact.params),
+            artifact=artifact,
+            lr_scale=lr_scale,
+            schedule=blend_schedule,
+            blend_epochs=blend_epochs,
+        )
+        self._set_stage(slot_id, S.GERMINATED)
+        first_use_ms = self._prewarm(slot)
+        self._seeds[slot_id].metrics.update(
+            {"kernel_load_ms": kernel.load_ms, "kernel_first_use_ms": first_use_ms}
+        )
+        self._add_group(slot_id)
+        return verdict
+
+    def advance(self, slot_id: str) -> SeedStage:
+        """Tamiyo's ADVANCE: move a seed one stage on now, if its gates allow."""
+        slot = self._slot(slot_id)
+        seed = self._require_seed(slot_id)
+        if slot.stage is S.GERMINATED:
+            self._set_stage(slot_id, S.TRAINING)
+        elif slot.stage is S.TRAINING:
+            last = self._last_gate.get(slot_id)
+            if last is not None and not last.passed:
+                raise ValueError(f"slot {slot_id} cannot advance: {last.gate.value} failed ({last.reason})")
+            self._enter_blending(slot_id)
+        elif slot.stage is S.BLENDING:
+            slot.alpha = 1.0
+            self._set_stage(slot_id, S.PROBATIONARY)
+        else:
+            raise ValueError(
+                f"slot {slot_id} is {slot.stage.value}; advance moves germinated, training or blending seeds"
+            )
+        seed.epochs_in_stage = 0
+        return slot.stage
+
+    def fossilize(self, slot_id: str) -> None:
+        """Keep a PROBATIONARY seed for good: freeze its parameters and drop its optimizer group."""
+        slot = self._slot(slot_id)
+        last = self._last_gate.get(slot_id)
+        if slot.stage is not S.PROBATIONARY or last is None or last.gate.value != "g4_system_impact" or not last.passed:
+            raise ValueError(
+                f"slot {slot_id} cannot be fossilized: it must be probationary with a passed G4 "
+                f"(stage {slot.stage.value}, last gate {last.gate.value if last else 'none'})"
+            )
+        self._remove_group(slot_id)
+        for p in self.seed_parameters(slot_id):
+            p.requires_grad_(False)
+        slot.alpha = 1.0
+        self._set_stage(slot_id, S.FOSSILIZED)
+
+    def cull(self, slot_id: str, *, reason: str) -> None:
+        """Remove a seed, free its parameters and optimizer state, and embargo the slot."""
+        slot = self._slot(slot_id)
+        check_transition(slot_id, slot.stage, S.CULLED)
+        self._remove_group(slot_id)
+        slot.seed = None
+        slot.alpha = 0.0
+        self._seeds.pop(slot_id, None)
+        self._grad_sq.pop(slot_id, None)
+        self._set_stage(slot_id, S.CULLED, reason=reason)
+        self._set_stage(slot_id, S.EMBARGOED)
+        self._embargo_left[slot_id] = self.config.embargo_epochs
+
+    # ------------------------------------------------------------------ per step / per epoch
+
+    def start_epoch(self) -> None:
+        """Promote germinated seeds to TRAINING and reset the per-epoch accumulators."""
+        for slot_id, slot in self.slots.items():
+            if slot.stage is S.GERMINATED:
+                self._set_stage(slot_id, S.TRAINING)
+        self._grad_sq.clear()
+        self._samples.clear()
+        self._steps = 0
+
+    def attribute_batch(self, batch_size: int) -> dict[str, int]:
+        """Samples of this batch attributed to each trainable seed (every sample passes through
+        every slot, so each trainable seed sees the whole batch)."""
+        share = {sid: batch_size for sid, slot in self.slots.items() if slot.stage in TRAINABLE}
+        for sid, n in share.items():
+            self._samples[sid] = self._samples.get(sid, 0) + n
+        return share
+
+    def accumulate_step(self) -> None:
+        """Add this step's squared gradient norm of each trainable seed, on the device (no sync)."""
+        self._steps += 1
+        for sid, slot in self.slots.items():
+            if slot.stage not in TRAINABLE or slot.seed is None:
+                continue
+            grads = [p.grad for p in slot.seed.parameters() if p.grad is not None]
+            if not grads:
+                continue
+            sq = torch.stack(torch._foreach_norm(grads)).square().sum()
+            acc = self._grad_sq.get(sid)
+            self._grad_sq[sid] = sq if acc is None else acc + sq
+
+    def probe_plan(self) -> dict[str, float]:
+        """Which slots Tolaria should evaluate with the seed forced in (1.0) or out (0.0)."""
+        plan = {}
+        for sid, slot in self.slots.items():
+            if slot.stage is S.TRAINING:
+                plan[sid] = 1.0
+            elif slot.stage in (S.BLENDING, S.PROBATIONARY):
+                plan[sid] = 0.0
+        return plan
+
+    @contextlib.contextmanager
+    def probe(self, slot_id: str, alpha: float) -> Iterator[None]:
+        """Within the block, slot ``slot_id`` applies its seed at ``alpha`` (for evaluation)."""
+        slot = self._slot(slot_id)
+        slot.probe_alpha = alpha
+        try:
+            yield
+        finally:
+            slot.probe_alpha = None
+
+    @contextlib.contextmanager
+    def without_seed(self, slot_id: str) -> Iterator[None]:
+        """Within the block, slot ``slot_id`` passes its input through untouched."""
+        slot = self._slot(slot_id)
+        seed, slot.seed = slot.seed, None
+        try:
+            yield
+        finally:
+            slot.seed = seed
+
+    def end_epoch(self, obs: EpochObservation) -> list[GateVerdict]:
+        """Reduce this epoch's seed metrics (one sync) and run the gates due for each slot."""
+        norms = self._reduce_grad_norms()
+        verdicts: list[GateVerdict] = []
+        for sid, slot in self.slots.items():
+            verdict = self._end_epoch_slot(sid, slot, obs, norms.get(sid, 0.0))
+            if verdict is not None:
+                self._gate(sid, verdict)
+                verdicts.append(verdict)
+        return verdicts
+
+    def _end_epoch_slot(
+        self, sid: str, slot: SeedSlot, obs: EpochObservation, grad_norm: float
+    ) -> GateVerdict | None:
+        cfg = self.config
+        if slot.stage is S.EMBARGOED:
+            self._embargo_left[sid] -= 1
+            if self._embargo_left[sid] > 0:
+                return None
+            verdict = gates.g5_reset(
+                has_seed=slot.seed is not None, alpha=slot.alpha, optimizer_params=self.optimizer_param_count(sid)
+            )
+            if verdict.passed:
+                self._set_stage(sid, S.DORMANT)
+            return verdict
+        seed = self._seeds.get(sid)
+        if seed is None or slot.stage is S.FOSSILIZED:
+            return None
+        seed.age += 1
+        seed.epochs_in_stage += 1
+        seed.metrics.update({"grad_norm": grad_norm, "samples": float(self._samples.get(sid, 0))})
+        probe = obs.probe_losses.get(sid)
+        if slot.stage is S.TRAINING:
+            if probe is not None:
+                seed.with_seed_losses.append(probe)
+                seed.metrics.update({"val_loss_with_seed": probe, "val_loss_without_seed": obs.val_loss})
+            verdict = gates.g1_gradient_health(grad_norm, config=cfg.gates)
+            if not verdict.passed:
+                return verdict
+            verdict = gates.g2_stability(seed.with_seed_losses, host_val_loss=obs.val_loss, config=cfg.gates)
+            if not verdict.passed or seed.epochs_in_stage < cfg.min_training_epochs:
+                return verdict
+            self._gate(sid, verdict)
+            return self._g3_then_blend(sid, slot, obs)
+        if probe is not None:
+            seed.metrics.update({"val_loss_with_seed": obs.val_loss, "val_loss_without_seed": probe})
+        if slot.stage is S.BLENDING:
+            slot.alpha = blend_alpha(seed.schedule, seed.epochs_in_stage + 1, seed.blend_epochs)
+            if seed.epochs_in_stage >= seed.blend_epochs:
+                slot.alpha = 1.0
+                self._set_stage(sid, S.PROBATIONARY)
+            return None
+        if slot.stage is S.PROBATIONARY and probe is not None:
+            return gates.g4_system_impact(val_loss_with=obs.val_loss, val_loss_without=probe, config=cfg.gates)
+        return None
+
+    def _g3_then_blend(self, sid: str, slot: SeedSlot, obs: EpochObservation) -> GateVerdict:
+        assert slot.seed is not None
+        x = obs.sample_input(sid)
+        with torch.inference_mode():
+            y = slot.seed(x)
+        verdict = gates.g3_interface(
+            input_shape=tuple(x.shape),
+            output_shape=tuple(y.shape),
+            input_dtype=x.dtype,
+            output_dtype=y.dtype,
+            isolation_max_diff=obs.isolation_probe(sid),
+            config=self.config.gates,
+        )
+        if verdict.passed:
+            self._enter_blending(sid)
+        else:
+            self._event(
+                "kasmina.isolation.violation",
+                TelemetryLevel.ERROR,
+                verdict.reason,
+                slot_id=sid,
+            )
+        return verdict
+
+    def _enter_blending(self, sid: str) -> None:
+        seed = self._seeds[sid]
+        self._set_stage(sid, S.BLENDING)
+        seed.epochs_in_stage = 0
+        self.slots[sid].alpha = blend_alpha(seed.schedule, 1, seed.blend_epochs)
+
+    def _reduce_grad_norms(self) -> dict[str, float]:
+        if not self._grad_sq:
+            return {}
+        ids = list(self._grad_sq)
+        # One device->host transfer for every seed's epoch norm.
+        rms = (torch.stack([self._grad_sq[i] for i in ids]) / max(self._steps, 1)).sqrt().tolist()
+        return dict(zip(ids, rms))
+
+    # ------------------------------------------------------------------ exports
+
+    def seed_parameters(self, slot_id: str) -> list[nn.Parameter]:
+        """Parameters of the seed in ``slot_id`` (empty when the slot holds none)."""
+        seed = self._slot(slot_id).seed
+        return [] if seed is None else list(seed.parameters())
+
+    def export_seed_states(self) -> tuple[SeedState, ...]:
+        """A ``SeedState`` per slot, in forward order (plain Python: no tensor work)."""
+        states = []
+        for sid, slot in self.slots.items():
+            seed = self._seeds.get(sid)
+            states.append(
+                SeedState(
+                    slot_id=sid,
+                    layer=slot.layer,
+                    shape_profile=slot.profile.name,
+                    stage=slot.stage,
+                    blueprint_id=seed.blueprint_id if seed else None,
+                    artifact_sha256=seed.artifact.sha256 if seed else None,
+                    alpha=slot.alpha,
+                    blend_mode=slot.blend_mode,
+                    age_epochs=seed.age if seed else 0,
+                    epochs_in_stage=seed.epochs_in_stage if seed else 0,
+                    param_count=sum(p.numel() for p in self.seed_parameters(sid)),
+                    metrics=dict(seed.metrics) if seed else {},
+                    last_gate=self._last_gate.get(sid),
+                )
+            )
+        return tuple(states)
+
+    def drain_events(self) -> list[TelemetryEvent]:
+        """Events recorded since the last call (gate verdicts, stage changes, fallbacks)."""
+        events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        """Lifecycle state of every slot; seed weights live in the host's own state dict."""
+        slots = {}
+        for sid, slot in self.slots.items():
+            seed = self._seeds.get(sid)
+            slots[sid] = {
+                "stage": slot.stage.value,
+                "alpha": slot.alpha,
+                "embargo_left": self._embargo_left.get(sid, 0),
+                "last_gate": self._last_gate[sid].to_json() if sid in self._last_gate else None,
+                "seed": None
+                if seed is None
+                else {
+                    "blueprint_id": seed.blueprint_id,
+                    "params": seed.params,
+                    "artifact": seed.artifact.to_json(),
+                    "lr_scale": seed.lr_scale,
+                    "schedule": seed.schedule.value,
+                    "blend_epochs": seed.blend_epochs,
+                    "age": seed.age,
+                    "epochs_in_stage": seed.epochs_in_stage,
+                    "with_seed_losses": list(seed.with_seed_losses),
+                    "metrics": dict(seed.metrics),
+                    "frozen": slot.stage is S.FOSSILIZED,
+                },
+            }
+        return {"slots": slots, "group_order": self.group_order()}
+
+    def load_state_dict(
+        self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]
+    ) -> None:
+        """Restore slots (re-fetching kernels through ``load_kernel``) and optimizer groups."""
+        for sid in list(self._seeds):
+            self._remove_group(sid)
+        self._seeds.clear()
+        self._last_gate.clear()
+        self._embargo_left.clear()
+        for sid, entry in state["slots"].items():
+            slot = self._slot(sid)
+            slot.stage = S(entry["stage"])
+            slot.alpha = float(entry["alpha"])
+            slot.seed = None
+            if entry["embargo_left"]:
+                self._embargo_left[sid] = int(entry["embargo_left"])
+            if entry["last_gate"]:
+                self._last_gate[sid] = GateVerdict.from_json(entry["last_gate"])
+            s = entry["seed"]
+            if s is None:
+                continue
+            artifact = KernelArtifact.from_json(s["artifact"])
+            slot.seed = load_kernel(artifact).module
+            if s["frozen"]:
+                for p in slot.seed.parameters():
+                    p.requires_grad_(False)
+            self._seeds[sid] = _Seed(
+                blueprint_id=s["blueprint_id"],
+                params=dict(s["params"]),
+                artifact=artifact,
+                lr_scale=float(s["lr_scale"]),
+                schedule=BlendSchedule(s["schedule"]),
+                blend_epochs=int(s["blend_epochs"]),
+                age=int(s["age"]),
+                epochs_in_stage=int(s["epochs_in_stage"]),
+                with_seed_losses=list(s["with_seed_losses"]),
+                metrics=dict(s["metrics"]),
+            )
+        for sid in state["group_order"]:
+            self._add_group(sid)
+
+    # ------------------------------------------------------------------ internals
+
+    def _slot(self, slot_id: str) -> SeedSlot:
+        slot = self.slots.get(slot_id)
+        if slot is None:
+            raise ValueError(f"unknown slot {slot_id!r}; this host has slots {sorted(self.slots)}")
+        return slot
+
+    def _require_seed(self, slot_id: str) -> _Seed:
+        seed = self._seeds.get(slot_id)
+        if seed is None:
+            raise ValueError(f"slot {slot_id} holds no seed (stage {self.slots[slot_id].stage.value})")
+        return seed
+
+    def _prewarm(self, slot: SeedSlot) -> float:
+        # One call on a representative batch so the first training step pays no warm-up.
+        assert slot.seed is not None
+        param = next(slot.seed.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+        x = torch.zeros((2, *slot.profile.feature_shape), device=device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            slot.seed(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
+    def _set_stage(self, slot_id: str, stage: SeedStage, *, reason: str = "") -> None:
+        slot = self.slots[slot_id]
+        check_transition(slot_id, slot.stage, stage)
+        previous, slot.stage = slot.stage, stage
+        seed = self._seeds.get(slot_id)
+        if seed is not None:
+            seed.epochs_in_stage = 0
+        self._event(
+            "kasmina.seed.stage",
+            TelemetryLevel.INFO,
+            reason or f"{previous.value} -> {stage.value}",
+            slot_id=slot_id,
+            previous=previous.value,
+            stage=stage.value,
+        )
+
+    def _gate(self, slot_id: str, verdict: GateVerdict) -> None:
+        self._last_gate[slot_id] = verdict
+        self._event(
+            f"kasmina.gate.{verdict.gate.value}",
+            TelemetryLevel.INFO if verdict.passed else TelemetryLevel.WARNING,
+            verdict.reason,
+            slot_id=slot_id,
+            passed=verdict.passed,
+        )
+
+    def _event(self, name: str, level: TelemetryLevel, message: str, **attributes: str | float | bool) -> None:
+        self._events.append(TelemetryEvent(name=name, level=level, message=message, attributes=attributes))

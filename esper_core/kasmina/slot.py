@@ -1,0 +1,59 @@
+"""A seed slot: the place in the host where a seed's output joins the host's activation.
+
+Shapes: ``x`` is the host activation entering the slot, (B, *feature_shape); a seed maps it to a
+delta of the same shape.
+
+Isolation before BLENDING: a TRAINING seed sees ``x.detach()`` and its contribution is
+``delta - delta.detach()``, which is exactly zero in value. The host's forward output and its
+gradients are therefore bit-identical to a host without the seed, while the seed's parameters
+receive the true task gradient of "adding delta here". G3 verifies this numerically.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from esper_core.contracts import BlendMode, SeedStage
+from esper_core.karn.profiles import ShapeProfile
+
+# Stages in which the seed's output is blended into the host's forward pass.
+_BLENDED = frozenset({SeedStage.BLENDING, SeedStage.PROBATIONARY, SeedStage.FOSSILIZED})
+
+
+class SeedSlot(nn.Module):
+    """Holds at most one seed module and applies it according to the slot's stage."""
+
+    def __init__(self, *, slot_id: str, layer: str, profile: ShapeProfile) -> None:
+        super().__init__()
+        self.slot_id = slot_id
+        self.layer = layer
+        self.profile = profile
+        self.stage = SeedStage.DORMANT
+        self.alpha = 0.0
+        self.blend_mode = BlendMode.RESIDUAL
+        self.seed: nn.Module | None = None
+        # Set only inside SeedManager.probe(): forces the seed in at this alpha for evaluation.
+        self.probe_alpha: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seed = self.seed
+        if seed is None:
+            return x
+        if self.probe_alpha is not None:
+            return self._blend(x, seed(x), self.probe_alpha)
+        if self.stage is SeedStage.TRAINING:
+            delta = seed(x.detach())
+            return x + (delta - delta.detach())
+        if self.stage in _BLENDED:
+            return self._blend(x, seed(x), self.alpha)
+        return x
+
+    def _blend(self, x: torch.Tensor, delta: torch.Tensor, alpha: float) -> torch.Tensor:
+        if self.blend_mode is BlendMode.CONVEX:
+            # The seed's output replaces the activation: x + alpha * (seed(x) - x).
+            return torch.lerp(x, delta, alpha)
+        return x + alpha * delta
+
+    def extra_repr(self) -> str:
+        return f"slot_id={self.slot_id}, layer={self.layer}, profile={self.profile.name}, stage={self.stage.value}"

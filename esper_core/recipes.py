@@ -1,0 +1,104 @@
+"""Named recipes: a run is a recipe name plus a few overrides, never a pile of flags.
+
+``get_recipe("digits-mlp", epochs=3)`` returns the complete, validated configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from esper_core.data import DataConfig
+from esper_core.hosts import HostConfig
+from esper_core.kasmina.manager import KasminaConfig
+from esper_core.tamiyo.heuristic import HeuristicConfig
+from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tolaria.config import TrainerConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """Everything one morphogenesis run needs."""
+
+    recipe: str
+    """Name of the recipe this configuration came from."""
+    epochs: int
+    seed: int = 0
+    """Seeds data order, initialisation and every RNG of the run."""
+    data: DataConfig = field(default_factory=DataConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    kasmina: KasminaConfig = field(default_factory=KasminaConfig)
+    tamiyo: TamiyoConfig = field(default_factory=TamiyoConfig)
+    blueprints: tuple[str, ...] = ("residual_mlp", "lowrank_adapter")
+    """Blueprints compiled for this run's slots; Tamiyo chooses among them."""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if not self.blueprints:
+            raise ValueError("a run needs at least one blueprint to germinate from")
+        if self.data.batch_size > self.host.batch_max:
+            raise ValueError(
+                f"batch_size {self.data.batch_size} exceeds the slots' batch_max "
+                f"{self.host.batch_max}; raise host.batch_max or lower the batch size"
+            )
+
+
+def digits_mlp() -> RunConfig:
+    """The default: a 64-64 MLP on the bundled 8x8 digits with two seed slots."""
+    return RunConfig(
+        recipe="digits-mlp",
+        epochs=10,
+        data=DataConfig(name="digits", batch_size=64),
+        host=HostConfig(kind="mlp", hidden=(64, 64), slot_inputs=(1, 2)),
+        trainer=TrainerConfig(lr=0.05, momentum=0.9),
+        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=2)),
+    )
+
+
+def seed_reference() -> RunConfig:
+    """The seeds' Phase 0 workload: Linear(16 -> 4), 16 samples, batch 4 (4 steps an epoch)."""
+    return RunConfig(
+        recipe="seed-reference",
+        epochs=6,
+        data=DataConfig(name="seed-reference", batch_size=4),
+        host=HostConfig(kind="mlp", hidden=(), slot_inputs=(0,), batch_max=64),
+        trainer=TrainerConfig(lr=0.05, momentum=0.9),
+        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=1)),
+        blueprints=("lowrank_adapter",),
+    )
+
+
+RECIPES: dict[str, Callable[[], RunConfig]] = {
+    "digits-mlp": digits_mlp,
+    "seed-reference": seed_reference,
+}
+
+
+def get_recipe(
+    name: str,
+    *,
+    epochs: int | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+) -> RunConfig:
+    """The recipe ``name`` with the few overrides a flow or the CLI may set.
+
+    Raises:
+        ValueError: for an unknown recipe (the message lists the known ones) or a bad override.
+    """
+    factory = RECIPES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
+    config = factory()
+    if device is not None:
+        config.trainer = dataclasses.replace(config.trainer, device=device)
+    if seed is not None:
+        config.data = dataclasses.replace(config.data, seed=seed)
+    return dataclasses.replace(
+        config,
+        epochs=config.epochs if epochs is None else epochs,
+        seed=config.seed if seed is None else seed,
+    )

@@ -1,0 +1,116 @@
+"""End-of-run outputs: ``summary.json``, ``baseline.json`` and ``report.md`` in the run folder."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from esper_core.contracts import SeedStage
+from esper_core.session import RunSession
+from esper_core.telemetry import write_baseline
+from esper_core.tolaria.loop import count_parameters
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSummary:
+    """The headline numbers of a finished run."""
+
+    run_id: str
+    recipe: str
+    epochs: int
+    device: str
+    val_accuracy: float
+    test_accuracy: float
+    test_loss: float
+    host_params: int
+    total_params: int
+    seeds: dict[str, str]
+    """Slot id -> final stage (and blueprint)."""
+    commands: dict[str, int]
+    """Action name -> how many times Tamiyo issued it."""
+    field_reports: dict[str, int]
+    run_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return asdict(self)
+
+
+def finish_run(session: RunSession) -> RunSummary:
+    """Evaluate on the test split and write the run's summary, baseline and report."""
+    test = session.trainer.evaluate(session.trainer.data.test)
+    last = session.history[-1]
+    seeds = {
+        s.slot_id: s.stage.value + (f" ({s.blueprint_id})" if s.blueprint_id else "")
+        for s in last.seeds
+    }
+    summary = RunSummary(
+        run_id=session.run_id,
+        recipe=session.config.recipe,
+        epochs=len(session.history),
+        device=str(session.device),
+        val_accuracy=last.val_accuracy,
+        test_accuracy=test.accuracy,
+        test_loss=test.loss,
+        host_params=last.host_params,
+        total_params=count_parameters(session.trainer.model),
+        seeds=seeds,
+        commands=dict(Counter(c.action for c in session.commands)),
+        field_reports=dict(Counter(r.outcome.value for r in session.reports)),
+        run_dir=str(session.run_dir),
+    )
+    run_dir = Path(session.run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    write_baseline(
+        run_dir / "baseline.json",
+        name=session.config.recipe,
+        workload={
+            "recipe": session.config.recipe,
+            "epochs": len(session.history),
+            "batch_size": session.config.data.batch_size,
+            "train_samples": len(session.trainer.data.train),
+            "host": list(session.trainer.model.layer_widths),
+        },
+        latency_ms={
+            "train_epoch": session.timings["train_ms"],
+            "full_epoch": session.timings["epoch_ms"],
+            "tamiyo_decide": session.timings["decide_ms"],
+            "tamiyo_gnn": session.timings["gnn_ms"],
+        },
+        device=session.device,
+        extra={"summary": summary.to_dict()},
+    )
+    (run_dir / "report.md").write_text(render_report(session, summary))
+    return summary
+
+
+def render_report(session: RunSession, summary: RunSummary) -> str:
+    """Markdown report: headline, per-epoch table, commands and seeds."""
+    lines = [
+        f"# Run {summary.run_id} ({summary.recipe})",
+        "",
+        f"Test accuracy **{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f}) after "
+        f"{summary.epochs} epochs on {summary.device}; parameters {summary.host_params} host, "
+        f"{summary.total_params} total.",
+        "",
+        "| epoch | train loss | val loss | val acc | train ms | seeds |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in session.history:
+        active = ", ".join(f"{s.slot_id}:{s.stage.value}" for s in p.seeds if s.stage is not SeedStage.DORMANT)
+        lines.append(
+            f"| {p.epoch} | {p.train_loss:.4f} | {p.val_loss:.4f} | {p.val_accuracy:.4f} | "
+            f"{p.epoch_latency_ms:.1f} | {active or '-'} |"
+        )
+    lines += ["", "## Commands", "", "| epoch | action | slot | blueprint | by | reason |", "|---:|---|---|---|---|---|"]
+    for c in session.commands:
+        if c.action == "wait":
+            continue
+        lines.append(
+            f"| {c.epoch} | {c.action} | {c.slot_id or '-'} | {c.blueprint_id or '-'} | {c.issued_by} | {c.reason} |"
+        )
+    lines += ["", "## Seeds", ""] + [f"- {slot}: {stage}" for slot, stage in summary.seeds.items()]
+    return "\n".join(lines) + "\n"

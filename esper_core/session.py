@@ -1,0 +1,398 @@
+"""A morphogenesis run as a sequence of committed steps that Prefect tasks can retry exactly.
+
+Each mutating step (train an epoch, apply a command) ends with ``commit(tag)``: the trainer,
+seed manager, RNG, history and pending field reports go to an atomic checkpoint, and only then
+are the step's telemetry packets and field reports written out. A retried step first restores
+the last commit, so nothing is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esper_core.contracts import (
+    AdaptationCommand,
+    CommandType,
+    FieldReport,
+    KernelArtifact,
+    MetricPoint,
+    Outcome,
+    SeedOperation,
+    SystemStatePacket,
+    TelemetryEvent,
+    TelemetryLevel,
+    TelemetryPacket,
+    new_id,
+)
+from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.loader import LoadedKernel, load_kernel
+from esper_core.pipeline import slot_profiles
+from esper_core.recipes import RunConfig, get_recipe
+from esper_core.settings import EsperSettings
+from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.tamiyo.service import TamiyoService
+from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
+from esper_core.tezzeret.compiler import environment_key
+from esper_core.tolaria.checkpoint import CheckpointStore
+from esper_core.tolaria.build import build_trainer
+from esper_core.urza.service import Urza
+
+START_TAG = "start"
+FIELD_REPORT_WINDOW = 2
+"""Epochs after a command before its outcome is judged."""
+_NEUTRAL_BAND = 0.005
+"""Relative validation-loss change inside which an outcome counts as neutral."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunHandle:
+    """What tasks pass around instead of the session: small and JSON-serialisable."""
+
+    run_id: str
+    run_dir: str
+
+
+def epoch_tag(epoch: int, phase: str) -> str:
+    """Checkpoint tag of ``phase`` (``trained`` / ``applied``) of ``epoch``."""
+    return f"epoch-{epoch:04d}-{phase}"
+
+
+class RunSession:
+    """One training run: host, seeds, controller, checkpoints and telemetry."""
+
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        settings: EsperSettings,
+        run_id: str,
+        urza: Urza,
+        catalog: KarnCatalog | None = None,
+        extra_sink: TelemetrySink | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.run_id = run_id
+        self.run_dir = settings.runs_dir / run_id
+        self.urza = urza
+        self.catalog = catalog or default_catalog()
+        self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id)
+        self.manager = self.trainer.manager
+        self.device = self.trainer.device
+        self.tamiyo = TamiyoService(config.tamiyo)
+        self.profiles = slot_profiles(config, self.trainer.data.feature_shape)
+        self.checkpoints = CheckpointStore(self.run_dir / "checkpoints")
+        jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
+        self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
+        self.history: list[SystemStatePacket] = []
+        self.commands: list[AdaptationCommand] = []
+        self.reports: list[FieldReport] = []
+        self.timings: dict[str, list[float]] = {"train_ms": [], "epoch_ms": [], "decide_ms": [], "gnn_ms": []}
+        self._pending: list[tuple[AdaptationCommand, float, float]] = []
+        self._outbox: list[TelemetryPacket] = []
+        self._report_outbox: list[FieldReport] = []
+        self.committed_tag: str | None = None
+        self.dirty = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        recipe: str,
+        settings: EsperSettings,
+        epochs: int | None = None,
+        device: str | None = None,
+        seed: int | None = None,
+        run_id: str | None = None,
+        extra_sink: TelemetrySink | None = None,
+    ) -> RunSession:
+        """Start a new run (or reopen ``run_id`` if it already exists) and commit its start."""
+        run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{new_id()[:6]}"
+        run_dir = settings.runs_dir / run_id
+        if (run_dir / "run.json").exists():
+            session = cls.open(settings=settings, run_id=run_id, extra_sink=extra_sink)
+            session.rewind_partial_epoch()
+            return session
+        config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = {"run_id": run_id, "recipe": recipe, "epochs": epochs, "device": device, "seed": seed}
+        (run_dir / "run.json").write_text(json.dumps(spec, indent=2))
+        session = cls(
+            config=config,
+            settings=settings,
+            run_id=run_id,
+            urza=Urza.open(settings.home, settings.registry_db_url),
+            extra_sink=extra_sink,
+        )
+        session.commit(START_TAG)
+        return session
+
+    @classmethod
+    def open(
+        cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None = None
+    ) -> RunSession:
+        """Reopen an existing run at its last committed step (e.g. in a new worker process)."""
+        spec_path = settings.runs_dir / run_id / "run.json"
+        if not spec_path.exists():
+            raise ValueError(f"no run {run_id!r} under {settings.runs_dir}; list runs with `ls {settings.runs_dir}`")
+        spec = json.loads(spec_path.read_text())
+        config = get_recipe(spec["recipe"], epochs=spec["epochs"], device=spec["device"], seed=spec["seed"])
+        session = cls(
+            config=config,
+            settings=settings,
+            run_id=run_id,
+            urza=Urza.open(settings.home, settings.registry_db_url),
+            extra_sink=extra_sink,
+        )
+        session.restore()
+        return session
+
+    @property
+    def handle(self) -> RunHandle:
+        """The serialisable handle of this run."""
+        return RunHandle(run_id=self.run_id, run_dir=str(self.run_dir))
+
+    @property
+    def epoch(self) -> int:
+        """Number of epochs trained so far (the index of the next epoch)."""
+        return self.trainer.epoch
+
+    # ------------------------------------------------------------------ steps
+
+    def train_epoch(self) -> SystemStatePacket:
+        """Train one epoch and gate the seeds; returns the state packet for Tamiyo."""
+        self.dirty = True
+        result = self.trainer.train_epoch()
+        packet = result.packet
+        self.history.append(packet)
+        self.timings["train_ms"].append(result.train_ms)
+        self.timings["epoch_ms"].append(result.total_ms)
+        self._judge_pending(packet)
+        self._outbox.append(
+            TelemetryPacket(
+                source="tolaria",
+                run_id=self.run_id,
+                epoch=packet.epoch,
+                metrics=result.metrics,
+                events=result.events,
+            )
+        )
+        return packet
+
+    def candidates(self) -> list[BlueprintCandidate]:
+        """Blueprints of the recipe with an active artifact for at least one slot profile."""
+        env = environment_key(self.device)
+        out = []
+        for blueprint_id in self.config.blueprints:
+            found = {p: self.urza.store.find_active(blueprint_id, p, env) for p in self.profiles}
+            present = {p: a for p, a in found.items() if a is not None}
+            if not present:
+                continue
+            p95 = max((s.p95_ms for a in present.values() for s in a.latency.values()), default=0.0)
+            module = self.catalog.build(blueprint_id, ShapeProfile.parse(next(iter(present))))
+            out.append(
+                BlueprintCandidate(
+                    descriptor=self.catalog.get(blueprint_id).descriptor,
+                    shape_profiles=frozenset(present),
+                    latency_p95_ms=p95,
+                    param_cost=sum(p.numel() for p in module.parameters()),
+                )
+            )
+        return out
+
+    def decide(self) -> AdaptationCommand:
+        """Ask Tamiyo for this epoch's command (does not change the run's state)."""
+        if not self.history:
+            raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
+        start = time.perf_counter()
+        decision = self.tamiyo.decide(self.history, self.candidates(), run_id=self.run_id)
+        decide_ms = (time.perf_counter() - start) * 1e3
+        self.timings["decide_ms"].append(decide_ms)
+        self.timings["gnn_ms"].append(decision.gnn_latency_ms)
+        command = decision.command
+        self._outbox.append(
+            TelemetryPacket(
+                source="tamiyo",
+                run_id=self.run_id,
+                epoch=self.history[-1].epoch,
+                metrics=(
+                    MetricPoint(name="tamiyo.gnn.inference.latency_ms", value=decision.gnn_latency_ms, unit="ms"),
+                    MetricPoint(name="tamiyo.decision.latency_ms", value=decide_ms, unit="ms"),
+                    MetricPoint(name="tamiyo.graph.coverage", value=decision.coverage),
+                    MetricPoint(name="tamiyo.gnn.compile_enabled", value=0.0),
+                ),
+                events=(
+                    TelemetryEvent(
+                        name="tamiyo.command",
+                        message=command.reason,
+                        attributes={"action": command.action, "issued_by": command.issued_by},
+                    ),
+                ),
+            )
+        )
+        return command
+
+    def apply(self, command: AdaptationCommand) -> str:
+        """Carry out ``command``; a command that cannot be applied is rejected, not fatal.
+
+        Returns:
+            ``applied`` or ``rejected: <reason>``.
+        """
+        self.dirty = True
+        self.commands.append(command)
+        events: list[TelemetryEvent] = []
+        metrics: list[MetricPoint] = []
+        try:
+            self._apply(command, metrics)
+            outcome = "applied"
+        except ValueError as e:
+            outcome = f"rejected: {e}"
+            events.append(
+                TelemetryEvent(
+                    name="kasmina.command.rejected",
+                    level=TelemetryLevel.WARNING,
+                    message=str(e),
+                    attributes={"action": command.action, "slot_id": command.slot_id or ""},
+                )
+            )
+        if outcome == "applied" and command.command_type is not CommandType.WAIT and self.history:
+            last = self.history[-1]
+            self._pending.append((command, last.val_loss, last.val_accuracy))
+        events.extend(self.manager.drain_events())
+        self._outbox.append(
+            TelemetryPacket(
+                source="kasmina",
+                run_id=self.run_id,
+                epoch=command.epoch,
+                metrics=tuple(metrics),
+                events=tuple(events),
+            )
+        )
+        return outcome
+
+    def _apply(self, command: AdaptationCommand, metrics: list[MetricPoint]) -> None:
+        op = command.seed_operation
+        if command.command_type is CommandType.OPTIMIZER:
+            for group in self.trainer.optimizer.param_groups:
+                group["lr"] *= command.lr_scale
+        elif op is SeedOperation.GERMINATE:
+            assert command.slot_id is not None and command.blueprint_id is not None
+            slot = self.manager.slots.get(command.slot_id)
+            if slot is None:
+                raise ValueError(f"unknown slot {command.slot_id!r}; slots: {sorted(self.manager.slots)}")
+            kernel = self._fetch_kernel(command.blueprint_id, slot.profile.name)
+            metrics.append(MetricPoint(name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": command.slot_id}))
+            verdict = self.manager.germinate(
+                command.slot_id,
+                kernel,
+                params=dict(command.parameters),
+                blend_schedule=command.blend_schedule,
+                blend_epochs=command.blend_epochs,
+                lr_scale=command.lr_scale,
+            )
+            if not verdict.passed:
+                raise ValueError(f"G0 refused {command.blueprint_id} in {command.slot_id}: {verdict.reason}")
+        elif op is SeedOperation.ADVANCE:
+            self.manager.advance(command.slot_id or "")
+        elif op is SeedOperation.FOSSILIZE:
+            self.manager.fossilize(command.slot_id or "")
+        elif op is SeedOperation.CULL:
+            self.manager.cull(command.slot_id or "", reason=command.reason)
+
+    def _fetch_kernel(self, blueprint_id: str, profile: str) -> LoadedKernel:
+        artifact = self.urza.store.find_active(blueprint_id, profile, environment_key(self.device))
+        if artifact is None:
+            raise ValueError(
+                f"Urza has no active {blueprint_id} artifact for {profile}; "
+                f"run `esper catalog compile {blueprint_id}` first"
+            )
+        return self._load(artifact)
+
+    def _load(self, artifact: KernelArtifact) -> LoadedKernel:
+        # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.
+        return load_kernel(artifact, self.urza.fetch_blob(artifact), catalog=self.catalog, device=self.device)
+
+    def _judge_pending(self, packet: SystemStatePacket) -> None:
+        keep = []
+        for command, loss0, acc0 in self._pending:
+            waited = packet.epoch - command.epoch
+            if waited < FIELD_REPORT_WINDOW:
+                keep.append((command, loss0, acc0))
+                continue
+            rel = (packet.val_loss - loss0) / max(loss0, 1e-12)
+            outcome = Outcome.NEUTRAL if abs(rel) <= _NEUTRAL_BAND else (Outcome.SUCCESS if rel < 0 else Outcome.REGRESSION)
+            report = FieldReport(
+                run_id=self.run_id,
+                command=command,
+                outcome=outcome,
+                observation_epochs=waited,
+                metric_deltas={"val_loss": packet.val_loss - loss0, "val_accuracy": packet.val_accuracy - acc0},
+            )
+            self.reports.append(report)
+            self._report_outbox.append(report)
+        self._pending = keep
+
+    # ------------------------------------------------------------------ commits
+
+    def commit(self, tag: str) -> None:
+        """Checkpoint everything under ``tag``, then release the step's telemetry and reports."""
+        state = {
+            "trainer": self.trainer.state_dict(),
+            "history": [p.to_json() for p in self.history],
+            "commands": [c.to_json() for c in self.commands],
+            "reports": [r.to_json() for r in self.reports],
+            "pending": [(c.to_json(), l, a) for c, l, a in self._pending],
+            "timings": self.timings,
+        }
+        self.checkpoints.save(tag, state)
+        self.committed_tag = tag
+        self.dirty = False
+        for packet in self._outbox:
+            self.sink.emit(packet)
+        if self._report_outbox:
+            with open(self.run_dir / "field_reports.jsonl", "a", encoding="utf-8") as f:
+                f.writelines(r.to_json() + "\n" for r in self._report_outbox)
+        self._outbox.clear()
+        self._report_outbox.clear()
+
+    def restore(self, tag: str | None = None) -> None:
+        """Return to the committed state ``tag`` (default: the latest commit)."""
+        tag = tag or self.checkpoints.latest()
+        state = self.checkpoints.load(tag)
+        self.trainer.load_state_dict(state["trainer"], load_kernel=self._load)
+        self.history = [SystemStatePacket.from_json(p) for p in state["history"]]
+        self.commands = [AdaptationCommand.from_json(c) for c in state["commands"]]
+        self.reports = [FieldReport.from_json(r) for r in state["reports"]]
+        self._pending = [(AdaptationCommand.from_json(c), l, a) for c, l, a in state["pending"]]
+        self.timings = {k: list(v) for k, v in state["timings"].items()}
+        self._outbox.clear()
+        self._report_outbox.clear()
+        self.committed_tag = tag
+        self.dirty = False
+
+    def rewind_partial_epoch(self) -> None:
+        """If the last commit is a trained-but-not-applied epoch, go back to before it.
+
+        Resuming then re-runs that epoch, which reproduces it exactly, followed by its decision.
+        """
+        tag = self.committed_tag or ""
+        if tag.endswith("-trained"):
+            epoch = int(tag.split("-")[1])
+            self.restore(START_TAG if epoch == 0 else epoch_tag(epoch - 1, "applied"))
+
+    def ensure_at(self, tag: str) -> None:
+        """Make the live state equal to commit ``tag`` (restoring if a step ran past it or failed)."""
+        if self.committed_tag != tag or self.dirty:
+            self.restore(tag)
+
+    def close(self) -> None:
+        """Release files and database connections."""
+        self.sink.close()
+        self.urza.close()

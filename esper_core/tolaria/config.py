@@ -1,0 +1,37 @@
+"""Tolaria's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from esper_core._capabilities import DEVICE_CHOICES
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    """Optimiser, device and budgets of the training loop."""
+
+    lr: float = 0.05
+    """SGD learning rate of the host; seeds get ``lr * lr_scale`` of their command."""
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    device: str = "auto"
+    """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
+    latency_budget_ms: float = 18.0
+    """p95 budget of the training part of an epoch (seed 001); reported against, not enforced."""
+    val_batch_size: int = 512
+    """Validation runs in batches of this size under ``torch.inference_mode()``."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.device not in DEVICE_CHOICES:
+            raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {self.device!r}")
+        if self.latency_budget_ms <= 0:
+            raise ValueError("latency_budget_ms must be > 0")
+        if self.val_batch_size < 1:
+            raise ValueError("val_batch_size must be >= 1")

@@ -1,0 +1,1 @@
+"""Prefect flows: each chains tasks and nothing else."""

@@ -1,0 +1,22 @@
+"""Planning task: which kernels a recipe needs."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from esper_core.data import load_dataset
+from esper_core.karn.catalog import default_catalog
+from esper_core.pipeline import CompileJob, plan_compile_jobs
+from esper_core.recipes import get_recipe
+
+
+# NO_CACHE: planning is cheap and must see the current catalogue.
+@task(name="plan-compiles", cache_policy=NO_CACHE, tags=["karn"])
+def plan_compiles(recipe: str, blueprints: list[str] | None = None) -> list[CompileJob]:
+    """The compile jobs of ``recipe`` (optionally narrowed to ``blueprints``)."""
+    config = get_recipe(recipe)
+    if blueprints:
+        config.blueprints = tuple(blueprints)
+    data = load_dataset(config.data)
+    return plan_compile_jobs(config, feature_shape=data.feature_shape, catalog=default_catalog())

@@ -1,0 +1,73 @@
+"""The ``esper`` command: help, inspection commands and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from esper_cli.main import build_parser, main
+from esper_core.settings import EsperSettings
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("run", "catalog", "registry", "bench"):
+        assert command in out
+
+
+@pytest.mark.parametrize(
+    "argv", [["run"], ["catalog", "list"], ["catalog", "compile"], ["registry", "list"], ["bench", "seed-reference"]]
+)
+def test_every_subcommand_explains_its_options(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    out = capsys.readouterr().out
+    for action in build_parser()._subparsers._group_actions[0].choices[argv[0]]._actions:  # type: ignore[union-attr]
+        if action.help and action.option_strings:
+            assert action.option_strings[-1] in out
+
+
+def test_catalog_list_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "list", "--json"]) == 0
+    ids = {d["blueprint_id"] for d in json.loads(capsys.readouterr().out)}
+    assert {"residual_mlp", "lowrank_adapter"} <= ids
+
+
+def test_registry_list_on_empty_and_compiled_home(esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["registry", "list"]) == 0
+    assert "no artifacts" in capsys.readouterr().out
+
+
+def test_registry_list_shows_published(compiled_home: EsperSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["registry", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["blueprint_id"] for r in rows} >= {"lowrank_adapter"}
+
+
+def test_bad_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--epochs", "0"])
+    assert exit_info.value.code == 2
+    assert "must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "--recipe", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_bench_seed_reference_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "seed-reference", "--epochs", "10", "--warmup-batches", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["steps_per_epoch"] == 4
+    for key in ("esper_p95_ms", "bare_p95_ms", "ratio_p95"):
+        assert result[key] > 0
+
+
+def test_console_script_is_installed() -> None:
+    out = subprocess.run([sys.executable, "-m", "esper_cli", "--help"], capture_output=True, text=True, check=True)
+    assert "Grow neural networks" in out.stdout

@@ -1,0 +1,19 @@
+"""Load real compiled kernels from a test's registry."""
+
+from __future__ import annotations
+
+from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.loader import LoadedKernel, load_kernel
+from esper_core.settings import EsperSettings
+from esper_core.tezzeret.compiler import environment_key
+from esper_core.urza.service import Urza
+
+
+def kernel_from_registry(settings: EsperSettings, blueprint_id: str, profile: str) -> LoadedKernel:
+    """The active CPU kernel of ``blueprint_id`` for ``profile`` in ``settings.home``'s registry."""
+    urza = Urza.open(settings.home, settings.registry_db_url)
+    try:
+        artifact, blob = urza.require_active(blueprint_id, profile, environment_key("cpu"))
+    finally:
+        urza.close()
+    return load_kernel(artifact, blob, catalog=default_catalog(), device="cpu")

@@ -1,0 +1,155 @@
+"""The seed manager on a real host, trainer and exported kernels from a real registry."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from esper_core.contracts import BlendSchedule, SeedStage
+from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.lifecycle import IllegalTransitionError
+from esper_core.kasmina.manager import KasminaConfig
+from esper_core.recipes import get_recipe
+from esper_core.settings import EsperSettings
+from esper_core.tolaria.build import build_trainer
+from esper_core.tolaria.loop import Trainer
+from tests.helpers.kernels import kernel_from_registry
+
+PROFILE = "f16-b64"  # the seed-reference slot: 16 features, batches up to 64
+
+
+def _trainer(**kasmina: int) -> Trainer:
+    config = get_recipe("seed-reference")
+    config.kasmina = dataclasses.replace(config.kasmina, **kasmina)
+    return build_trainer(config, catalog=default_catalog(), run_id="test")
+
+
+def _germinate(trainer: Trainer, settings: EsperSettings, *, blend_epochs: int = 1, lr_scale: float = 0.5) -> None:
+    kernel = kernel_from_registry(settings, "lowrank_adapter", PROFILE)
+    verdict = trainer.manager.germinate(
+        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=blend_epochs, lr_scale=lr_scale
+    )
+    assert verdict.passed, verdict.reason
+
+
+def _events(trainer: Trainer) -> list[str]:
+    return [e.name for e in trainer.manager.drain_events()]
+
+
+def test_germinate_attaches_kernel_with_its_own_param_group(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    _germinate(trainer, compiled_home, lr_scale=0.5)
+    slot = trainer.manager.slots["slot0"]
+    assert slot.stage is SeedStage.GERMINATED and slot.seed is not None
+    groups = [g for g in trainer.optimizer.param_groups if g.get("slot_id") == "slot0"]
+    assert len(groups) == 1 and groups[0]["lr"] == pytest.approx(trainer.config.lr * 0.5)
+    names = _events(trainer)
+    assert "kasmina.gate.g0_sanity" in names and "kasmina.seed.stage" in names
+    state = trainer.manager.export_seed_states()[0]
+    assert state.blueprint_id == "lowrank_adapter" and state.metrics["kernel_load_ms"] > 0
+
+
+def test_g0_refuses_a_kernel_built_for_another_shape(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")
+    verdict = trainer.manager.germinate(
+        "slot0", wrong, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+    )
+    assert not verdict.passed
+    assert "(batch *, 16)" in verdict.reason and "(batch 1..512, 64)" in verdict.reason
+    slot = trainer.manager.slots["slot0"]
+    assert slot.stage is SeedStage.DORMANT and slot.seed is None
+    assert len(trainer.optimizer.param_groups) == 1
+
+
+def test_training_seed_is_isolated_from_the_host(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    x = trainer.data.train.x[:4]
+    before = trainer.model(x).detach()
+    _germinate(trainer, compiled_home)
+    trainer.manager.start_epoch()
+    assert trainer.manager.slots["slot0"].stage is SeedStage.TRAINING
+    # The forward value is bit-identical and the host's gradients do not see the seed.
+    assert torch.equal(trainer.model(x).detach(), before)
+    assert trainer.isolation_probe("slot0") == 0.0
+    # ...while the seed itself receives the task gradient.
+    result = trainer.train_epoch()
+    assert result.packet.seed("slot0").metrics["grad_norm"] > 0
+
+
+def test_isolation_leak_fails_g3_and_is_reported(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = _trainer()
+    _germinate(trainer, compiled_home)
+    slot = trainer.manager.slots["slot0"]
+    # A broken slot that lets the host see the seed while TRAINING.
+    monkeypatch.setattr(type(slot), "forward", lambda self, x: x + 0.1 * self.seed(x) if self.seed is not None and self.probe_alpha is None else x)
+    events = [e for e in trainer.train_epoch().events]
+    g3 = [e for e in events if e.name == "kasmina.gate.g3_interface"]
+    assert g3 and g3[0].attributes["passed"] is False
+    assert any(e.name == "kasmina.isolation.violation" for e in events)
+    assert slot.stage is SeedStage.TRAINING  # it does not blend
+
+
+def test_full_lifecycle_to_fossilized(compiled_home: EsperSettings) -> None:
+    trainer = _trainer(min_training_epochs=1, probation_epochs=1)
+    _germinate(trainer, compiled_home, blend_epochs=2)
+    stages = []
+    for _ in range(5):
+        packet = trainer.train_epoch().packet
+        stages.append((packet.seeds[0].stage, round(packet.seeds[0].alpha, 2)))
+    assert stages[0] == (SeedStage.BLENDING, 0.5)  # G1, G2, G3 passed after one training epoch
+    assert (SeedStage.PROBATIONARY, 1.0) in stages
+    state = trainer.manager.export_seed_states()[0]
+    assert state.last_gate is not None and state.last_gate.gate.value == "g4_system_impact"
+    if not state.last_gate.passed:
+        pytest.fail(f"G4 failed on the reference workload: {state.last_gate.reason}")
+    trainer.manager.fossilize("slot0")
+    slot = trainer.manager.slots["slot0"]
+    assert slot.stage is SeedStage.FOSSILIZED
+    assert all(not p.requires_grad for p in slot.seed.parameters())  # type: ignore[union-attr]
+    assert trainer.manager.optimizer_param_count("slot0") == 0
+    trainer.train_epoch()  # a fossilized seed keeps working in the forward pass
+
+
+def test_fossilize_requires_passed_g4(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    _germinate(trainer, compiled_home)
+    with pytest.raises(ValueError, match="must be probationary with a passed G4"):
+        trainer.manager.fossilize("slot0")
+
+
+def test_cull_frees_then_embargo_then_g5_reset(compiled_home: EsperSettings) -> None:
+    trainer = _trainer(embargo_epochs=1)
+    _germinate(trainer, compiled_home)
+    trainer.train_epoch()
+    trainer.manager.cull("slot0", reason="test cull")
+    slot = trainer.manager.slots["slot0"]
+    assert slot.stage is SeedStage.EMBARGOED and slot.seed is None
+    assert len(trainer.optimizer.param_groups) == 1 and trainer.manager.optimizer_param_count("slot0") == 0
+    with pytest.raises(IllegalTransitionError):
+        trainer.manager.germinate(
+            "slot0", kernel_from_registry(compiled_home, "lowrank_adapter", PROFILE),
+            params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0,
+        )
+    events = trainer.train_epoch().events
+    g5 = [e for e in events if e.name == "kasmina.gate.g5_reset"]
+    assert g5 and g5[0].attributes["passed"] is True
+    assert slot.stage is SeedStage.DORMANT
+    _germinate(trainer, compiled_home)  # the slot is reusable
+
+
+def test_attribute_batch_and_unknown_slot(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    assert trainer.manager.attribute_batch(4) == {}
+    _germinate(trainer, compiled_home)
+    trainer.manager.start_epoch()
+    assert trainer.manager.attribute_batch(4) == {"slot0": 4}
+    with pytest.raises(ValueError, match="unknown slot 'slot9'; this host has slots \\['slot0'\\]"):
+        trainer.manager.cull("slot9", reason="x")
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="embargo_epochs must be >= 1"):
+        KasminaConfig(embargo_epochs=0)

@@ -1,0 +1,96 @@
+"""Tolaria's epoch loop: packets, inference-mode validation, determinism and exact restore."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper_core.contracts import BlendSchedule
+from esper_core.karn.catalog import default_catalog
+from esper_core.recipes import get_recipe
+from esper_core.settings import EsperSettings
+from esper_core.tolaria.build import build_trainer
+from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
+from esper_core.tolaria.config import TrainerConfig
+from esper_core.tolaria.loop import Trainer
+from esper_core.urza.service import Urza
+from esper_core.kasmina.loader import load_kernel
+from tests.helpers.kernels import kernel_from_registry
+
+
+def _trainer(recipe: str = "seed-reference") -> Trainer:
+    return build_trainer(get_recipe(recipe), catalog=default_catalog(), run_id="test")
+
+
+def test_epoch_produces_a_complete_packet() -> None:
+    trainer = _trainer("digits-mlp")
+    result = trainer.train_epoch()
+    packet = result.packet
+    assert packet.epoch == 0 and trainer.epoch == 1
+    assert 0.0 < packet.val_accuracy <= 1.0 and packet.train_loss > 0
+    assert [layer.name for layer in packet.layers] == ["fc0", "fc1", "fc2"]
+    assert all(layer.grad_norm > 0 and layer.activation_std > 0 for layer in packet.layers)
+    assert [s.slot_id for s in packet.seeds] == ["slot1", "slot2"]
+    names = {m.name for m in result.metrics}
+    assert {"tolaria.training.latency_ms", "tolaria.train.compile_enabled", "tolaria.train.amp_enabled", "tolaria.train.graph_enabled"} <= names
+    assert result.train_ms > 0 and result.total_ms >= result.train_ms
+
+
+def test_validation_runs_under_inference_mode() -> None:
+    trainer = _trainer()
+    seen: list[bool] = []
+    trainer.model.layers[0].register_forward_hook(lambda *_: seen.append(torch.is_inference_mode_enabled()))
+    trainer.evaluate(trainer.data.val)
+    assert seen and all(seen)
+
+
+def test_training_learns_digits() -> None:
+    trainer = _trainer("digits-mlp")
+    first = trainer.train_epoch().packet
+    for _ in range(3):
+        last = trainer.train_epoch().packet
+    assert last.val_loss < first.val_loss and last.val_accuracy > 0.8
+
+
+def test_same_recipe_and_seed_give_identical_losses() -> None:
+    runs = []
+    for _ in range(2):
+        trainer = _trainer("digits-mlp")
+        runs.append([trainer.train_epoch().packet.train_loss for _ in range(2)])
+    assert runs[0] == runs[1]
+
+
+def test_restored_checkpoint_reproduces_the_epoch_exactly(tmp_path, compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
+    trainer.manager.germinate("slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)
+    trainer.train_epoch()
+    store = CheckpointStore(tmp_path / "ckpt")
+    store.save("e1", trainer.state_dict())
+    original = trainer.train_epoch().packet
+
+    urza = Urza.open(compiled_home.home, compiled_home.registry_db_url)
+
+    def load(artifact):
+        return load_kernel(artifact, urza.fetch_blob(artifact), catalog=default_catalog(), device="cpu")
+
+    fresh = _trainer()  # a new process would start from nothing but the checkpoint
+    fresh.load_state_dict(store.load("e1"), load_kernel=load)
+    retried = fresh.train_epoch().packet
+    urza.close()
+    assert retried.train_loss == original.train_loss
+    assert retried.val_loss == original.val_loss
+    assert retried.seeds == original.seeds
+    assert retried.layers == original.layers
+
+
+def test_missing_checkpoint_error_says_why(tmp_path) -> None:
+    with pytest.raises(CheckpointNotFoundError, match="has not committed an epoch yet"):
+        CheckpointStore(tmp_path).load()
+
+
+def test_trainer_config_errors_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="momentum must lie in"):
+        TrainerConfig(momentum=1.5)
+    with pytest.raises(ValueError, match="device must be one of"):
+        TrainerConfig(device="tpu")
