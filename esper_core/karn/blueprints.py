@@ -35,7 +35,8 @@ class ResidualMLP(nn.Module):
         self.fc_in = nn.Linear(width, expansion * width)
         self.fc_out = _zero_(nn.Linear(expansion * width, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
         return self.fc_out(F.gelu(self.fc_in(x)))
 
 
@@ -47,7 +48,8 @@ class LowRankAdapter(nn.Module):
         self.down = nn.Linear(width, rank, bias=False)
         self.up = _zero_(nn.Linear(rank, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
         return self.up(self.down(x))
 
 
@@ -60,7 +62,8 @@ class NormGate(nn.Module):
         self.gate = nn.Linear(width, width)
         self.value = _zero_(nn.Linear(width, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
         h = self.norm(x)
         return torch.sigmoid(self.gate(h)) * self.value(h)
 
@@ -74,7 +77,8 @@ class GLUBlock(nn.Module):
         self.proj_in = nn.Linear(width, 2 * hidden)
         self.proj_out = _zero_(nn.Linear(hidden, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
         value, gate = self.proj_in(x).chunk(2, dim=-1)  # (B, H) each
         return self.proj_out(value * torch.sigmoid(gate))
 
@@ -89,7 +93,8 @@ class WideMLP(nn.Module):
         self.fc_mid = nn.Linear(hidden, hidden)
         self.fc_out = _zero_(nn.Linear(hidden, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, W) -> (B, W)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
         h = F.gelu(self.fc_in(x))
         return self.fc_out(F.gelu(self.fc_mid(h)))
 

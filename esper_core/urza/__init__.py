@@ -24,8 +24,8 @@ __all__ = [
     "RegistryError",
     "RegistryStore",
     "SqlRegistry",
-    "Urza",
     "UnknownBlueprintInRegistryError",
+    "Urza",
     "canonical_params",
     "params_key",
 ]

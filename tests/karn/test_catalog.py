@@ -51,7 +51,7 @@ def test_default_catalog_is_cached() -> None:
 
 
 def test_unknown_blueprint_lists_known_ids() -> None:
-    with pytest.raises(UnknownBlueprintError, match="known blueprints are .*residual_mlp") as info:
+    with pytest.raises(UnknownBlueprintError, match=r"known blueprints are .*residual_mlp") as info:
         CATALOG.get("resnet9000")
     assert isinstance(info.value, ValueError)
 

@@ -160,12 +160,12 @@ def test_wrong_eager_format_is_named(eager: CompiledKernel) -> None:
     artifact = eager.artifact.model_copy(
         update={"sha256": hashlib.sha256(blob).hexdigest(), "size_bytes": len(blob)}
     )
-    with pytest.raises(ValueError, match="'someone-else-v9'.*expected 'esper-eager-v1'"):
+    with pytest.raises(ValueError, match=r"'someone-else-v9'.*expected 'esper-eager-v1'"):
         load_kernel(artifact, blob, catalog=BRANCHY_CATALOG)
 
 
 def test_blob_must_match_the_artifact(exported: CompiledKernel) -> None:
-    with pytest.raises(ValueError, match="fetch the blob with Urza.fetch_blob"):
+    with pytest.raises(ValueError, match=r"fetch the blob with Urza\.fetch_blob"):
         load_kernel(exported.artifact, exported.blob + b"!", catalog=default_catalog())
 
 

@@ -1,6 +1,9 @@
-"""Urza's stores: RegistryStore semantics against both SqlRegistry (a real SQLite file) and
-InMemoryRegistry, then what only SQL has (WAL, BEGIN IMMEDIATE, concurrent writer processes,
-error translation, lookup latency)."""
+"""Urza's stores: RegistryStore semantics, then what only SQL has.
+
+The Protocol tests run against both SqlRegistry (a real SQLite file) and InMemoryRegistry; the
+SQL-only tests cover WAL, BEGIN IMMEDIATE, concurrent writer processes, error translation and
+lookup latency.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,6 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
 import esper_core.urza
-
-from collections.abc import Callable
-
 from esper_core.contracts import (
     ArtifactKind,
     ArtifactStatus,
