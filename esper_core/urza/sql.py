@@ -76,8 +76,12 @@ class SqlRegistry:
     def __init__(self, url: str) -> None:
         self._url = make_url(url)
         self._engine = _create_engine(url)
-        with self._translate("create the schema"):
-            Base.metadata.create_all(self._engine)
+        with self._translate("create the schema"), self._engine.connect() as conn:
+            # One write transaction, so concurrent openers of a new database take turns instead
+            # of racing between "is the table missing?" and CREATE TABLE.
+            conn.execution_options(**{_WRITE_OPTION: True})
+            with conn.begin():
+                Base.metadata.create_all(conn)
 
     @property
     def url(self) -> str:
@@ -301,9 +305,11 @@ def _sqlite_on_connect(dbapi_connection: Any, connection_record: Any) -> None:
     del connection_record
     cursor = dbapi_connection.cursor()
     try:
+        # busy_timeout first: switching a fresh file to WAL needs a brief exclusive lock, and a
+        # connection opened while another creates the schema must wait for it, not fail.
+        cursor.execute("PRAGMA busy_timeout=5000")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=5000")
     finally:
         cursor.close()
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -255,6 +254,42 @@ def test_two_writer_processes_never_hit_database_is_locked(
     assert versions == list(range(1, 2 * count + 1))
 
 
+_OPENER = textwrap.dedent(
+    """
+    import sys
+    from esper_core.urza.sql import SqlRegistry
+
+    SqlRegistry(sys.argv[1]).close()
+    """
+)
+
+
+def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    # Regression: concurrent openers of a fresh file raced on WAL setup and CREATE TABLE
+    # ("database is locked" from the compile tasks of one flow run).
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    root = Path(esper_core.urza.__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _OPENER, url], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+    registry = SqlRegistry(url)
+    assert registry.list_artifacts() == []
+    registry.close()
+
+
+def test_threads_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        registries = list(pool.map(lambda _: SqlRegistry(url), range(4)))
+    for registry in registries:
+        registry.close()
+
+
 def test_database_errors_are_translated_and_chained(tmp_path: Path) -> None:
     with pytest.raises(RegistryError, match="could not create the schema") as info:
         SqlRegistry(f"sqlite:///{tmp_path / 'no-such-dir' / 'registry.db'}")
@@ -265,20 +300,3 @@ def test_url_hides_the_password() -> None:
     registry = SqlRegistry("sqlite://")
     assert registry.url == "sqlite://"
     registry.close()
-
-
-def test_lookup_by_key_is_well_under_a_millisecond(
-    sql_registry: SqlRegistry, make_artifact: MakeArtifact, env: EnvironmentKey
-) -> None:
-    for i in range(20):
-        sql_registry.publish(make_artifact(f"v{i}", shape_profile=f"f{16 + i}-b64"))
-    timings = []
-    for _ in range(200):
-        start = time.perf_counter()
-        found = sql_registry.find_active("residual_mlp", "f30-b64", env, {"expansion": 2.0})
-        timings.append(time.perf_counter() - start)
-        assert found is not None
-    # Measured ~0.2 ms on a 2-core CPU box; the bound leaves room for a loaded CI machine.
-    assert statistics.median(timings) < 2e-3, json.dumps(
-        {"median_ms": statistics.median(timings) * 1e3}
-    )
