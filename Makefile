@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # dependency from pulling the (several GB) CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install install-test run test test-slow bench clean
+.PHONY: install install-test run test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,13 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(BIN)/esper run $(ARGS)
 
-## test: the whole suite, slow-marked tests included (what CI runs)
-test: install-test
+## test: lint, then the whole suite, slow-marked tests included (what CI runs)
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 ## test-fast: skip slow-marked tests
 test-fast: install-test

@@ -52,7 +52,9 @@ def _cmd_catalog_compile(args: argparse.Namespace) -> int:
     for a in artifacts:
         flag = f"FALLBACK ({a.fallback_reason})" if a.fallback else a.kind.value
         p95 = max((s.p95_ms for s in a.latency.values()), default=0.0)
-        print(f"#{a.artifact_id} {a.blueprint_id} {a.shape_profile} v{a.version} {a.status.value} {flag} p95 {p95:.3f} ms")
+        print(
+            f"#{a.artifact_id} {a.blueprint_id} {a.shape_profile} v{a.version} {a.status.value} {flag} p95 {p95:.3f} ms"
+        )
     return 0
 
 
@@ -101,7 +103,9 @@ def _cmd_bench_seed_reference(args: argparse.Namespace) -> int:
         print(json.dumps(headline, indent=2))
         return 0
     print(f"seed-reference on {result['device']} ({result['epochs']} epochs of {result['steps_per_epoch']} steps)")
-    print(f"  esper  p50 {result['esper_p50_ms']:.3f} ms  p95 {result['esper_p95_ms']:.3f} ms  (budget {result['budget_ms']} ms)")
+    print(
+        f"  esper  p50 {result['esper_p50_ms']:.3f} ms  p95 {result['esper_p95_ms']:.3f} ms  (budget {result['budget_ms']} ms)"
+    )
     print(f"  bare   p50 {result['bare_p50_ms']:.3f} ms  p95 {result['bare_p95_ms']:.3f} ms")
     print(f"  ratio  p50 {result['ratio_p50']:.2f}  p95 {result['ratio_p95']:.2f}")
     return 0
@@ -116,30 +120,40 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the morphogenesis flow (compile, train, grow)")
-    run.add_argument("--recipe", default="digits-mlp", choices=sorted(RECIPES), help="named recipe (default: %(default)s)")
+    run.add_argument(
+        "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="named recipe (default: %(default)s)"
+    )
     run.add_argument("--epochs", type=_positive, default=None, help="override the recipe's epoch count")
     run.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to train (default: %(default)s)")
     run.add_argument("--seed", type=int, default=None, help="override the recipe's random seed")
     run.add_argument("--run-id", default=None, help="resume this run from its last committed epoch")
     run.set_defaults(func=_cmd_run)
 
-    catalog = sub.add_parser("catalog", help="Karn's blueprint catalogue").add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
+    catalog = sub.add_parser("catalog", help="Karn's blueprint catalogue").add_subparsers(
+        dest="catalog_command", required=True, metavar="ACTION"
+    )
     c_list = catalog.add_parser("list", help="list blueprints with tier, risk and host kinds")
     c_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c_list.set_defaults(func=_cmd_catalog_list)
     c_compile = catalog.add_parser("compile", help="compile blueprints for a recipe's slots and publish them to Urza")
     c_compile.add_argument("blueprints", nargs="*", metavar="BLUEPRINT", help="blueprint ids (default: the recipe's)")
-    c_compile.add_argument("--recipe", default="digits-mlp", choices=sorted(RECIPES), help="recipe whose slots set the shapes")
+    c_compile.add_argument(
+        "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="recipe whose slots set the shapes"
+    )
     c_compile.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="compile for this device")
     c_compile.set_defaults(func=_cmd_catalog_compile)
 
-    registry = sub.add_parser("registry", help="Urza's artifact registry").add_subparsers(dest="registry_command", required=True, metavar="ACTION")
+    registry = sub.add_parser("registry", help="Urza's artifact registry").add_subparsers(
+        dest="registry_command", required=True, metavar="ACTION"
+    )
     r_list = registry.add_parser("list", help="list published kernel artifacts")
     r_list.add_argument("--blueprint", default=None, help="only this blueprint")
     r_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
     r_list.set_defaults(func=_cmd_registry_list)
 
-    bench = sub.add_parser("bench", help="benchmarks against bare PyTorch").add_subparsers(dest="bench_command", required=True, metavar="WORKLOAD")
+    bench = sub.add_parser("bench", help="benchmarks against bare PyTorch").add_subparsers(
+        dest="bench_command", required=True, metavar="WORKLOAD"
+    )
     b_ref = bench.add_parser("seed-reference", help="Linear 16->4, 16 samples, batch 4: Tolaria vs a bare loop")
     b_ref.add_argument("--epochs", type=_positive, default=200, help="timed epochs per path (default: %(default)s)")
     b_ref.add_argument("--warmup-batches", type=int, default=20, help="untimed steps first (default: %(default)s)")

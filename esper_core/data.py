@@ -40,9 +40,7 @@ class DataConfig:
         if not (0.0 < self.val_fraction < 1.0 and 0.0 < self.test_fraction < 1.0):
             raise ValueError("val_fraction and test_fraction must each lie in (0, 1)")
         if self.val_fraction + self.test_fraction >= 0.8:
-            raise ValueError(
-                "val_fraction + test_fraction leaves under 20% for training; lower them"
-            )
+            raise ValueError("val_fraction + test_fraction leaves under 20% for training; lower them")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,6 +6,7 @@ A host is a plain ``nn.Module`` whose activations pass through ``SeedSlot``s at 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -38,9 +39,7 @@ class HostConfig:
         n_layers = len(self.hidden) + 1
         bad = [i for i in self.slot_inputs if not 0 <= i < n_layers]
         if bad:
-            raise ValueError(
-                f"slot_inputs {bad} out of range: this host has layers 0..{n_layers - 1}"
-            )
+            raise ValueError(f"slot_inputs {bad} out of range: this host has layers 0..{n_layers - 1}")
         if len(set(self.slot_inputs)) != len(self.slot_inputs):
             raise ValueError(f"slot_inputs has duplicates: {self.slot_inputs}")
 
@@ -48,18 +47,15 @@ class HostConfig:
 class MLPHost(nn.Module):
     """``Linear -> ReLU`` stack; layer ``i`` reads its input through slot ``slot{i}`` if any."""
 
-    def __init__(
-        self, config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int
-    ) -> None:
+    def __init__(self, config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         if len(feature_shape) != 1:
             raise ValueError(
-                f"an mlp host takes flat features, got shape {feature_shape}; "
-                "load the data with image=False"
+                f"an mlp host takes flat features, got shape {feature_shape}; load the data with image=False"
             )
         widths = (feature_shape[0], *config.hidden, num_classes)
         self.kind = config.kind
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(widths[:-1], widths[1:]))
+        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in itertools.pairwise(widths))
         self.layer_names = tuple(f"fc{i}" for i in range(len(self.layers)))
         self.layer_widths = tuple(widths[1:])
         self.seed_slots = nn.ModuleDict(
@@ -94,9 +90,6 @@ class MLPHost(nn.Module):
         return list(self.layers.parameters())
 
 
-def build_host(
-    config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int
-) -> MLPHost:
+def build_host(config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> MLPHost:
     """Build the host network described by ``config`` for the data's shapes."""
     return MLPHost(config, feature_shape=feature_shape, num_classes=num_classes)
-

@@ -33,15 +33,12 @@ def slot_profiles(config: RunConfig, feature_shape: tuple[int, ...]) -> list[str
     """Distinct shape profiles of the seed slots of the run's host, in slot order."""
     widths = (feature_shape[0], *config.host.hidden)
     names = [
-        ShapeProfile(feature_shape=(widths[i],), batch_max=config.host.batch_max).name
-        for i in config.host.slot_inputs
+        ShapeProfile(feature_shape=(widths[i],), batch_max=config.host.batch_max).name for i in config.host.slot_inputs
     ]
     return list(dict.fromkeys(names))
 
 
-def plan_compile_jobs(
-    config: RunConfig, *, feature_shape: tuple[int, ...], catalog: KarnCatalog
-) -> list[CompileJob]:
+def plan_compile_jobs(config: RunConfig, *, feature_shape: tuple[int, ...], catalog: KarnCatalog) -> list[CompileJob]:
     """Every (blueprint, slot profile) kernel the run may germinate.
 
     Raises:
@@ -56,9 +53,7 @@ def plan_compile_jobs(
                 f"{descriptor.host_kinds}, not {config.host.kind!r}: remove it from the recipe"
             )
     return [
-        CompileJob(blueprint_id=b, profile=p)
-        for b in config.blueprints
-        for p in slot_profiles(config, feature_shape)
+        CompileJob(blueprint_id=b, profile=p) for b in config.blueprints for p in slot_profiles(config, feature_shape)
     ]
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from esper_core.data import DataConfig
 from esper_core.hosts import HostConfig
 from esper_core.kasmina.manager import KasminaConfig
-from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tolaria.config import TrainerConfig
 
 

@@ -43,10 +43,7 @@ def finish_run(session: RunSession) -> RunSummary:
     """Evaluate on the test split and write the run's summary, baseline and report."""
     test = session.trainer.evaluate(session.trainer.data.test)
     last = session.history[-1]
-    seeds = {
-        s.slot_id: s.stage.value + (f" ({s.blueprint_id})" if s.blueprint_id else "")
-        for s in last.seeds
-    }
+    seeds = {s.slot_id: s.stage.value + (f" ({s.blueprint_id})" if s.blueprint_id else "") for s in last.seeds}
     summary = RunSummary(
         run_id=session.run_id,
         recipe=session.config.recipe,
@@ -105,7 +102,13 @@ def render_report(session: RunSession, summary: RunSummary) -> str:
             f"| {p.epoch} | {p.train_loss:.4f} | {p.val_loss:.4f} | {p.val_accuracy:.4f} | "
             f"{p.epoch_latency_ms:.1f} | {active or '-'} |"
         )
-    lines += ["", "## Commands", "", "| epoch | action | slot | blueprint | by | reason |", "|---:|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Commands",
+        "",
+        "| epoch | action | slot | blueprint | by | reason |",
+        "|---:|---|---|---|---|---|",
+    ]
     for c in session.commands:
         if c.action == "wait":
             continue

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from esper_core.contracts import (
     AdaptationCommand,
@@ -38,8 +36,8 @@ from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
 from esper_core.tezzeret.compiler import environment_key
-from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.tolaria.build import build_trainer
+from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.urza.service import Urza
 
 START_TAG = "start"
@@ -135,9 +133,7 @@ class RunSession:
         return session
 
     @classmethod
-    def open(
-        cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None = None
-    ) -> RunSession:
+    def open(cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None = None) -> RunSession:
         """Reopen an existing run at its last committed step (e.g. in a new worker process)."""
         spec_path = settings.runs_dir / run_id / "run.json"
         if not spec_path.exists():
@@ -288,7 +284,11 @@ class RunSession:
             if slot is None:
                 raise ValueError(f"unknown slot {command.slot_id!r}; slots: {sorted(self.manager.slots)}")
             kernel = self._fetch_kernel(command.blueprint_id, slot.profile.name)
-            metrics.append(MetricPoint(name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": command.slot_id}))
+            metrics.append(
+                MetricPoint(
+                    name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": command.slot_id}
+                )
+            )
             verdict = self.manager.germinate(
                 command.slot_id,
                 kernel,
@@ -327,7 +327,9 @@ class RunSession:
                 keep.append((command, loss0, acc0))
                 continue
             rel = (packet.val_loss - loss0) / max(loss0, 1e-12)
-            outcome = Outcome.NEUTRAL if abs(rel) <= _NEUTRAL_BAND else (Outcome.SUCCESS if rel < 0 else Outcome.REGRESSION)
+            outcome = (
+                Outcome.NEUTRAL if abs(rel) <= _NEUTRAL_BAND else (Outcome.SUCCESS if rel < 0 else Outcome.REGRESSION)
+            )
             report = FieldReport(
                 run_id=self.run_id,
                 command=command,
@@ -348,7 +350,7 @@ class RunSession:
             "history": [p.to_json() for p in self.history],
             "commands": [c.to_json() for c in self.commands],
             "reports": [r.to_json() for r in self.reports],
-            "pending": [(c.to_json(), l, a) for c, l, a in self._pending],
+            "pending": [(c.to_json(), loss, acc) for c, loss, acc in self._pending],
             "timings": self.timings,
         }
         self.checkpoints.save(tag, state)
@@ -370,7 +372,7 @@ class RunSession:
         self.history = [SystemStatePacket.from_json(p) for p in state["history"]]
         self.commands = [AdaptationCommand.from_json(c) for c in state["commands"]]
         self.reports = [FieldReport.from_json(r) for r in state["reports"]]
-        self._pending = [(AdaptationCommand.from_json(c), l, a) for c, l, a in state["pending"]]
+        self._pending = [(AdaptationCommand.from_json(c), loss, acc) for c, loss, acc in state["pending"]]
         self.timings = {k: list(v) for k, v in state["timings"].items()}
         self._outbox.clear()
         self._report_outbox.clear()

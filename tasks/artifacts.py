@@ -16,9 +16,7 @@ from esper_core.reports import RunSummary
 def publish_run_artifacts(summary: RunSummary, epochs: list[dict[str, Any]]) -> None:
     """Publish the per-epoch table, the seed table and the markdown report of a run."""
     key = summary.recipe.replace("_", "-")
-    create_table_artifact(
-        key=f"{key}-epochs", table=epochs, description=f"Epochs of run {summary.run_id}"
-    )
+    create_table_artifact(key=f"{key}-epochs", table=epochs, description=f"Epochs of run {summary.run_id}")
     create_table_artifact(
         key=f"{key}-seeds",
         table=[{"slot": slot, "final stage": stage} for slot, stage in summary.seeds.items()],

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.contracts import KernelArtifact, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
 from esper_core._capabilities import resolve_device
+from esper_core.contracts import KernelArtifact, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import CompileJob, compile_job, find_published, publish_staged
 from esper_core.urza.service import Urza

@@ -44,9 +44,7 @@ def _before(epoch: int) -> str:
 
 
 @task(name="start-run", retries=1, cache_policy=NO_CACHE, tags=["tolaria"])
-def start_run(
-    recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None
-) -> RunStart:
+def start_run(recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None) -> RunStart:
     """Create the run (or reopen ``run_id``) and report which epoch comes next."""
     session = RunSession.create(
         recipe=recipe,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import compile_job, plan_compile_jobs, publish_kernel
 from esper_core.recipes import get_recipe
-from esper_core.data import load_dataset
 from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
 
@@ -48,9 +48,7 @@ def esper_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EsperSettings
 
 
 @pytest.fixture
-def compiled_home(
-    esper_home: EsperSettings, compiled_home_template: Path
-) -> EsperSettings:
+def compiled_home(esper_home: EsperSettings, compiled_home_template: Path) -> EsperSettings:
     """This test's ESPER_HOME, pre-filled with a copy of the compiled template registry."""
     shutil.copytree(compiled_home_template, esper_home.home, dirs_exist_ok=True)
     return esper_home

@@ -5,10 +5,10 @@ Values are lower-case strings so that JSON, SQL rows and Prometheus labels carry
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class SeedStage(str, Enum):
+class SeedStage(StrEnum):
     """Lifecycle stage of a seed slot (DESIGN.md "Seed lifecycle")."""
 
     DORMANT = "dormant"
@@ -37,7 +37,7 @@ _ACTIVE_STAGES = frozenset(
 )
 
 
-class GateId(str, Enum):
+class GateId(StrEnum):
     """The lifecycle gates; each verdict is a telemetry event named ``kasmina.gate.<id>``."""
 
     G0_SANITY = "g0_sanity"
@@ -48,7 +48,7 @@ class GateId(str, Enum):
     G5_RESET = "g5_reset"
 
 
-class CommandType(str, Enum):
+class CommandType(StrEnum):
     """What an adaptation command asks for."""
 
     WAIT = "wait"
@@ -57,7 +57,7 @@ class CommandType(str, Enum):
     PAUSE = "pause"
 
 
-class SeedOperation(str, Enum):
+class SeedOperation(StrEnum):
     """The operation of a ``CommandType.SEED`` command."""
 
     GERMINATE = "germinate"
@@ -66,7 +66,7 @@ class SeedOperation(str, Enum):
     CULL = "cull"
 
 
-class HealthStatus(str, Enum):
+class HealthStatus(StrEnum):
     """Health carried by every telemetry packet."""
 
     HEALTHY = "healthy"
@@ -75,7 +75,7 @@ class HealthStatus(str, Enum):
     CRITICAL = "critical"
 
 
-class TelemetryLevel(str, Enum):
+class TelemetryLevel(StrEnum):
     """Severity of a telemetry event."""
 
     DEBUG = "debug"
@@ -85,7 +85,7 @@ class TelemetryLevel(str, Enum):
     CRITICAL = "critical"
 
 
-class BlueprintTier(str, Enum):
+class BlueprintTier(StrEnum):
     """Karn tier: how much trust a blueprint has earned."""
 
     SAFE = "safe"
@@ -93,7 +93,7 @@ class BlueprintTier(str, Enum):
     HIGH_RISK = "high_risk"
 
 
-class ArtifactStatus(str, Enum):
+class ArtifactStatus(StrEnum):
     """Urza status of a published kernel artifact."""
 
     ACTIVE = "active"
@@ -101,21 +101,21 @@ class ArtifactStatus(str, Enum):
     RETIRED = "retired"
 
 
-class ArtifactKind(str, Enum):
+class ArtifactKind(StrEnum):
     """How an artifact's blob is loaded: an exported program, or eager weights (fallback)."""
 
     EXPORTED = "exported"
     EAGER = "eager"
 
 
-class BlendSchedule(str, Enum):
+class BlendSchedule(StrEnum):
     """Shape of the alpha ramp during BLENDING."""
 
     LINEAR = "linear"
     COSINE = "cosine"
 
 
-class BlendMode(str, Enum):
+class BlendMode(StrEnum):
     """How a seed's output joins the host's activation.
 
     RESIDUAL: ``y = x + alpha * seed(x)``; CONVEX: ``y = (1 - alpha) * x + alpha * seed(x)``.
@@ -125,7 +125,7 @@ class BlendMode(str, Enum):
     CONVEX = "convex"
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """Outcome of a command once its observation window closed (field reports)."""
 
     SUCCESS = "success"

@@ -113,8 +113,7 @@ class GuardSchema(Message):
     def _check(self) -> Self:
         if self.batch_min > self.batch_max:
             raise ValueError(
-                f"batch_min {self.batch_min} exceeds batch_max {self.batch_max}: "
-                "declare a batch range with min <= max"
+                f"batch_min {self.batch_min} exceeds batch_max {self.batch_max}: declare a batch range with min <= max"
             )
         if any(d <= 0 for d in self.feature_shape + self.output_feature_shape):
             raise ValueError("feature dimensions must be positive integers")

@@ -114,9 +114,7 @@ class KarnCatalog:
             )
         return entry
 
-    def resolve_params(
-        self, blueprint_id: str, overrides: Mapping[str, float] | None = None
-    ) -> dict[str, float]:
+    def resolve_params(self, blueprint_id: str, overrides: Mapping[str, float] | None = None) -> dict[str, float]:
         """Complete and validate a blueprint's parameters.
 
         Args:
@@ -171,8 +169,7 @@ def _check_value(blueprint_id: str, name: str, value: object, bound: ParamBound)
     where = f"parameter {name!r} of blueprint {blueprint_id!r}"
     if isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidBlueprintParamsError(
-            f"{where} must be a number, got {value!r}: "
-            f"pass a value in [{bound.low:g}, {bound.high:g}]"
+            f"{where} must be a number, got {value!r}: pass a value in [{bound.low:g}, {bound.high:g}]"
         )
     number = float(value)
     if not math.isfinite(number) or not bound.low <= number <= bound.high:

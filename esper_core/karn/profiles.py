@@ -16,9 +16,7 @@ import torch
 
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 _DEFAULT_DTYPE = "float32"
-_NAME_RE = re.compile(
-    r"^f(?P<dims>[1-9][0-9]*(?:x[1-9][0-9]*)*)-b(?P<batch>[1-9][0-9]*)(?:-(?P<dtype>[a-z0-9]+))?$"
-)
+_NAME_RE = re.compile(r"^f(?P<dims>[1-9][0-9]*(?:x[1-9][0-9]*)*)-b(?P<batch>[1-9][0-9]*)(?:-(?P<dtype>[a-z0-9]+))?$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,19 +45,13 @@ class ShapeProfile:
                 f"feature_shape {self.feature_shape!r} must hold positive ints: "
                 "give the per-sample shape without the batch dimension, e.g. (16, 8, 8)"
             )
-        if (
-            isinstance(self.batch_max, bool)
-            or not isinstance(self.batch_max, int)
-            or self.batch_max < 2
-        ):
+        if isinstance(self.batch_max, bool) or not isinstance(self.batch_max, int) or self.batch_max < 2:
             raise ValueError(
                 f"batch_max must be an int >= 2, got {self.batch_max!r}: torch.export specialises "
                 "a batch dimension whose range is a single value, so declare at least 2"
             )
         if self.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(
-                f"dtype {self.dtype!r} is not supported: use one of {list(SUPPORTED_DTYPES)}"
-            )
+            raise ValueError(f"dtype {self.dtype!r} is not supported: use one of {list(SUPPORTED_DTYPES)}")
 
     @property
     def name(self) -> str:
@@ -104,9 +96,7 @@ class ShapeProfile:
             )
         dtype = match.group("dtype") or _DEFAULT_DTYPE
         if match.group("dtype") == _DEFAULT_DTYPE:
-            raise ValueError(
-                f"{name!r} spells out the default dtype: write {name.removesuffix('-float32')!r}"
-            )
+            raise ValueError(f"{name!r} spells out the default dtype: write {name.removesuffix('-float32')!r}")
         return cls(
             feature_shape=tuple(int(d) for d in match.group("dims").split("x")),
             batch_max=int(match.group("batch")),

@@ -96,9 +96,7 @@ def g1_gradient_health(grad_norm: float, *, config: GateConfig) -> GateVerdict:
     )
 
 
-def g2_stability(
-    with_seed_losses: Sequence[float], *, host_val_loss: float, config: GateConfig
-) -> GateVerdict:
+def g2_stability(with_seed_losses: Sequence[float], *, host_val_loss: float, config: GateConfig) -> GateVerdict:
     """The seed's own (with-seed) validation loss is finite, bounded and not rising."""
     if not with_seed_losses:
         return GateVerdict(gate=GateId.G2_STABILITY, passed=False, reason="no with-seed loss measured")
@@ -106,7 +104,9 @@ def g2_stability(
     best = min(with_seed_losses)
     measured = {"with_seed_loss": last, "best_with_seed_loss": best, "host_val_loss": host_val_loss}
     if not math.isfinite(last):
-        return GateVerdict(gate=GateId.G2_STABILITY, passed=False, reason="with-seed loss is not finite", measured=measured)
+        return GateVerdict(
+            gate=GateId.G2_STABILITY, passed=False, reason="with-seed loss is not finite", measured=measured
+        )
     if last > host_val_loss * config.max_loss_ratio:
         return GateVerdict(
             gate=GateId.G2_STABILITY,
@@ -154,9 +154,7 @@ def g3_interface(
     return GateVerdict(gate=GateId.G3_INTERFACE, passed=True, reason="shapes match, isolation holds", measured=measured)
 
 
-def g4_system_impact(
-    *, val_loss_with: float, val_loss_without: float, config: GateConfig
-) -> GateVerdict:
+def g4_system_impact(*, val_loss_with: float, val_loss_without: float, config: GateConfig) -> GateVerdict:
     """With the seed blended in, validation loss is no worse than without it (within tolerance)."""
     limit = val_loss_without * (1.0 + config.impact_tolerance)
     measured = {"val_loss_with_seed": val_loss_with, "val_loss_without_seed": val_loss_without}

@@ -36,8 +36,7 @@ def check_transition(slot_id: str, current: SeedStage, target: SeedStage) -> Non
     if target not in allowed:
         options = ", ".join(sorted(s.value for s in allowed)) or "none (terminal stage)"
         raise IllegalTransitionError(
-            f"slot {slot_id}: cannot go from {current.value} to {target.value}; "
-            f"allowed from {current.value}: {options}"
+            f"slot {slot_id}: cannot go from {current.value} to {target.value}; allowed from {current.value}: {options}"
         )
 
 

@@ -143,9 +143,7 @@ class SeedManager:
         """Parameters of ``slot_id`` still registered with the optimizer (G5 checks 0)."""
         if self._optimizer is None:
             return 0
-        return sum(
-            p.numel() for g in self._optimizer.param_groups if g.get("slot_id") == slot_id for p in g["params"]
-        )
+        return sum(p.numel() for g in self._optimizer.param_groups if g.get("slot_id") == slot_id for p in g["params"])
 
     def group_order(self) -> list[str]:
         """Slot ids of the optimizer's seed groups, in optimizer order (for checkpoints)."""
@@ -204,9 +202,7 @@ class SeedManager:
         )
         self._set_stage(slot_id, S.GERMINATED)
         first_use_ms = self._prewarm(slot)
-        self._seeds[slot_id].metrics.update(
-            {"kernel_load_ms": kernel.load_ms, "kernel_first_use_ms": first_use_ms}
-        )
+        self._seeds[slot_id].metrics.update({"kernel_load_ms": kernel.load_ms, "kernel_first_use_ms": first_use_ms})
         self._add_group(slot_id)
         return verdict
 
@@ -332,9 +328,7 @@ class SeedManager:
                 verdicts.append(verdict)
         return verdicts
 
-    def _end_epoch_slot(
-        self, sid: str, slot: SeedSlot, obs: EpochObservation, grad_norm: float
-    ) -> GateVerdict | None:
+    def _end_epoch_slot(self, sid: str, slot: SeedSlot, obs: EpochObservation, grad_norm: float) -> GateVerdict | None:
         cfg = self.config
         if slot.stage is S.EMBARGOED:
             self._embargo_left[sid] -= 1
@@ -413,7 +407,7 @@ class SeedManager:
         ids = list(self._grad_sq)
         # One device->host transfer for every seed's epoch norm.
         rms = (torch.stack([self._grad_sq[i] for i in ids]) / max(self._steps, 1)).sqrt().tolist()
-        return dict(zip(ids, rms))
+        return dict(zip(ids, rms, strict=True))
 
     # ------------------------------------------------------------------ exports
 
@@ -481,9 +475,7 @@ class SeedManager:
             }
         return {"slots": slots, "group_order": self.group_order()}
 
-    def load_state_dict(
-        self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]
-    ) -> None:
+    def load_state_dict(self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]) -> None:
         """Restore slots (re-fetching kernels through ``load_kernel``) and optimizer groups."""
         for sid in list(self._seeds):
             self._remove_group(sid)

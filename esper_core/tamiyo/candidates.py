@@ -37,9 +37,7 @@ class BlueprintCandidate:
                 f"pass the measured p95 of blueprint {self.descriptor.blueprint_id!r}"
             )
         if self.param_cost < 0:
-            raise ValueError(
-                f"param_cost must be >= 0, got {self.param_cost}: pass the seed's parameter count"
-            )
+            raise ValueError(f"param_cost must be >= 0, got {self.param_cost}: pass the seed's parameter count")
 
     @property
     def blueprint_id(self) -> str:

@@ -28,9 +28,7 @@ class TamiyoConfig:
         try:
             device = torch.device(self.device)
         except RuntimeError as e:
-            raise ValueError(
-                f"device {self.device!r} is not a torch device: use 'cpu' or 'cuda[:index]'"
-            ) from e
+            raise ValueError(f"device {self.device!r} is not a torch device: use 'cpu' or 'cuda[:index]'") from e
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
                 f"device {self.device!r} was requested but CUDA is not available here: "

@@ -128,9 +128,7 @@ class TamiyoGraph:
     blueprint_ids: tuple[str, ...]
     coverage: float
 
-    def inputs(
-        self, device: torch.device
-    ) -> tuple[dict[NodeType, torch.Tensor], dict[EdgeType, torch.Tensor]]:
+    def inputs(self, device: torch.device) -> tuple[dict[NodeType, torch.Tensor], dict[EdgeType, torch.Tensor]]:
         """The policy's ``(x_dict, edge_index_dict)`` on ``device``.
 
         Args:
@@ -141,15 +139,11 @@ class TamiyoGraph:
         """
         # non_blocking only overlaps anything for pinned host memory; it is harmless otherwise.
         x_dict = {nt: x.to(device, non_blocking=True) for nt, x in self.data.x_dict.items()}
-        edge_index_dict = {
-            et: ei.to(device, non_blocking=True) for et, ei in self.data.edge_index_dict.items()
-        }
+        edge_index_dict = {et: ei.to(device, non_blocking=True) for et, ei in self.data.edge_index_dict.items()}
         return x_dict, edge_index_dict
 
 
-def build_graph(
-    history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate]
-) -> TamiyoGraph:
+def build_graph(history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate]) -> TamiyoGraph:
     """Build Tamiyo's hetero graph for the current epoch.
 
     Args:
@@ -169,9 +163,7 @@ def build_graph(
     current = history[-1]
     rows: dict[NodeType, list[_Row]] = {
         "global": [_global_row(history)],
-        "layer": [
-            _layer_row(layer, i, len(current.layers)) for i, layer in enumerate(current.layers)
-        ],
+        "layer": [_layer_row(layer, i, len(current.layers)) for i, layer in enumerate(current.layers)],
         "slot": [_slot_row(seed, current.val_loss) for seed in current.seeds],
         "blueprint": [_blueprint_row(c) for c in candidates],
     }
@@ -294,10 +286,7 @@ def _edges(
         layer_index.setdefault(layer.name, []).append(i)
     hosts = [(i, j) for j, s in enumerate(current.seeds) for i in layer_index.get(s.layer, [])]
     fits = [
-        (b, j)
-        for b, cand in enumerate(candidates)
-        for j, s in enumerate(current.seeds)
-        if cand.fits(s.shape_profile)
+        (b, j) for b, cand in enumerate(candidates) for j, s in enumerate(current.seeds) if cand.fits(s.shape_profile)
     ]
     forward: dict[EdgeType, list[tuple[int, int]]] = {
         ("layer", "feeds", "layer"): [(i, i + 1) for i in range(num_layers - 1)],

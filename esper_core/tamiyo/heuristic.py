@@ -69,8 +69,7 @@ class HeuristicConfig:
             raise ValueError(f"plateau_window must be >= 1 epoch, got {self.plateau_window}")
         if not 0.0 <= self.plateau_rel_tol < 1.0:
             raise ValueError(
-                f"plateau_rel_tol must lie in [0, 1), got {self.plateau_rel_tol}: "
-                "it is a fraction, e.g. 0.01 for 1 %"
+                f"plateau_rel_tol must lie in [0, 1), got {self.plateau_rel_tol}: it is a fraction, e.g. 0.01 for 1 %"
             )
         if self.probe_epoch is not None and self.probe_epoch < 0:
             raise ValueError(f"probe_epoch must be >= 0 or None (disabled), got {self.probe_epoch}")
@@ -81,9 +80,7 @@ class HeuristicConfig:
         if not isinstance(self.blend_schedule, BlendSchedule):
             options = [s.value for s in BlendSchedule]
             if self.blend_schedule not in options:
-                raise ValueError(
-                    f"blend_schedule must be one of {options}, got {self.blend_schedule!r}"
-                )
+                raise ValueError(f"blend_schedule must be one of {options}, got {self.blend_schedule!r}")
             self.blend_schedule = BlendSchedule(self.blend_schedule)
 
 
@@ -127,20 +124,15 @@ class HeuristicPolicy:
                 return command
         return self._germinate_or_wait(history, candidates, make)
 
-    def _wait_while_in_flight(
-        self, seeds: Sequence[SeedState], make: _Make
-    ) -> AdaptationCommand | None:
+    def _wait_while_in_flight(self, seeds: Sequence[SeedState], make: _Make) -> AdaptationCommand | None:
         """Rule 3: wait while ``max_active_seeds`` seeds are in flight."""
         in_flight = [s for s in seeds if s.stage in IN_FLIGHT_STAGES]
         if len(in_flight) < self.config.max_active_seeds:
             return None
-        listed = ", ".join(
-            f"{s.slot_id} {s.stage.value} for {s.epochs_in_stage} epoch(s)" for s in in_flight
-        )
+        listed = ", ".join(f"{s.slot_id} {s.stage.value} for {s.epochs_in_stage} epoch(s)" for s in in_flight)
         return make(
             CommandType.WAIT,
-            f"wait: {len(in_flight)} seed(s) in flight ({listed}) >= max_active_seeds="
-            f"{self.config.max_active_seeds}",
+            f"wait: {len(in_flight)} seed(s) in flight ({listed}) >= max_active_seeds={self.config.max_active_seeds}",
         )
 
     def _germinate_or_wait(
@@ -252,8 +244,7 @@ def _fossilize_on_passed_g4(seeds: Sequence[SeedState], make: _Make) -> Adaptati
         ):
             return make(
                 CommandType.SEED,
-                f"fossilize: slot {seed.slot_id} passed {gate.gate.value}"
-                f"{_measured(gate.measured)}",
+                f"fossilize: slot {seed.slot_id} passed {gate.gate.value}{_measured(gate.measured)}",
                 seed_operation=SeedOperation.FOSSILIZE,
                 slot_id=seed.slot_id,
             )
@@ -275,9 +266,7 @@ def _cull_on_failed_gate(seeds: Sequence[SeedState], make: _Make) -> AdaptationC
     return None
 
 
-def _relative_improvement(
-    history: Sequence[SystemStatePacket], window: int
-) -> tuple[float, float, float] | None:
+def _relative_improvement(history: Sequence[SystemStatePacket], window: int) -> tuple[float, float, float] | None:
     """(relative improvement, val_loss ``window`` epochs ago, val_loss now), or None if short."""
     if len(history) <= window:
         return None
@@ -291,15 +280,9 @@ def _ever_germinated(history: Sequence[SystemStatePacket]) -> bool:
     return any(s.stage is not SeedStage.DORMANT for packet in history for s in packet.seeds)
 
 
-def _best_safe_fit(
-    slot: SeedState, candidates: Sequence[BlueprintCandidate]
-) -> BlueprintCandidate | None:
+def _best_safe_fit(slot: SeedState, candidates: Sequence[BlueprintCandidate]) -> BlueprintCandidate | None:
     """The SAFE candidate fitting ``slot`` with the lowest risk, then latency (ties: first)."""
-    fits = [
-        c
-        for c in candidates
-        if c.descriptor.tier is BlueprintTier.SAFE and c.fits(slot.shape_profile)
-    ]
+    fits = [c for c in candidates if c.descriptor.tier is BlueprintTier.SAFE and c.fits(slot.shape_profile)]
     return min(fits, key=lambda c: (c.descriptor.risk, c.latency_p95_ms), default=None)
 
 

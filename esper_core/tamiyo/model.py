@@ -33,9 +33,7 @@ ACTIONS: tuple[tuple[CommandType, SeedOperation | None], ...] = (
     (CommandType.PAUSE, None),
 )
 # Same spelling as ``AdaptationCommand.action``.
-ACTION_NAMES: tuple[str, ...] = tuple(
-    op.value if op is not None else ctype.value for ctype, op in ACTIONS
-)
+ACTION_NAMES: tuple[str, ...] = tuple(op.value if op is not None else ctype.value for ctype, op in ACTIONS)
 BLEND_SCHEDULES: tuple[BlendSchedule, ...] = tuple(BlendSchedule)
 
 # Heads read only these node types, so the last message-passing layer updates only them.
@@ -92,8 +90,7 @@ class TamiyoGNN(nn.Module):
             {node_type: nn.Linear(FEATURE_DIMS[node_type], hidden) for node_type in NODE_TYPES}
         )
         self.convs = nn.ModuleList(
-            _hetero_layer(hidden, last=(i == config.num_layers - 1))
-            for i in range(config.num_layers)
+            _hetero_layer(hidden, last=(i == config.num_layers - 1)) for i in range(config.num_layers)
         )
         self.action_head = _mlp(hidden, len(ACTIONS))
         self.slot_head = _mlp(hidden, 1)
@@ -103,9 +100,7 @@ class TamiyoGNN(nn.Module):
         self.value_head = _mlp(hidden, 1)
         self.risk_head = _mlp(hidden, 1)
 
-    def forward(
-        self, x_dict: dict[NodeType, Tensor], edge_index_dict: dict[EdgeType, Tensor]
-    ) -> PolicyOutput:
+    def forward(self, x_dict: dict[NodeType, Tensor], edge_index_dict: dict[EdgeType, Tensor]) -> PolicyOutput:
         """Score a training-state graph.
 
         Args:
@@ -122,8 +117,7 @@ class TamiyoGNN(nn.Module):
             msg_dict = conv(h_dict, edge_index_dict)  # (N_t, H) for each destination type
             # Residual update; types a layer does not update (``layer`` in the last) pass through.
             h_dict = {
-                nt: h
-                + F.dropout(F.relu(msg_dict[nt]), p=self.config.dropout, training=self.training)
+                nt: h + F.dropout(F.relu(msg_dict[nt]), p=self.config.dropout, training=self.training)
                 if nt in msg_dict
                 else h
                 for nt, h in h_dict.items()

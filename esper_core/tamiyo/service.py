@@ -109,9 +109,7 @@ class TamiyoService:
         """The policy network's weights (``TamiyoGNN.state_dict``)."""
         return self.model.state_dict()
 
-    def load_state_dict(
-        self, state_dict: Mapping[str, Any], strict: bool = True
-    ) -> tuple[list[str], list[str]]:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
         """Load policy weights into the network the service runs.
 
         Args:

@@ -54,8 +54,7 @@ def synthetic_history(
     """
     if num_epochs < 1 or num_layers < 1 or num_slots < 0:
         raise ValueError(
-            f"need num_epochs >= 1, num_layers >= 1 and num_slots >= 0, got "
-            f"{num_epochs}, {num_layers}, {num_slots}"
+            f"need num_epochs >= 1, num_layers >= 1 and num_slots >= 0, got {num_epochs}, {num_layers}, {num_slots}"
         )
     widths = [16 * (1 + i % 4) for i in range(num_layers)]
     history = []
@@ -93,9 +92,7 @@ def _seed(index: int, epoch: int, widths: list[int], num_layers: int) -> SeedSta
     layer = index % num_layers
     profile = f"w{widths[layer]}"
     if index == 0:
-        return SeedState(
-            slot_id="slot0", layer=f"layer{layer}", shape_profile=profile, stage=SeedStage.DORMANT
-        )
+        return SeedState(slot_id="slot0", layer=f"layer{layer}", shape_profile=profile, stage=SeedStage.DORMANT)
     stage = _ACTIVE_CYCLE[(index - 1) % len(_ACTIVE_CYCLE)]
     return SeedState(
         slot_id=f"slot{index}",

@@ -167,9 +167,7 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: a baseline is a JSON object, found {type(data).__name__}")
     missing = [key for key in REQUIRED_KEYS if key not in data]
     if missing:
-        raise ValueError(
-            f"{path} is not a baseline: missing keys {missing}; record it with write_baseline"
-        )
+        raise ValueError(f"{path} is not a baseline: missing keys {missing}; record it with write_baseline")
     version = data.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         raise ValueError(
@@ -216,9 +214,7 @@ def compare_baselines(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Compar
     return rows
 
 
-def format_comparison(
-    rows: Sequence[ComparisonRow], *, before: str = "before", after: str = "after"
-) -> str:
+def format_comparison(rows: Sequence[ComparisonRow], *, before: str = "before", after: str = "after") -> str:
     """Render comparison rows as a side-by-side text table.
 
     Args:

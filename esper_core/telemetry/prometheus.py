@@ -98,8 +98,7 @@ class PrometheusSink:
             "health.status",
             Gauge,
             "esper_health_status",
-            "Health of the latest packet per source: 0 healthy, 1 degraded, 2 unhealthy, "
-            "3 critical",
+            "Health of the latest packet per source: 0 healthy, 1 degraded, 2 unhealthy, 3 critical",
             ("source",),
             reserved=True,
         )
@@ -170,9 +169,7 @@ class PrometheusSink:
 
     # ------------------------------------------------------------------ slow path (first sight)
 
-    def _new_update(
-        self, point: MetricPoint, source: str, key: tuple[str, str, _LabelItems]
-    ) -> _Update:
+    def _new_update(self, point: MetricPoint, source: str, key: tuple[str, str, _LabelItems]) -> _Update:
         """Create (or find) the family and child for a metric seen for the first time."""
         label_keys = tuple(sorted(point.labels))
         for label in label_keys:
@@ -222,9 +219,7 @@ class PrometheusSink:
                 "Another collector already exposes that name: rename the metric, or use one "
                 "PrometheusSink per registry"
             ) from e
-        self._families[base_name] = _Family(
-            dotted_name, tuple(label_names[:-1]), metric, reserved=reserved
-        )
+        self._families[base_name] = _Family(dotted_name, tuple(label_names[:-1]), metric, reserved=reserved)
         return metric
 
     @staticmethod

@@ -119,9 +119,7 @@ class TelemetryRecorder:
             ValueError: If the name breaks the naming rules.
         """
         check_name(name, kind="event")
-        self._events.append(
-            TelemetryEvent(name=name, level=level, message=message, attributes=attributes)
-        )
+        self._events.append(TelemetryEvent(name=name, level=level, message=message, attributes=attributes))
 
     def degrade(self, status: HealthStatus, reason: str) -> None:
         """Lower the packet's health; the worst status recorded wins.

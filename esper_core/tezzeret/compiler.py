@@ -91,10 +91,7 @@ class TezzeretConfig:
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
         if self.timing_iters < 1:
-            raise ValueError(
-                f"timing_iters must be >= 1, got {self.timing_iters}: "
-                "latency percentiles need samples"
-            )
+            raise ValueError(f"timing_iters must be >= 1, got {self.timing_iters}: latency percentiles need samples")
         if not (self.rtol >= 0.0 and self.atol >= 0.0):
             raise ValueError(
                 f"rtol and atol must be >= 0, got rtol={self.rtol}, atol={self.atol}: "
@@ -208,9 +205,7 @@ def compile_blueprint(
         )
         kernel, kind = module, ArtifactKind.EAGER
 
-    latency = time_kernel(
-        kernel, inputs, warmup_iters=config.warmup_iters, timing_iters=config.timing_iters
-    )
+    latency = time_kernel(kernel, inputs, warmup_iters=config.warmup_iters, timing_iters=config.timing_iters)
     with torch.inference_mode():
         output_shape = tuple(kernel(inputs[0]).shape[1:])
     guard = GuardSchema(
@@ -257,23 +252,17 @@ def build_deterministic(
         return catalog.build(blueprint_id, profile, params)
 
 
-def probe_inputs(
-    profile: ShapeProfile, batches: Sequence[int], device: torch.device
-) -> list[torch.Tensor]:
+def probe_inputs(profile: ShapeProfile, batches: Sequence[int], device: torch.device) -> list[torch.Tensor]:
     """Deterministic random inputs, one per batch size, of the profile's shape and dtype."""
     generator = torch.Generator().manual_seed(0)
     return [
-        torch.randn((b, *profile.feature_shape), generator=generator).to(
-            dtype=profile.torch_dtype, device=device
-        )
+        torch.randn((b, *profile.feature_shape), generator=generator).to(dtype=profile.torch_dtype, device=device)
         for b in batches
     ]
 
 
 def _export(module: nn.Module, profile: ShapeProfile, device: torch.device) -> bytes:
-    offending = sorted(
-        {type(m).__name__ for m in module.modules() if isinstance(m, _MODE_DEPENDENT)}
-    )
+    offending = sorted({type(m).__name__ for m in module.modules() if isinstance(m, _MODE_DEPENDENT)})
     if offending:
         raise ModeDependentModuleError(
             f"module holds train/eval-dependent layers {offending}; an exported graph freezes eval "

@@ -93,9 +93,7 @@ def decode_eager(blob: bytes) -> EagerPayload:
         )
     missing = sorted(_EAGER_KEYS - set(payload))
     if missing:
-        raise ValueError(
-            f"eager artifact blob lacks {missing}: the blob is damaged; recompile and republish it"
-        )
+        raise ValueError(f"eager artifact blob lacks {missing}: the blob is damaged; recompile and republish it")
     return EagerPayload(
         blueprint_id=str(payload["blueprint_id"]),
         params={str(k): float(v) for k, v in payload["params"].items()},

@@ -50,7 +50,7 @@ class LayerStats:
 
             return record
 
-        handles = [layer.register_forward_hook(hook(n)) for n, layer in zip(self.names, self.layers)]
+        handles = [layer.register_forward_hook(hook(n)) for n, layer in zip(self.names, self.layers, strict=True)]
         try:
             yield
         finally:
@@ -74,5 +74,5 @@ class LayerStats:
                 activation_std=self._act.get(name, (0.0, 0.0))[1],
                 grad_norm=g,
             )
-            for name, width, g in zip(self.names, self.widths, grad)
+            for name, width, g in zip(self.names, self.widths, grad, strict=True)
         )

@@ -7,6 +7,7 @@ engine of a later iteration can compile or capture it from outside without touch
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from esper_core.contracts import (
+    KernelArtifact,
     MetricPoint,
     SystemStatePacket,
     TelemetryEvent,
@@ -22,12 +24,10 @@ from esper_core.contracts import (
 from esper_core.data import Dataset, Split, epoch_batches
 from esper_core.determinism import capture_rng, restore_rng
 from esper_core.hosts import MLPHost
-from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.kasmina.loader import LoadedKernel
-from esper_core.contracts import KernelArtifact
+from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.layers import LayerStats
-from collections.abc import Callable
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,9 +103,7 @@ class Trainer:
         self.layer_stats.reset()
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
-        for x, y in epoch_batches(
-            self.data.train, batch_size=self.batch_size, seed=self.data_seed, epoch=self.epoch
-        ):
+        for x, y in epoch_batches(self.data.train, batch_size=self.batch_size, seed=self.data_seed, epoch=self.epoch):
             loss_sum += self._train_step(x, y)
             # Outside the step closure: attribution and per-seed metrics stay plain and eager.
             self.manager.attribute_batch(int(y.shape[0]))
@@ -120,9 +118,7 @@ class Trainer:
         val_start = time.perf_counter()
         with self.layer_stats.watch_activations():
             val = self.evaluate(self.data.val)
-        probes = {
-            sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()
-        }
+        probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
         verdicts = self.manager.end_epoch(
             EpochObservation(
                 val_loss=val.loss,
@@ -221,7 +217,7 @@ class Trainer:
         with_seed = host_grads()
         with self.manager.without_seed(slot_id):
             without = host_grads()
-        return max((a - b).abs().max().item() for a, b in zip(with_seed, without))
+        return max((a - b).abs().max().item() for a, b in zip(with_seed, without, strict=True))
 
     def slot_input(self, slot_id: str) -> torch.Tensor:
         """The activation entering ``slot_id`` for the probe batch."""
@@ -247,9 +243,7 @@ class Trainer:
             "rng": capture_rng(),
         }
 
-    def load_state_dict(
-        self, state: dict[str, Any], *, load_kernel: Callable[[KernelArtifact], LoadedKernel]
-    ) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, load_kernel: Callable[[KernelArtifact], LoadedKernel]) -> None:
         """Restore a ``state_dict`` (seeds re-fetched through ``load_kernel``)."""
         self.manager.load_state_dict(state["manager"], load_kernel=load_kernel)
         self.model.to(self.device)

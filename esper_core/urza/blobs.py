@@ -42,9 +42,7 @@ class BlobStore:
             ValueError: ``sha256`` is not 64 lower-case hex characters.
         """
         if not _SHA_RE.match(sha256):
-            raise ValueError(
-                f"{sha256!r} is not a sha256 hex digest: pass 64 lower-case hex characters"
-            )
+            raise ValueError(f"{sha256!r} is not a sha256 hex digest: pass 64 lower-case hex characters")
         return self.root / sha256[:2] / sha256
 
     def exists(self, sha256: str) -> bool:
@@ -64,9 +62,7 @@ class BlobStore:
             The hex SHA-256, which is the blob's address.
         """
         if not data:
-            raise ValueError(
-                "refusing to store an empty blob: a kernel artifact always has content"
-            )
+            raise ValueError("refusing to store an empty blob: a kernel artifact always has content")
         sha = sha256_hex(data)
         target = self.path(sha)
         if target.is_file() and sha256_hex(target.read_bytes()) == sha:

@@ -28,9 +28,7 @@ class ArtifactNotFoundError(RegistryError, LookupError):
         )
 
     @classmethod
-    def for_key(
-        cls, blueprint_id: str, shape_profile: str, environment: str, where: str
-    ) -> ArtifactNotFoundError:
+    def for_key(cls, blueprint_id: str, shape_profile: str, environment: str, where: str) -> ArtifactNotFoundError:
         """No active artifact for a (blueprint, profile, environment)."""
         return cls(
             f"no active artifact of blueprint {blueprint_id!r} for profile {shape_profile} "
@@ -44,8 +42,7 @@ class UnknownBlueprintInRegistryError(RegistryError, LookupError):
     def __init__(self, blueprint_id: str, where: str) -> None:
         super().__init__(
             f"blueprint {blueprint_id!r} is not registered in {where}: register its Karn "
-            "descriptor first (Urza.register_blueprint), or "
-            + COMPILE_HINT.format(blueprint_id=blueprint_id)
+            "descriptor first (Urza.register_blueprint), or " + COMPILE_HINT.format(blueprint_id=blueprint_id)
         )
         self.blueprint_id = blueprint_id
 

@@ -56,9 +56,7 @@ class BlueprintRow(Base):
     """A registered Karn blueprint descriptor."""
 
     __tablename__ = "blueprints"
-    __table_args__ = (
-        CheckConstraint(_one_of("tier", [t.value for t in BlueprintTier]), name="tier"),
-    )
+    __table_args__ = (CheckConstraint(_one_of("tier", [t.value for t in BlueprintTier]), name="tier"),)
 
     blueprint_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     name: Mapped[str] = mapped_column(String(256))
@@ -102,9 +100,7 @@ class ArtifactRow(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    blueprint_id: Mapped[str] = mapped_column(
-        ForeignKey("blueprints.blueprint_id", ondelete="RESTRICT")
-    )
+    blueprint_id: Mapped[str] = mapped_column(ForeignKey("blueprints.blueprint_id", ondelete="RESTRICT"))
     shape_profile: Mapped[str] = mapped_column(String(128))
     params_json: Mapped[str] = mapped_column(Text)
     params_key: Mapped[str] = mapped_column(String(64))

@@ -117,7 +117,5 @@ class Urza:
         if artifact is None:
             env = environment
             env_text = f"{env.device_kind}/torch {env.torch_version}/{env.compiler}"
-            raise ArtifactNotFoundError.for_key(
-                blueprint_id, shape_profile, env_text, repr(self.store)
-            )
+            raise ArtifactNotFoundError.for_key(blueprint_id, shape_profile, env_text, repr(self.store))
         return artifact, self.fetch_blob(artifact)

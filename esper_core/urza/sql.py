@@ -352,16 +352,12 @@ def _to_artifact(row: ArtifactRow | Row[Any]) -> KernelArtifact:
         blueprint_id=row.blueprint_id,
         shape_profile=row.shape_profile,
         params=json.loads(row.params_json),
-        environment=EnvironmentKey(
-            torch_version=row.torch_version, device_kind=row.device_kind, compiler=row.compiler
-        ),
+        environment=EnvironmentKey(torch_version=row.torch_version, device_kind=row.device_kind, compiler=row.compiler),
         kind=ArtifactKind(row.kind),
         sha256=row.sha256,
         size_bytes=row.size_bytes,
         guard=GuardSchema.from_json(row.guard_json),
-        latency={
-            k: LatencyStats.model_validate(v) for k, v in json.loads(row.latency_json).items()
-        },
+        latency={k: LatencyStats.model_validate(v) for k, v in json.loads(row.latency_json).items()},
         fallback=row.fallback,
         fallback_reason=row.fallback_reason,
         status=ArtifactStatus(row.status),

@@ -39,7 +39,9 @@ def test_catalog_list_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"residual_mlp", "lowrank_adapter"} <= ids
 
 
-def test_registry_list_on_empty_and_compiled_home(esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]) -> None:
+def test_registry_list_on_empty_and_compiled_home(
+    esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["registry", "list"]) == 0
     assert "no artifacts" in capsys.readouterr().out
 

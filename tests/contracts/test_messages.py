@@ -105,7 +105,13 @@ def _command() -> AdaptationCommand:
         _artifact(),
         _packet(),
         _command(),
-        FieldReport(run_id="r", command=_command(), outcome=Outcome.SUCCESS, observation_epochs=2, metric_deltas={"val_loss": -0.1}),
+        FieldReport(
+            run_id="r",
+            command=_command(),
+            outcome=Outcome.SUCCESS,
+            observation_epochs=2,
+            metric_deltas={"val_loss": -0.1},
+        ),
         TelemetryPacket(
             source="tolaria",
             metrics=(MetricPoint(name="tolaria.training.latency_ms", value=1.5, labels={"slot": "a"}),),
@@ -127,14 +133,26 @@ def test_nan_metric_survives_json() -> None:
 def test_germinate_without_blueprint_is_refused() -> None:
     with pytest.raises(ValidationError, match="germinate command needs a blueprint_id"):
         AdaptationCommand(
-            run_id="r", epoch=0, command_type=CommandType.SEED, seed_operation=SeedOperation.GERMINATE,
-            slot_id="slot1", issued_by="t", reason="x",
+            run_id="r",
+            epoch=0,
+            command_type=CommandType.SEED,
+            seed_operation=SeedOperation.GERMINATE,
+            slot_id="slot1",
+            issued_by="t",
+            reason="x",
         )
 
 
 def test_seed_operation_only_on_seed_commands() -> None:
     with pytest.raises(ValidationError, match="seed_operation is required for, and only for, SEED"):
-        AdaptationCommand(run_id="r", epoch=0, command_type=CommandType.WAIT, seed_operation=SeedOperation.CULL, issued_by="t", reason="x")
+        AdaptationCommand(
+            run_id="r",
+            epoch=0,
+            command_type=CommandType.WAIT,
+            seed_operation=SeedOperation.CULL,
+            issued_by="t",
+            reason="x",
+        )
 
 
 def test_active_seed_must_name_its_blueprint() -> None:

@@ -27,9 +27,7 @@ def test_morphogenesis_compiles_trains_and_grows(esper_home: EsperSettings) -> N
     assert json.loads((run_dir / "summary.json").read_text())["run_id"] == "flow"
 
 
-def test_retried_epoch_task_reproduces_the_run(
-    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_retried_epoch_task_reproduces_the_run(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.morphogenesis import morphogenesis
 
     clean = morphogenesis(recipe="seed-reference", epochs=3, device="cpu", seed=1, run_id="clean")

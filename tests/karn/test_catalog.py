@@ -79,9 +79,7 @@ def test_resolve_params_fills_defaults_and_accepts_overrides() -> None:
         ("residual_mlp", {"expansion": True}, ["must be a number"]),
     ],
 )
-def test_invalid_params_explain_the_fix(
-    blueprint_id: str, overrides: dict[str, object], fragments: list[str]
-) -> None:
+def test_invalid_params_explain_the_fix(blueprint_id: str, overrides: dict[str, object], fragments: list[str]) -> None:
     with pytest.raises(InvalidBlueprintParamsError) as info:
         CATALOG.resolve_params(blueprint_id, overrides)  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)

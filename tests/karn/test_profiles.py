@@ -40,9 +40,7 @@ def test_invalid_profiles_say_how_to_fix(kwargs: dict[str, object], fragment: st
         ShapeProfile(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "name", ["", "128-b512", "f128", "f128-b0", "f0-b8", "f8-b8-int8", "f8-b8-float32"]
-)
+@pytest.mark.parametrize("name", ["", "128-b512", "f128", "f128-b0", "f0-b8", "f8-b8-int8", "f8-b8-float32"])
 def test_parse_rejects_bad_names(name: str) -> None:
     with pytest.raises(ValueError):
         ShapeProfile.parse(name)

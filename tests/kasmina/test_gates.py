@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -61,7 +62,9 @@ def test_gate_config_rejects_nonsense() -> None:
 
 def test_lifecycle_table() -> None:
     check_transition("s", SeedStage.DORMANT, SeedStage.GERMINATED)
-    with pytest.raises(IllegalTransitionError, match="cannot go from dormant to blending; allowed from dormant: germinated"):
+    with pytest.raises(
+        IllegalTransitionError, match="cannot go from dormant to blending; allowed from dormant: germinated"
+    ):
         check_transition("s", SeedStage.DORMANT, SeedStage.BLENDING)
     with pytest.raises(IllegalTransitionError, match="terminal"):
         check_transition("s", SeedStage.FOSSILIZED, SeedStage.CULLED)
@@ -71,4 +74,4 @@ def test_lifecycle_table() -> None:
 def test_blend_alpha_rises_monotonically_to_one(schedule: BlendSchedule) -> None:
     alphas = [blend_alpha(schedule, k, 4) for k in range(5)]
     assert alphas[0] == 0.0 and alphas[-1] == pytest.approx(1.0)
-    assert all(a < b for a, b in zip(alphas, alphas[1:]))
+    assert all(a < b for a, b in itertools.pairwise(alphas))

@@ -114,9 +114,7 @@ def _perturbed(module: nn.Module, seed: int) -> dict[str, torch.Tensor]:
 def test_exported_kernel_matches_eager_and_trains(exported: CompiledKernel) -> None:
     loaded = load_kernel(exported.artifact, exported.blob, catalog=default_catalog(), device="cpu")
     assert not loaded.fallback and loaded.load_ms > 0
-    reference = build_deterministic(
-        default_catalog(), "residual_mlp", PROFILE, exported.artifact.params
-    )
+    reference = build_deterministic(default_catalog(), "residual_mlp", PROFILE, exported.artifact.params)
     x = torch.randn(8, 16)
     torch.testing.assert_close(loaded.module(x), reference(x))
     # Compare on non-zero weights too: a neutral seed outputs zeros whatever its graph does.
@@ -157,9 +155,7 @@ def test_wrong_eager_format_is_named(eager: CompiledKernel) -> None:
     buffer = io.BytesIO()
     torch.save({"format": "someone-else-v9", "state_dict": {}}, buffer)
     blob = buffer.getvalue()
-    artifact = eager.artifact.model_copy(
-        update={"sha256": hashlib.sha256(blob).hexdigest(), "size_bytes": len(blob)}
-    )
+    artifact = eager.artifact.model_copy(update={"sha256": hashlib.sha256(blob).hexdigest(), "size_bytes": len(blob)})
     with pytest.raises(ValueError, match=r"'someone-else-v9'.*expected 'esper-eager-v1'"):
         load_kernel(artifact, blob, catalog=BRANCHY_CATALOG)
 
@@ -178,9 +174,7 @@ def test_exported_artifact_for_another_device_kind(exported: CompiledKernel) -> 
 
 @requires_cuda("export, load and train a kernel on the GPU")
 def test_exported_kernel_on_cuda() -> None:
-    kernel = compile_blueprint(
-        default_catalog(), "residual_mlp", PROFILE, config=FAST, device="cuda"
-    )
+    kernel = compile_blueprint(default_catalog(), "residual_mlp", PROFILE, config=FAST, device="cuda")
     loaded = load_kernel(kernel.artifact, kernel.blob, catalog=default_catalog(), device="cuda")
     x = torch.randn(8, 16, device="cuda")
     assert loaded.module(x).device.type == "cuda"

@@ -84,7 +84,11 @@ def test_isolation_leak_fails_g3_and_is_reported(compiled_home: EsperSettings, m
     _germinate(trainer, compiled_home)
     slot = trainer.manager.slots["slot0"]
     # A broken slot that lets the host see the seed while TRAINING.
-    monkeypatch.setattr(type(slot), "forward", lambda self, x: x + 0.1 * self.seed(x) if self.seed is not None and self.probe_alpha is None else x)
+    monkeypatch.setattr(
+        type(slot),
+        "forward",
+        lambda self, x: x + 0.1 * self.seed(x) if self.seed is not None and self.probe_alpha is None else x,
+    )
     events = [e for e in trainer.train_epoch().events]
     g3 = [e for e in events if e.name == "kasmina.gate.g3_interface"]
     assert g3 and g3[0].attributes["passed"] is False
@@ -130,8 +134,12 @@ def test_cull_frees_then_embargo_then_g5_reset(compiled_home: EsperSettings) -> 
     assert len(trainer.optimizer.param_groups) == 1 and trainer.manager.optimizer_param_count("slot0") == 0
     with pytest.raises(IllegalTransitionError):
         trainer.manager.germinate(
-            "slot0", kernel_from_registry(compiled_home, "lowrank_adapter", PROFILE),
-            params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0,
+            "slot0",
+            kernel_from_registry(compiled_home, "lowrank_adapter", PROFILE),
+            params={},
+            blend_schedule=BlendSchedule.LINEAR,
+            blend_epochs=1,
+            lr_scale=1.0,
         )
     events = trainer.train_epoch().events
     g5 = [e for e in events if e.name == "kasmina.gate.g5_reset"]

@@ -33,9 +33,7 @@ from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 @pytest.fixture
 def graph() -> TamiyoGraph:
     # 3 packets, 3 layers, slot0 DORMANT + slot1 TRAINING, 3 candidates.
-    return build_graph(
-        synthetic_history(num_epochs=3, num_layers=3, num_slots=2), synthetic_candidates(3)
-    )
+    return build_graph(synthetic_history(num_epochs=3, num_layers=3, num_slots=2), synthetic_candidates(3))
 
 
 def _candidate(blueprint_id: str, profiles: set[str]) -> BlueprintCandidate:

@@ -119,11 +119,7 @@ def test_fossilizes_probationary_seed_that_passed_g4() -> None:
         SeedOperation.FOSSILIZE,
     )
     assert command.slot_id == "s1"
-    assert (
-        "g4_system_impact" in command.reason
-        and "0.41" in command.reason
-        and "0.45" in command.reason
-    )
+    assert "g4_system_impact" in command.reason and "0.41" in command.reason and "0.45" in command.reason
 
 
 def test_probationary_seed_with_a_passed_earlier_gate_is_not_fossilized() -> None:
@@ -159,9 +155,7 @@ def test_waits_while_a_seed_is_in_flight_even_on_a_plateau() -> None:
     assert "1 seed(s) in flight" in command.reason and "max_active_seeds=1" in command.reason
     assert "s1 blending for 2 epoch(s)" in command.reason
     # Room for a second seed: the plateau now germinates.
-    assert (
-        _decide(_history(FLAT, seeds), max_active_seeds=2).seed_operation is SeedOperation.GERMINATE
-    )
+    assert _decide(_history(FLAT, seeds), max_active_seeds=2).seed_operation is SeedOperation.GERMINATE
 
 
 def test_germinates_on_plateau() -> None:

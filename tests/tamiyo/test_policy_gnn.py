@@ -42,12 +42,8 @@ def _assert_shapes(out: PolicyOutput, num_slots: int, num_blueprints: int) -> No
     assert all(torch.isfinite(t).all() for t in out)
 
 
-@pytest.mark.parametrize(
-    ("graph_fn", "num_slots", "num_blueprints"), [(_small_graph, 2, 3), (_policy_graph, 6, 4)]
-)
-def test_forward_shapes(
-    graph_fn: Callable[[], TamiyoGraph], num_slots: int, num_blueprints: int
-) -> None:
+@pytest.mark.parametrize(("graph_fn", "num_slots", "num_blueprints"), [(_small_graph, 2, 3), (_policy_graph, 6, 4)])
+def test_forward_shapes(graph_fn: Callable[[], TamiyoGraph], num_slots: int, num_blueprints: int) -> None:
     graph = graph_fn()
     with torch.inference_mode():
         out = _model().eval()(*graph.inputs(CPU))
@@ -57,9 +53,7 @@ def test_forward_shapes(
 def test_forward_without_slots_or_blueprints_gives_empty_scores() -> None:
     model = _model().eval()
     with torch.inference_mode():
-        no_slots = model(
-            *build_graph(synthetic_history(num_slots=0), synthetic_candidates(3)).inputs(CPU)
-        )
+        no_slots = model(*build_graph(synthetic_history(num_slots=0), synthetic_candidates(3)).inputs(CPU))
         nothing = model(*build_graph(synthetic_history(num_slots=0), []).inputs(CPU))
     _assert_shapes(no_slots, 0, 3)
     _assert_shapes(nothing, 0, 0)

@@ -47,9 +47,7 @@ def test_write_load_round_trip(tmp_path: Path) -> None:
     packet = _packet()
     extra_event = TelemetryEvent(name="tolaria.graph_fallback", message="shape change")
 
-    written = _write(
-        path, [1.0, 2.0, 3.0, 4.0, 5.0], packet=packet, events=[extra_event], extra={"ratio": 1.1}
-    )
+    written = _write(path, [1.0, 2.0, 3.0, 4.0, 5.0], packet=packet, events=[extra_event], extra={"ratio": 1.1})
     loaded = load_baseline(path)
 
     assert loaded == written

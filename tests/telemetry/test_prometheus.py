@@ -36,10 +36,7 @@ def _value(sink: PrometheusSink, name: str, **labels: str) -> float | None:
 
 def test_prometheus_name_mapping() -> None:
     assert prometheus_name("tolaria.training.latency_ms") == "esper_tolaria_training_latency_ms"
-    assert (
-        prometheus_name("tamiyo.gnn.compile_fallback_total")
-        == "esper_tamiyo_gnn_compile_fallback_total"
-    )
+    assert prometheus_name("tamiyo.gnn.compile_fallback_total") == "esper_tamiyo_gnn_compile_fallback_total"
     with pytest.raises(ValueError, match=r"subsystem\.area\.name"):
         prometheus_name("esper_tolaria_training_latency_ms")
 

@@ -50,9 +50,7 @@ def test_degrade_keeps_worst_status_and_all_reasons() -> None:
 
     assert rec.health is HealthStatus.CRITICAL
     assert packet.health is HealthStatus.CRITICAL
-    assert packet.health_reason == (
-        "compile fell back to eager; artifact guards mismatch; latency budget exceeded"
-    )
+    assert packet.health_reason == ("compile fell back to eager; artifact guards mismatch; latency budget exceeded")
 
 
 def test_degrade_rejects_healthy_and_empty_reason() -> None:
@@ -75,9 +73,7 @@ def test_packet_is_a_snapshot() -> None:
     assert first.packet_id != second.packet_id
 
 
-@pytest.mark.parametrize(
-    "bad", ["Tolaria.training.latency_ms", "latency_ms", "tolaria..x", "tolaria.x-y", "1a.b"]
-)
+@pytest.mark.parametrize("bad", ["Tolaria.training.latency_ms", "latency_ms", "tolaria..x", "tolaria.x-y", "1a.b"])
 def test_bad_metric_name_names_the_rule(bad: str) -> None:
     rec = TelemetryRecorder("tolaria")
     with pytest.raises(ValueError, match=r"invalid metric name .*subsystem\.area\.name"):

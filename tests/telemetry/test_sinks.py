@@ -82,9 +82,7 @@ def test_corrupt_line_is_reported_with_its_number(tmp_path: Path) -> None:
         read_jsonl(path)
 
 
-def test_truncated_last_line_is_skipped_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_truncated_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "t.jsonl"
     with JsonlSink(path) as sink:
         sink.emit(_packet(0))

@@ -27,9 +27,7 @@ FAST = TezzeretConfig(timing_iters=5, warmup_iters=1)
 
 @pytest.fixture(scope="module")
 def kernel() -> CompiledKernel:
-    return compile_blueprint(
-        default_catalog(), "lowrank_adapter", PROFILE, {"rank": 4}, config=FAST
-    )
+    return compile_blueprint(default_catalog(), "lowrank_adapter", PROFILE, {"rank": 4}, config=FAST)
 
 
 class DataDependent(nn.Module):
@@ -117,14 +115,10 @@ def test_reloaded_program_enforces_its_guards(kernel: CompiledKernel) -> None:
 
 def test_compile_is_deterministic_and_leaves_the_global_rng_alone(kernel: CompiledKernel) -> None:
     state = torch.random.get_rng_state()
-    again = compile_blueprint(
-        default_catalog(), "lowrank_adapter", PROFILE, {"rank": 4}, config=FAST
-    )
+    again = compile_blueprint(default_catalog(), "lowrank_adapter", PROFILE, {"rank": 4}, config=FAST)
     assert torch.equal(state, torch.random.get_rng_state())
     assert again.artifact.sha256 == kernel.artifact.sha256
-    other = compile_blueprint(
-        default_catalog(), "lowrank_adapter", PROFILE, {"rank": 5}, config=FAST
-    )
+    other = compile_blueprint(default_catalog(), "lowrank_adapter", PROFILE, {"rank": 5}, config=FAST)
     assert other.artifact.sha256 != kernel.artifact.sha256
 
 
@@ -185,13 +179,9 @@ def test_environment_key() -> None:
 
 def test_user_errors_are_not_swallowed_by_the_fallback() -> None:
     with pytest.raises(ValueError, match="outside its bounds"):
-        compile_blueprint(
-            default_catalog(), "residual_mlp", PROFILE, {"expansion": 99}, config=FAST
-        )
+        compile_blueprint(default_catalog(), "residual_mlp", PROFILE, {"expansion": 99}, config=FAST)
     with pytest.raises(ValueError, match="needs a 1-D feature shape"):
-        compile_blueprint(
-            default_catalog(), "residual_mlp", ShapeProfile(feature_shape=(2, 4)), config=FAST
-        )
+        compile_blueprint(default_catalog(), "residual_mlp", ShapeProfile(feature_shape=(2, 4)), config=FAST)
 
 
 def test_eager_format_tag() -> None:

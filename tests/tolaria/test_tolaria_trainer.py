@@ -7,6 +7,7 @@ import torch
 
 from esper_core.contracts import BlendSchedule
 from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.loader import load_kernel
 from esper_core.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.build import build_trainer
@@ -14,7 +15,6 @@ from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointSto
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer
 from esper_core.urza.service import Urza
-from esper_core.kasmina.loader import load_kernel
 from tests.helpers.kernels import kernel_from_registry
 
 
@@ -32,7 +32,12 @@ def test_epoch_produces_a_complete_packet() -> None:
     assert all(layer.grad_norm > 0 and layer.activation_std > 0 for layer in packet.layers)
     assert [s.slot_id for s in packet.seeds] == ["slot1", "slot2"]
     names = {m.name for m in result.metrics}
-    assert {"tolaria.training.latency_ms", "tolaria.train.compile_enabled", "tolaria.train.amp_enabled", "tolaria.train.graph_enabled"} <= names
+    assert {
+        "tolaria.training.latency_ms",
+        "tolaria.train.compile_enabled",
+        "tolaria.train.amp_enabled",
+        "tolaria.train.graph_enabled",
+    } <= names
     assert result.train_ms > 0 and result.total_ms >= result.train_ms
 
 
@@ -63,7 +68,9 @@ def test_same_recipe_and_seed_give_identical_losses() -> None:
 def test_restored_checkpoint_reproduces_the_epoch_exactly(tmp_path, compiled_home: EsperSettings) -> None:
     trainer = _trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    trainer.manager.germinate("slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)
+    trainer.manager.germinate(
+        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+    )
     trainer.train_epoch()
     store = CheckpointStore(tmp_path / "ckpt")
     store.save("e1", trainer.state_dict())

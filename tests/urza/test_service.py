@@ -74,9 +74,7 @@ def test_missing_blob(urza: Urza, kernel: CompiledKernel) -> None:
         urza.fetch_blob(stored)
 
 
-def test_tampered_kernel_is_rejected_before_anything_is_written(
-    urza: Urza, kernel: CompiledKernel
-) -> None:
+def test_tampered_kernel_is_rejected_before_anything_is_written(urza: Urza, kernel: CompiledKernel) -> None:
     tampered = dataclasses.replace(kernel, blob=kernel.blob + b"x")
     with pytest.raises(ValueError, match="recompile"):
         urza.publish(tampered)

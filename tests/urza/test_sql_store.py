@@ -7,13 +7,12 @@ lookup latency.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,9 +98,7 @@ def test_find_active_returns_the_newest_active_version(
     cuda = EnvironmentKey(torch_version="2.13.0", device_kind="cuda", compiler="torch.export")
     assert registry_store.find_active("residual_mlp", "f16-b64", cuda) is None
 
-    quarantined = registry_store.set_status(
-        v2.artifact_id or 0, ArtifactStatus.QUARANTINED, "G4 failed"
-    )
+    quarantined = registry_store.set_status(v2.artifact_id or 0, ArtifactStatus.QUARANTINED, "G4 failed")
     assert quarantined.status is ArtifactStatus.QUARANTINED
     assert quarantined.status_reason == "G4 failed"
     # Quarantining the newest version rolls lookups back to the previous one.
@@ -121,26 +118,18 @@ def test_list_artifacts_filters(
     registry_store.set_status(c.artifact_id or 0, ArtifactStatus.QUARANTINED, "bad numerics")
     assert [x.sha256 for x in registry_store.list_artifacts()] == [a.sha256, b.sha256, c.sha256]
     assert [x.sha256 for x in registry_store.list_artifacts(blueprint_id="norm_gate")] == [b.sha256]
-    active = registry_store.list_artifacts(
-        blueprint_id="residual_mlp", status=ArtifactStatus.ACTIVE
-    )
+    active = registry_store.list_artifacts(blueprint_id="residual_mlp", status=ArtifactStatus.ACTIVE)
     assert [x.sha256 for x in active] == [a.sha256]
 
 
-def test_fallback_artifacts_round_trip(
-    registry_store: RegistryStore, make_artifact: MakeArtifact
-) -> None:
-    eager = make_artifact(
-        "eager", kind=ArtifactKind.EAGER, fallback=True, fallback_reason="UserError: cannot export"
-    )
+def test_fallback_artifacts_round_trip(registry_store: RegistryStore, make_artifact: MakeArtifact) -> None:
+    eager = make_artifact("eager", kind=ArtifactKind.EAGER, fallback=True, fallback_reason="UserError: cannot export")
     stored = registry_store.publish(eager)
     assert registry_store.get(stored.artifact_id or 0).fallback_reason == "UserError: cannot export"
 
 
 def test_missing_artifact_error_names_the_id_and_the_fix(registry_store: RegistryStore) -> None:
-    with pytest.raises(
-        ArtifactNotFoundError, match=r"no artifact with id 999 .*esper catalog compile"
-    ):
+    with pytest.raises(ArtifactNotFoundError, match=r"no artifact with id 999 .*esper catalog compile"):
         registry_store.get(999)
     with pytest.raises(ArtifactNotFoundError, match="999"):
         registry_store.set_status(999, ArtifactStatus.RETIRED, "cleanup")
@@ -154,9 +143,7 @@ def test_publishing_an_unregistered_blueprint_fails_clearly(
     assert registry_store.list_artifacts() == []
 
 
-def test_status_change_needs_a_reason(
-    registry_store: RegistryStore, make_artifact: MakeArtifact
-) -> None:
+def test_status_change_needs_a_reason(registry_store: RegistryStore, make_artifact: MakeArtifact) -> None:
     stored = registry_store.publish(make_artifact())
     with pytest.raises(ValueError, match="non-empty reason"):
         registry_store.set_status(stored.artifact_id or 0, ArtifactStatus.RETIRED, " ")
@@ -180,9 +167,7 @@ def test_sqlite_connections_use_wal_and_foreign_keys(sql_registry: SqlRegistry) 
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
 
 
-def test_writes_take_the_lock_up_front(
-    sql_registry: SqlRegistry, make_artifact: MakeArtifact
-) -> None:
+def test_writes_take_the_lock_up_front(sql_registry: SqlRegistry, make_artifact: MakeArtifact) -> None:
     statements: list[str] = []
 
     def record(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -196,9 +181,7 @@ def test_writes_take_the_lock_up_front(
     assert statements[0] == "BEGIN"
 
 
-def test_data_survives_reopening(
-    tmp_path: Path, make_artifact: MakeArtifact, descriptor: BlueprintDescriptor
-) -> None:
+def test_data_survives_reopening(tmp_path: Path, make_artifact: MakeArtifact, descriptor: BlueprintDescriptor) -> None:
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     first = SqlRegistry(url)
     first.register_blueprint(descriptor)
