@@ -275,6 +275,7 @@ class RunSession:
 
     def _apply(self, command: AdaptationCommand, metrics: list[MetricPoint]) -> None:
         op = command.seed_operation
+        # WAIT and PAUSE change nothing here: both mean "no adaptation this epoch".
         if command.command_type is CommandType.OPTIMIZER:
             for group in self.trainer.optimizer.param_groups:
                 group["lr"] *= command.lr_scale

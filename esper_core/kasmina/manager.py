@@ -30,6 +30,7 @@ from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina import gates
 from esper_core.kasmina.lifecycle import blend_alpha, check_transition
 from esper_core.kasmina.loader import LoadedKernel
+from esper_core.kasmina.param_groups import SeedParamGroups
 from esper_core.kasmina.slot import SeedSlot
 
 S = SeedStage
@@ -110,8 +111,7 @@ class SeedManager:
         self._grad_sq: dict[str, torch.Tensor] = {}
         self._steps = 0
         self._samples: dict[str, int] = {}
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._base_lr = 0.0
+        self.param_groups = SeedParamGroups()
         for slot in slots.values():
             slot.blend_mode = self.config.blend_mode
 
@@ -119,37 +119,11 @@ class SeedManager:
 
     def bind_optimizer(self, optimizer: torch.optim.Optimizer, *, base_lr: float) -> None:
         """Give each seed its own parameter group in ``optimizer`` (learning rate scaled)."""
-        self._optimizer = optimizer
-        self._base_lr = base_lr
-
-    def _add_group(self, slot_id: str) -> None:
-        if self._optimizer is None:
-            return
-        params = [p for p in self.seed_parameters(slot_id) if p.requires_grad]
-        self._optimizer.add_param_group(
-            {"params": params, "lr": self._base_lr * self._seeds[slot_id].lr_scale, "slot_id": slot_id}
-        )
-
-    def _remove_group(self, slot_id: str) -> None:
-        opt = self._optimizer
-        if opt is None:
-            return
-        for group in [g for g in opt.param_groups if g.get("slot_id") == slot_id]:
-            for p in group["params"]:
-                opt.state.pop(p, None)
-            opt.param_groups.remove(group)
+        self.param_groups.bind(optimizer, base_lr=base_lr)
 
     def optimizer_param_count(self, slot_id: str) -> int:
         """Parameters of ``slot_id`` still registered with the optimizer (G5 checks 0)."""
-        if self._optimizer is None:
-            return 0
-        return sum(p.numel() for g in self._optimizer.param_groups if g.get("slot_id") == slot_id for p in g["params"])
-
-    def group_order(self) -> list[str]:
-        """Slot ids of the optimizer's seed groups, in optimizer order (for checkpoints)."""
-        if self._optimizer is None:
-            return []
-        return [g["slot_id"] for g in self._optimizer.param_groups if "slot_id" in g]
+        return self.param_groups.param_count(slot_id)
 
     # ------------------------------------------------------------------ commands
 
@@ -203,7 +177,7 @@ class SeedManager:
         self._set_stage(slot_id, S.GERMINATED)
         first_use_ms = self._prewarm(slot)
         self._seeds[slot_id].metrics.update({"kernel_load_ms": kernel.load_ms, "kernel_first_use_ms": first_use_ms})
-        self._add_group(slot_id)
+        self.param_groups.add(slot_id, self.seed_parameters(slot_id), lr_scale=self._seeds[slot_id].lr_scale)
         return verdict
 
     def advance(self, slot_id: str) -> SeedStage:
@@ -236,7 +210,7 @@ class SeedManager:
                 f"slot {slot_id} cannot be fossilized: it must be probationary with a passed G4 "
                 f"(stage {slot.stage.value}, last gate {last.gate.value if last else 'none'})"
             )
-        self._remove_group(slot_id)
+        self.param_groups.remove(slot_id)
         for p in self.seed_parameters(slot_id):
             p.requires_grad_(False)
         slot.alpha = 1.0
@@ -246,7 +220,7 @@ class SeedManager:
         """Remove a seed, free its parameters and optimizer state, and embargo the slot."""
         slot = self._slot(slot_id)
         check_transition(slot_id, slot.stage, S.CULLED)
-        self._remove_group(slot_id)
+        self.param_groups.remove(slot_id)
         slot.seed = None
         slot.alpha = 0.0
         self._seeds.pop(slot_id, None)
@@ -473,12 +447,12 @@ class SeedManager:
                     "frozen": slot.stage is S.FOSSILIZED,
                 },
             }
-        return {"slots": slots, "group_order": self.group_order()}
+        return {"slots": slots, "group_order": self.param_groups.order()}
 
     def load_state_dict(self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]) -> None:
         """Restore slots (re-fetching kernels through ``load_kernel``) and optimizer groups."""
         for sid in list(self._seeds):
-            self._remove_group(sid)
+            self.param_groups.remove(sid)
         self._seeds.clear()
         self._last_gate.clear()
         self._embargo_left.clear()
@@ -512,7 +486,7 @@ class SeedManager:
                 metrics=dict(s["metrics"]),
             )
         for sid in state["group_order"]:
-            self._add_group(sid)
+            self.param_groups.add(sid, self.seed_parameters(sid), lr_scale=self._seeds[sid].lr_scale)
 
     # ------------------------------------------------------------------ internals
 
