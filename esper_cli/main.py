@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,7 +16,14 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.recipes import RECIPES
 
 
+def _quiet_prefect() -> None:
+    # Prefect's temporary server phones home for usage analytics; without a network that only
+    # logs an error. Users who set the variable themselves keep their choice.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    _quiet_prefect()
     from flows.morphogenesis import morphogenesis
 
     summary = morphogenesis(
@@ -46,6 +54,7 @@ def _cmd_catalog_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_catalog_compile(args: argparse.Namespace) -> int:
+    _quiet_prefect()
     from flows.compile_catalog import compile_catalog
 
     artifacts = compile_catalog(recipe=args.recipe, blueprints=args.blueprints or None, device=args.device)

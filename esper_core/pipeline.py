@@ -58,8 +58,13 @@ def plan_compile_jobs(config: RunConfig, *, feature_shape: tuple[int, ...], cata
 
 
 def find_published(urza: Urza, job: CompileJob, device: torch.device | str) -> KernelArtifact | None:
-    """The active artifact for ``job`` in this environment, if Urza holds one."""
-    return urza.store.find_active(job.blueprint_id, job.profile, environment_key(device))
+    """The active compiled artifact for ``job`` in this environment, if Urza holds one.
+
+    An eager fallback does not count: its failure may have been transient, so the job is
+    compiled again (a repeat failure yields the same blob, which publishing deduplicates).
+    """
+    artifact = urza.store.find_active(job.blueprint_id, job.profile, environment_key(device))
+    return None if artifact is None or artifact.fallback else artifact
 
 
 def compile_job(catalog: KarnCatalog, job: CompileJob, device: torch.device | str) -> CompiledKernel:

@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ from esper_core.tezzeret.formats import decode_exported, encode_eager, encode_ex
 from esper_core.tezzeret.timing import Kernel, time_kernel
 
 logger = logging.getLogger(__name__)
+# torch.export traces through process-global dispatcher state and is not thread-safe: two
+# exports on concurrent threads (Prefect's default task runner) corrupt each other. Exports in one
+# process take turns; separate worker processes still compile in parallel.
+_EXPORT_LOCK = threading.Lock()
 
 COMPILER_NAME = "torch.export"
 _FALLBACK_REASON_CHARS = 500
@@ -186,8 +191,9 @@ def compile_blueprint(
 
     kernel: Kernel
     try:
-        blob = _export(module, profile, inputs[0].device)
-        kernel = _reload_and_check(blob, module, inputs, config)
+        with _EXPORT_LOCK:
+            blob = _export(module, profile, inputs[0].device)
+            kernel = _reload_and_check(blob, module, inputs, config)
         kind, reason = ArtifactKind.EXPORTED, None
     except Exception as e:  # noqa: BLE001 - by design, any failure of the export path falls back
         reason = f"{type(e).__name__}: {e}"[:_FALLBACK_REASON_CHARS]

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
+from esper_core.contracts import ArtifactKind
 from esper_core.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
+from esper_core.urza.service import Urza
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -22,8 +24,10 @@ def test_morphogenesis_compiles_trains_and_grows(esper_home: EsperSettings) -> N
     assert any(not stage.startswith("dormant") for stage in summary.seeds.values())
     for name in ("summary.json", "telemetry.jsonl", "baseline.json", "report.md"):
         assert (run_dir / name).exists(), name
-    assert (esper_home.home / "registry.db").exists()
-    assert any((esper_home.home / "artifacts").rglob("*"))
+    urza = Urza.open(esper_home.home)
+    artifacts = urza.store.list_artifacts()
+    urza.close()
+    assert artifacts and all(a.kind is ArtifactKind.EXPORTED for a in artifacts), [a.fallback_reason for a in artifacts]
     assert json.loads((run_dir / "summary.json").read_text())["run_id"] == "flow"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -186,3 +187,16 @@ def test_user_errors_are_not_swallowed_by_the_fallback() -> None:
 
 def test_eager_format_tag() -> None:
     assert EAGER_FORMAT == "esper-eager-v1"
+
+
+def test_concurrent_compiles_in_threads_both_export() -> None:
+    # Regression: Prefect maps tasks onto threads, and two unguarded torch.export calls on
+    # concurrent threads both failed and fell back to eager.
+    profile = ShapeProfile(feature_shape=(16,), batch_max=64)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        kernels = list(
+            pool.map(lambda bp: compile_blueprint(default_catalog(), bp, profile), ["residual_mlp", "lowrank_adapter"])
+        )
+    assert [k.artifact.kind for k in kernels] == [ArtifactKind.EXPORTED, ArtifactKind.EXPORTED], [
+        k.artifact.fallback_reason for k in kernels
+    ]
