@@ -1,0 +1,40 @@
+"""``esper run``: the morphogenesis flow."""
+
+from __future__ import annotations
+
+import argparse
+
+from esper_cli.args import positive, quiet_prefect
+from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.recipes import RECIPES
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    quiet_prefect()
+    from flows.morphogenesis import morphogenesis
+
+    summary = morphogenesis(
+        recipe=args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id
+    )
+    print()
+    print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")
+    print(f"accuracy   test {summary.test_accuracy:.4f}  val {summary.val_accuracy:.4f}")
+    print(f"params     host {summary.host_params}  total {summary.total_params}")
+    for slot, stage in summary.seeds.items():
+        print(f"seed       {slot}: {stage}")
+    print(f"commands   {summary.commands}")
+    print(f"outputs    {summary.run_dir}/ (summary.json, telemetry.jsonl, baseline.json, report.md)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``run`` to the top-level subcommands."""
+    run = sub.add_parser("run", help="run the morphogenesis flow (compile, train, grow)")
+    run.add_argument(
+        "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="named recipe (default: %(default)s)"
+    )
+    run.add_argument("--epochs", type=positive, default=None, help="override the recipe's epoch count")
+    run.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to train (default: %(default)s)")
+    run.add_argument("--seed", type=int, default=None, help="override the recipe's random seed")
+    run.add_argument("--run-id", default=None, help="resume this run from its last committed epoch")
+    run.set_defaults(func=_cmd_run)
