@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.slot import SeedSlot
 
-HOST_KINDS = ("mlp",)
+HOST_KINDS = ("mlp", "cnn")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -23,9 +24,9 @@ class HostConfig:
     """Shape of the host network and where its seed slots sit."""
 
     kind: str = "mlp"
-    """Host family; seeds must list it in their blueprint's ``host_kinds``."""
+    """Host family (``mlp`` or ``cnn``); seeds must list it in their blueprint's ``host_kinds``."""
     hidden: tuple[int, ...] = (64, 64)
-    """Widths of the hidden layers."""
+    """Widths of the hidden layers (``mlp``) or channels of the 3x3 conv layers (``cnn``)."""
     slot_inputs: tuple[int, ...] = (1, 2)
     """Indices of the layers whose input passes through a seed slot (0 = the raw input)."""
     batch_max: int = 512
@@ -90,6 +91,72 @@ class MLPHost(nn.Module):
         return list(self.layers.parameters())
 
 
-def build_host(config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> MLPHost:
+_POOL = 2  # side of the pooled feature map the classifier reads
+
+
+class CNNHost(nn.Module):
+    """``Conv3x3 -> ReLU`` stack on (C, H, W) images, 2x2 average pooling, a linear classifier.
+
+    Conv layer ``i`` (and the classifier, index ``len(hidden)``) reads its input through slot
+    ``slot{i}`` if any: conv slots see (C, H, W) feature maps, the classifier slot the pooled
+    (4C)-vector. Pooling to 2x2 rather than 1x1 keeps the coarse layout a digit needs.
+    """
+
+    def __init__(self, config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        if len(feature_shape) != 3:
+            raise ValueError(
+                f"a cnn host takes (C, H, W) images, got shape {feature_shape}; load the data with image=True"
+            )
+        channels, height, width = feature_shape
+        widths = (channels, *config.hidden)
+        self.kind = config.kind
+        convs: list[nn.Module] = [nn.Conv2d(i, o, 3, padding=1) for i, o in itertools.pairwise(widths)]
+        self.layers = nn.ModuleList([*convs, nn.Linear(widths[-1] * _POOL * _POOL, num_classes)])
+        self.layer_names = (*(f"conv{i}" for i in range(len(convs))), "fc")
+        self.layer_widths = (*config.hidden, num_classes)
+        # The activation entering layer i: the image for i = 0, conv maps after, a vector for fc.
+        shapes = [(w, height, width) for w in widths[:-1]] + [(widths[-1] * _POOL * _POOL,)]
+        self.seed_slots = nn.ModuleDict(
+            {
+                f"slot{i}": SeedSlot(
+                    slot_id=f"slot{i}",
+                    layer=self.layer_names[i],
+                    profile=ShapeProfile(feature_shape=shapes[i], batch_max=config.batch_max),
+                )
+                for i in config.slot_inputs
+            }
+        )
+        self._slot_at = {int(k[4:]): slot for k, slot in self.seed_slots.items()}
+        self._n_convs = len(convs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            if i == self._n_convs:
+                x = F.adaptive_avg_pool2d(x, _POOL).flatten(1)  # (B, C, H, W) -> (B, C * 4)
+            slot = self._slot_at.get(i)
+            if slot is not None:
+                x = slot(x)
+            x = layer(x)
+            if i < self._n_convs:
+                x = torch.relu(x)
+        return x
+
+    def slots(self) -> dict[str, SeedSlot]:
+        """The seed slots by id, in forward order."""
+        return {slot.slot_id: slot for _, slot in sorted(self._slot_at.items())}
+
+    def host_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the host itself, excluding any seed."""
+        return list(self.layers.parameters())
+
+
+Host = MLPHost | CNNHost
+"""Any host network built by ``build_host``."""
+
+
+def build_host(config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> Host:
     """Build the host network described by ``config`` for the data's shapes."""
+    if config.kind == "cnn":
+        return CNNHost(config, feature_shape=feature_shape, num_classes=num_classes)
     return MLPHost(config, feature_shape=feature_shape, num_classes=num_classes)

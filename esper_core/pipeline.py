@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from esper_core.contracts import KernelArtifact
+from esper_core.hosts import build_host
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.recipes import RunConfig
@@ -31,30 +32,32 @@ class CompileJob:
 
 def slot_profiles(config: RunConfig, feature_shape: tuple[int, ...]) -> list[str]:
     """Distinct shape profiles of the seed slots of the run's host, in slot order."""
-    widths = (feature_shape[0], *config.host.hidden)
-    names = [
-        ShapeProfile(feature_shape=(widths[i],), batch_max=config.host.batch_max).name for i in config.host.slot_inputs
-    ]
-    return list(dict.fromkeys(names))
+    # Built on the meta device: only the slots' shapes are needed, not weights.
+    with torch.device("meta"):
+        host = build_host(config.host, feature_shape=feature_shape, num_classes=2)
+    return list(dict.fromkeys(slot.profile.name for slot in host.slots().values()))
 
 
 def plan_compile_jobs(config: RunConfig, *, feature_shape: tuple[int, ...], catalog: KarnCatalog) -> list[CompileJob]:
-    """Every (blueprint, slot profile) kernel the run may germinate.
+    """Every (blueprint, slot profile) kernel the run may germinate: each recipe blueprint for
+    each distinct slot profile whose activation kind (vector / feature map) it transforms.
 
     Raises:
-        ValueError: when the recipe names a blueprint Karn does not know, or one that does not
-            fit the host kind (the message names it and the fix).
+        ValueError: when the recipe names a blueprint Karn does not know, or one that fits none
+            of the host's slots (the message names it and the fix).
     """
+    profiles = [ShapeProfile.parse(p) for p in slot_profiles(config, feature_shape)]
+    jobs = []
     for blueprint_id in config.blueprints:
         descriptor = catalog.get(blueprint_id).descriptor
-        if config.host.kind not in descriptor.host_kinds:
+        fitting = [p for p in profiles if p.kind in descriptor.host_kinds]
+        if not fitting:
             raise ValueError(
-                f"recipe {config.recipe} lists {blueprint_id}, which fits hosts "
-                f"{descriptor.host_kinds}, not {config.host.kind!r}: remove it from the recipe"
+                f"recipe {config.recipe} lists {blueprint_id}, which transforms {descriptor.host_kinds} "
+                f"activations, but its slots are {[p.name for p in profiles]}: remove it from the recipe"
             )
-    return [
-        CompileJob(blueprint_id=b, profile=p) for b in config.blueprints for p in slot_profiles(config, feature_shape)
-    ]
+        jobs.extend(CompileJob(blueprint_id=blueprint_id, profile=p.name) for p in fitting)
+    return jobs
 
 
 def find_published(urza: Urza, job: CompileJob, device: torch.device | str) -> KernelArtifact | None:

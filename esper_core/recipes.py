@@ -71,8 +71,23 @@ def seed_reference() -> RunConfig:
     )
 
 
+def digits_cnn() -> RunConfig:
+    """A 16-32 channel CNN on the digits as 1x8x8 images; slots on the conv1 and classifier inputs."""
+    return RunConfig(
+        recipe="digits-cnn",
+        epochs=10,
+        data=DataConfig(name="digits", batch_size=32, image=True),
+        host=HostConfig(kind="cnn", hidden=(16, 32), slot_inputs=(1, 2)),
+        trainer=TrainerConfig(lr=0.05, momentum=0.9),
+        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=2)),
+        # Vector blueprints fit the classifier's input slot; the conv slot waits for conv ones.
+        blueprints=("residual_mlp", "lowrank_adapter"),
+    )
+
+
 RECIPES: dict[str, Callable[[], RunConfig]] = {
     "digits-mlp": digits_mlp,
+    "digits-cnn": digits_cnn,
     "seed-reference": seed_reference,
 }
 

@@ -17,7 +17,7 @@ from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
 
 # Recipes whose kernels the session-wide template registry holds.
-TEMPLATE_RECIPES = ("seed-reference", "digits-mlp")
+TEMPLATE_RECIPES = ("seed-reference", "digits-mlp", "digits-cnn")
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,12 @@ class ShapeProfile:
         return f"f{dims}-b{self.batch_max}{suffix}"
 
     @property
+    def kind(self) -> str:
+        """Activation kind a blueprint must list in ``host_kinds`` to fit: ``mlp`` for feature
+        vectors (F,), ``cnn`` for feature maps (C, H, W), ``tensor`` for any other rank."""
+        return {1: "mlp", 3: "cnn"}.get(len(self.feature_shape), "tensor")
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         """The ``torch.dtype`` of ``dtype``."""
         dtype = getattr(torch, self.dtype)

@@ -49,20 +49,19 @@ def g0_sanity(
     params: dict[str, float],
     guard: GuardSchema,
     profile: ShapeProfile,
-    host_kind: str,
 ) -> GateVerdict:
-    """Blueprint known and fits the host kind, parameters in bounds, artifact guard fits the slot."""
+    """Blueprint known and fits the slot's activation kind, parameters in bounds, guard fits the slot."""
     try:
         descriptor = catalog.get(blueprint_id).descriptor
         catalog.resolve_params(blueprint_id, params)
         check_guard(guard, feature_shape=profile.feature_shape, dtype=profile.dtype)
     except (ValueError, GuardMismatchError) as e:
         return GateVerdict(gate=GateId.G0_SANITY, passed=False, reason=str(e))
-    if host_kind not in descriptor.host_kinds:
+    if profile.kind not in descriptor.host_kinds:
         return GateVerdict(
             gate=GateId.G0_SANITY,
             passed=False,
-            reason=f"{blueprint_id} is for hosts {descriptor.host_kinds}, not {host_kind!r}",
+            reason=f"{blueprint_id} transforms {descriptor.host_kinds} activations; slot {profile.name} is {profile.kind!r}",
         )
     if guard.batch_max < profile.batch_max:
         return GateVerdict(

@@ -97,12 +97,10 @@ class SeedManager:
         slots: dict[str, SeedSlot],
         *,
         catalog: KarnCatalog,
-        host_kind: str,
         config: KasminaConfig | None = None,
     ) -> None:
         self.slots = slots
         self.catalog = catalog
-        self.host_kind = host_kind
         self.config = config or KasminaConfig()
         self._seeds: dict[str, _Seed] = {}
         self._last_gate: dict[str, GateVerdict] = {}
@@ -151,7 +149,6 @@ class SeedManager:
             params=params or artifact.params,
             guard=artifact.guard,
             profile=slot.profile,
-            host_kind=self.host_kind,
         )
         self._gate(slot_id, verdict)
         if not verdict.passed:

@@ -25,7 +25,7 @@ def build_trainer(config: RunConfig, *, catalog: KarnCatalog, run_id: str) -> Tr
     device = resolve_device(config.trainer.device)
     data = load_dataset(config.data)
     host = build_host(config.host, feature_shape=data.feature_shape, num_classes=data.num_classes)
-    manager = SeedManager(host.slots(), catalog=catalog, host_kind=config.host.kind, config=config.kasmina)
+    manager = SeedManager(host.slots(), catalog=catalog, config=config.kasmina)
     return Trainer(
         model=host,
         manager=manager,

@@ -23,7 +23,7 @@ from esper_core.contracts import (
 )
 from esper_core.data import Dataset, Split, epoch_batches
 from esper_core.determinism import capture_rng, restore_rng
-from esper_core.hosts import MLPHost
+from esper_core.hosts import Host
 from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.tolaria.config import TrainerConfig
@@ -55,7 +55,7 @@ class Trainer:
     def __init__(
         self,
         *,
-        model: MLPHost,
+        model: Host,
         manager: SeedManager,
         data: Dataset,
         config: TrainerConfig,
