@@ -79,7 +79,7 @@ class RunSession:
         self.run_dir = settings.runs_dir / run_id
         self.urza = urza
         self.catalog = catalog or default_catalog()
-        self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id)
+        self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id, home=settings.home)
         self.manager = self.trainer.manager
         self.device = self.trainer.device
         self.tamiyo = TamiyoService(config.tamiyo)

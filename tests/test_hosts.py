@@ -8,10 +8,10 @@ import torch
 from esper_core.contracts import BlendSchedule
 from esper_core.hosts import CNNHost, HostConfig, MLPHost, build_host
 from esper_core.karn.catalog import default_catalog
-from esper_core.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.build import build_trainer
 from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.recipes import eager_recipe
 
 
 def test_mlp_host_places_slots_on_layer_inputs() -> None:
@@ -42,7 +42,7 @@ def test_host_config_errors_name_the_fix() -> None:
 
 
 def test_vector_blueprint_fits_the_cnn_classifier_slot_but_not_a_feature_map(compiled_home: EsperSettings) -> None:
-    trainer = build_trainer(get_recipe("digits-cnn"), catalog=default_catalog(), run_id="t")
+    trainer = build_trainer(eager_recipe("digits-cnn"), catalog=default_catalog(), run_id="t")
     kernel = kernel_from_registry(compiled_home, "residual_mlp", "f128-b512")
     args = dict(params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)
     refused = trainer.manager.germinate("slot1", kernel, **args)

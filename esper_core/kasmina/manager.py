@@ -237,6 +237,14 @@ class SeedManager:
         self._samples.clear()
         self._steps = 0
 
+    def structure_signature(self) -> tuple[tuple[str, str, str | None], ...]:
+        """What the forward pass's code path depends on (stage and seed of each slot); alphas are
+        left out because slots read them from device buffers."""
+        return tuple(
+            (sid, slot.stage.value, self._seeds[sid].artifact.sha256 if sid in self._seeds else None)
+            for sid, slot in self.slots.items()
+        )
+
     def attribute_batch(self, batch_size: int) -> dict[str, int]:
         """Samples of this batch attributed to each trainable seed (every sample passes through
         every slot, so each trainable seed sees the whole batch)."""

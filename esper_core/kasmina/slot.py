@@ -30,11 +30,24 @@ class SeedSlot(nn.Module):
         self.layer = layer
         self.profile = profile
         self.stage = SeedStage.DORMANT
-        self.alpha = 0.0
+        # Alpha lives in a 0-d buffer updated in place, so a compiled step or a captured CUDA graph
+        # reads the current value instead of baking in a constant (no recompile per blend epoch).
+        self.register_buffer("alpha_t", torch.zeros(()), persistent=False)
+        self._alpha = 0.0
         self.blend_mode = BlendMode.RESIDUAL
         self.seed: nn.Module | None = None
         # Set only inside SeedManager.probe(): forces the seed in at this alpha for evaluation.
         self.probe_alpha: float | None = None
+
+    @property
+    def alpha(self) -> float:
+        """Blend weight of the seed's output, 0..1 (read without a device sync)."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self._alpha = float(value)
+        self.alpha_t.fill_(self._alpha)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seed = self.seed
@@ -46,10 +59,10 @@ class SeedSlot(nn.Module):
             delta = seed(x.detach())
             return x + (delta - delta.detach())
         if self.stage in _BLENDED:
-            return self._blend(x, seed(x), self.alpha)
+            return self._blend(x, seed(x), self.alpha_t)
         return x
 
-    def _blend(self, x: torch.Tensor, delta: torch.Tensor, alpha: float) -> torch.Tensor:
+    def _blend(self, x: torch.Tensor, delta: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
         if self.blend_mode is BlendMode.CONVEX:
             # The seed's output replaces the activation: x + alpha * (seed(x) - x).
             return torch.lerp(x, delta, alpha)

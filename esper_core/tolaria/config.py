@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.tolaria.precision import AMP_CHOICES
+from esper_core.tolaria.step import StepEngineConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -21,6 +23,11 @@ class TrainerConfig:
     """p95 budget of the training part of an epoch (seed 001); reported against, not enforced."""
     val_batch_size: int = 512
     """Validation runs in batches of this size under ``torch.inference_mode()``."""
+    amp: str = "auto"
+    """Mixed precision: ``auto`` (bf16, or fp16 + GradScaler, on CUDA; fp32 on CPU), ``off``,
+    ``bf16``, ``fp16``."""
+    step: StepEngineConfig = field(default_factory=StepEngineConfig)
+    """How the training step runs: compile decision, CUDA graphs."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -35,3 +42,5 @@ class TrainerConfig:
             raise ValueError("latency_budget_ms must be > 0")
         if self.val_batch_size < 1:
             raise ValueError("val_batch_size must be >= 1")
+        if self.amp not in AMP_CHOICES:
+            raise ValueError(f"amp must be one of {AMP_CHOICES}, got {self.amp!r}")

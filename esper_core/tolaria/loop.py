@@ -28,6 +28,8 @@ from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.layers import LayerStats
+from esper_core.tolaria.precision import Precision
+from esper_core.tolaria.step import DecisionCache, StepEngine
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +65,8 @@ class Trainer:
         data_seed: int,
         device: torch.device,
         run_id: str,
+        workload: str = "",
+        decision_cache: DecisionCache | None = None,
     ) -> None:
         self.model = model.to(device)
         self.manager = manager
@@ -82,6 +86,15 @@ class Trainer:
             foreach=True if device.type == "cuda" else None,
         )
         manager.bind_optimizer(self.optimizer, base_lr=config.lr)
+        self.precision = Precision(device, config.amp)
+        self.engine = StepEngine(
+            self._train_step,
+            zero_grad=self._zero_grad,
+            config=config.step,
+            device=device,
+            workload=workload or f"{type(model).__name__}{model.layer_widths}:b{batch_size}",
+            cache=decision_cache,
+        )
         self.layer_stats = LayerStats(model.layer_names, list(model.layers), model.layer_widths)
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
         self._probe_batch = (self.data.train.x[:batch_size], self.data.train.y[:batch_size])
@@ -89,27 +102,33 @@ class Trainer:
     # ------------------------------------------------------------------ training
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward, backward and bookkeeping for one batch; returns the detached loss sum."""
+        """The step closure the engine runs (eager, compiled or captured): forward under the
+        precision policy, loss, backward. Returns the detached loss sum of the batch."""
+        with self.precision.autocast():
+            logits = self.model(x)
+            loss = F.cross_entropy(logits, y)
+        self.precision.backward(loss)
+        return loss.detach().float() * y.shape[0]
+
+    def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.model(x)
-        loss = F.cross_entropy(logits, y)
-        loss.backward()
-        return loss.detach() * y.shape[0]
 
     def train_epoch(self) -> EpochResult:
         """Run one epoch: train on every batch, validate, run the seed gates, build the packet."""
         start = time.perf_counter()
         self.manager.start_epoch()
+        self.engine.start_epoch(self.manager.structure_signature())
         self.layer_stats.reset()
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         for x, y in epoch_batches(self.data.train, batch_size=self.batch_size, seed=self.data_seed, epoch=self.epoch):
-            loss_sum += self._train_step(x, y)
+            loss_sum += self.engine.run(x, y)
             # Outside the step closure: attribution and per-seed metrics stay plain and eager.
+            self.precision.unscale(self.optimizer)
             self.manager.attribute_batch(int(y.shape[0]))
             self.manager.accumulate_step()
             self.layer_stats.accumulate_grads()
-            self.optimizer.step()
+            self.precision.step(self.optimizer)
         train_loss = loss_sum.item() / len(self.data.train)  # the epoch's one sync
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -142,13 +161,14 @@ class Trainer:
             layers=self.layer_stats.export(),
             seeds=self.manager.export_seed_states(),
         )
-        metrics = self._metrics(packet, train_ms=train_ms, val_ms=val_ms, total_ms=total_ms)
+        engine_metrics, engine_events = self.engine.end_epoch()
+        metrics = self._metrics(packet, train_ms=train_ms, val_ms=val_ms, total_ms=total_ms) + tuple(engine_metrics)
         self.epoch += 1
         del verdicts  # recorded as events by the manager
         return EpochResult(
             packet=packet,
             metrics=metrics,
-            events=tuple(self.manager.drain_events()),
+            events=(*engine_events, *self.manager.drain_events()),
             train_ms=train_ms,
             total_ms=total_ms,
         )
@@ -164,10 +184,7 @@ class Trainer:
             MetricPoint(name="tolaria.training.loss", value=packet.train_loss),
             MetricPoint(name="tolaria.validation.loss", value=packet.val_loss),
             MetricPoint(name="tolaria.validation.accuracy", value=packet.val_accuracy),
-            # The step engine is eager in this version; the flags report it honestly.
-            MetricPoint(name="tolaria.train.compile_enabled", value=0.0),
-            MetricPoint(name="tolaria.train.amp_enabled", value=0.0),
-            MetricPoint(name="tolaria.train.graph_enabled", value=0.0),
+            MetricPoint(name="tolaria.train.amp_enabled", value=float(self.precision.enabled)),
             MetricPoint(name="tolaria.epochs_total", value=1.0),
             MetricPoint(
                 name="kasmina.seeds.active",
@@ -240,6 +257,8 @@ class Trainer:
             "manager": self.manager.state_dict(),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+            "engine": self.engine.state_dict(),
             "rng": capture_rng(),
         }
 
@@ -249,6 +268,8 @@ class Trainer:
         self.model.to(self.device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.precision.load_state_dict(state["precision"])
+        self.engine.load_state_dict(state["engine"])
         restore_rng(state["rng"])
         self.epoch = int(state["epoch"])
 

@@ -11,17 +11,17 @@ from esper_core.contracts import BlendSchedule, SeedStage
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.lifecycle import IllegalTransitionError
 from esper_core.kasmina.manager import KasminaConfig
-from esper_core.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.build import build_trainer
 from esper_core.tolaria.loop import Trainer
 from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.recipes import eager_recipe
 
 PROFILE = "f16-b64"  # the seed-reference slot: 16 features, batches up to 64
 
 
 def _trainer(**kasmina: int) -> Trainer:
-    config = get_recipe("seed-reference")
+    config = eager_recipe("seed-reference")
     config.kasmina = dataclasses.replace(config.kasmina, **kasmina)
     return build_trainer(config, catalog=default_catalog(), run_id="test")
 

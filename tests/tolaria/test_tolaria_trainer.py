@@ -8,7 +8,6 @@ import torch
 from esper_core.contracts import BlendSchedule
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.loader import load_kernel
-from esper_core.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.build import build_trainer
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
@@ -16,10 +15,11 @@ from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer
 from esper_core.urza.service import Urza
 from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.recipes import eager_recipe
 
 
 def _trainer(recipe: str = "seed-reference") -> Trainer:
-    return build_trainer(get_recipe(recipe), catalog=default_catalog(), run_id="test")
+    return build_trainer(eager_recipe(recipe), catalog=default_catalog(), run_id="test")
 
 
 def test_epoch_produces_a_complete_packet() -> None:

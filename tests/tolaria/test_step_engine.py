@@ -1,0 +1,136 @@
+"""The step engine: measured compile decision, guarded fallback, cached decisions, CUDA guards."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo import register_backend
+
+from esper_core.karn.catalog import default_catalog
+from esper_core.recipes import get_recipe
+from esper_core.tolaria.build import build_trainer
+from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.precision import Precision
+from esper_core.tolaria.step import StepEngineConfig
+from tests.helpers.runif import requires_cuda
+
+
+@register_backend
+def esper_test_broken_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dynamo's backend signature
+    raise RuntimeError("deliberately broken compiler backend")
+
+
+def _trainer(*, home: Path | None = None, recipe: str = "seed-reference", **step: object) -> Trainer:
+    config = get_recipe(recipe)
+    fields = {"compile_backend": "aot_eager", "compile_warmup_steps": 1, "measure_steps": 3, **step}
+    config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, **fields))
+    return build_trainer(config, catalog=default_catalog(), run_id="t", home=home)
+
+
+def _names(trainer: Trainer, epochs: int) -> tuple[list[str], list[float]]:
+    names, losses = [], []
+    for _ in range(epochs):
+        result = trainer.train_epoch()
+        names += [e.name for e in result.events]
+        losses.append(result.packet.train_loss)
+    return names, losses
+
+
+def test_off_never_compiles() -> None:
+    trainer = _trainer(compile="off")
+    names, _ = _names(trainer, 2)
+    assert trainer.engine.compiled_fn is None and trainer.engine.decided
+    assert not [n for n in names if n.startswith("tolaria.compile")]
+
+
+def test_auto_measures_both_paths_decides_and_caches(tmp_path: Path) -> None:
+    trainer = _trainer(home=tmp_path, compile="auto")
+    names, _ = _names(trainer, 3)  # 4 steps an epoch: warm-up 1 + 3 eager + compile + 3 compiled
+    engine = trainer.engine
+    assert engine.decided and engine.warmup_remaining == 0
+    assert len(engine._timings["eager"]) == 3 and len(engine._timings["compiled"]) == 3
+    assert engine.warmup_ms > 0
+    assert ("tolaria.compile_enabled" in names) != ("tolaria.compile_disabled" in names)
+    cache = json.loads((tmp_path / "step_decisions.json").read_text())
+    (decision,) = cache.values()
+    assert decision["compiled"] == engine.use_compiled and decision["eager_ms"] > 0
+
+    again = _trainer(home=tmp_path, compile="auto")
+    if decision["compiled"]:
+        assert not again.engine.decided and again.engine.warmup_remaining == 2  # warm-up + build, no measuring
+    else:
+        assert again.engine.decided and not again.engine.use_compiled
+    _names(again, 1)
+    assert not again.engine._timings["eager"]  # nothing re-measured
+
+
+def test_compiled_step_matches_eager_numerics() -> None:
+    _, eager = _names(_trainer(compile="off"), 3)
+    compiled_trainer = _trainer(compile="on")
+    _, compiled = _names(compiled_trainer, 3)
+    assert compiled_trainer.engine.use_compiled
+    assert compiled == pytest.approx(eager, rel=1e-5)
+
+
+def test_compiler_failure_falls_back_to_eager_once(caplog: pytest.LogCaptureFixture) -> None:
+    _, eager = _names(_trainer(compile="off"), 2)
+    trainer = _trainer(compile="on", compile_backend="esper_test_broken_backend")
+    with caplog.at_level("WARNING", logger="esper_core.tolaria.step"):
+        names, losses = _names(trainer, 2)
+    assert names.count("tolaria.compile_fallback") == 1
+    assert "deliberately broken" in (trainer.engine.fallback_reason or "")
+    assert sum("compile failed" in r.message for r in caplog.records) == 1
+    assert losses == pytest.approx(eager, rel=1e-6)  # the fallback step is the eager step
+    result = trainer.train_epoch()
+    assert result.metrics and next(m for m in result.metrics if m.name == "tolaria.train.compile_enabled").value == 0.0
+
+
+def test_cuda_graphs_requested_on_cpu_are_reported_and_skipped() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this checks the guard on a machine without CUDA")
+    trainer = _trainer(compile="off", enable_graphs=True)
+    result = trainer.train_epoch()
+    fallback = [e for e in result.events if e.name == "tolaria.graph_fallback"]
+    assert fallback and fallback[0].attributes["reason"] == "no_cuda"
+    assert next(m for m in result.metrics if m.name == "tolaria.train.graph_enabled").value == 0.0
+    assert trainer.engine.graphs is None
+
+
+def test_precision_resolves_fp32_on_cpu_and_refuses_half_without_cuda() -> None:
+    cpu = Precision(torch.device("cpu"), "auto")
+    assert not cpu.enabled and cpu.scaler is None and "fp32" in cpu.describe()
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Precision(torch.device("cpu"), "bf16")
+    with pytest.raises(ValueError, match="amp must be one of"):
+        Precision(torch.device("cpu"), "fp8")
+
+
+def test_engine_config_errors_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="compile must be one of"):
+        StepEngineConfig(compile="maybe")
+    with pytest.raises(ValueError, match="measure_steps must be >= 3"):
+        StepEngineConfig(measure_steps=1)
+
+
+@requires_cuda("CUDA graph capture and replay of the training step")
+def test_cuda_graph_replay_matches_eager() -> None:
+    eager = _trainer(recipe="digits-mlp", compile="off")
+    eager_losses = [eager.train_epoch().packet.train_loss for _ in range(2)]
+    graphed = _trainer(recipe="digits-mlp", compile="off", enable_graphs=True)
+    result = graphed.train_epoch()
+    assert any(e.name == "tolaria.graph_enabled" for e in result.events)
+    assert any(e.name == "tolaria.graph_fallback" and e.attributes["reason"] == "shape_change" for e in result.events)
+    second = graphed.train_epoch()
+    assert next(m for m in second.metrics if m.name == "tolaria.graph.replays_total").value > 0
+    assert [result.packet.train_loss, second.packet.train_loss] == pytest.approx(eager_losses, rel=1e-4)
+
+
+@requires_cuda("bf16/fp16 autocast and GradScaler")
+def test_amp_is_enabled_on_cuda() -> None:
+    precision = Precision(torch.device("cuda"), "auto")
+    assert precision.enabled
+    assert (precision.scaler is None) == (precision.dtype is torch.bfloat16)
