@@ -245,6 +245,10 @@ class SeedManager:
             for sid, slot in self.slots.items()
         )
 
+    def trainable_slots(self) -> list[str]:
+        """Slots whose seed is updated by the optimizer this epoch, in forward order."""
+        return [sid for sid, slot in self.slots.items() if slot.stage in TRAINABLE and slot.seed is not None]
+
     def attribute_batch(self, batch_size: int) -> dict[str, int]:
         """Samples of this batch attributed to each trainable seed (every sample passes through
         every slot, so each trainable seed sees the whole batch)."""

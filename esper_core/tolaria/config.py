@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.tolaria.aggregation import AggregationConfig
 from esper_core.tolaria.precision import AMP_CHOICES
+from esper_core.tolaria.safety import SafetyConfig
 from esper_core.tolaria.step import StepEngineConfig
 
 
@@ -28,10 +31,14 @@ class TrainerConfig:
     ``bf16``, ``fp16``."""
     step: StepEngineConfig = field(default_factory=StepEngineConfig)
     """How the training step runs: compile decision, CUDA graphs."""
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    """How per-seed gradients on the host combine when several seeds train (PCGrad or sum)."""
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    """Deadlines, failed-epoch thresholds and emergency levels."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:

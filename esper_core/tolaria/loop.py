@@ -6,6 +6,7 @@ engine of a later iteration can compile or capture it from outside without touch
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +27,12 @@ from esper_core.determinism import capture_rng, restore_rng
 from esper_core.hosts import Host
 from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
+from esper_core.tolaria.aggregation import AggregationStats, aggregate_microbatches
+from esper_core.tolaria.buffers import GradientBufferPool
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.precision import Precision
+from esper_core.tolaria.safety import EpochFailed, epoch_failure
 from esper_core.tolaria.step import DecisionCache, StepEngine
 
 
@@ -77,6 +81,7 @@ class Trainer:
         self.device = device
         self.run_id = run_id
         self.epoch = 0
+        self.best_val_loss: float | None = None
         self.optimizer = torch.optim.SGD(
             model.host_parameters(),
             lr=config.lr,
@@ -95,6 +100,8 @@ class Trainer:
             workload=workload or f"{type(model).__name__}{model.layer_widths}:b{batch_size}",
             cache=decision_cache,
         )
+        self.grad_pool = GradientBufferPool(model.host_parameters())
+        self.grad_agg_stats = AggregationStats()
         self.layer_stats = LayerStats(model.layer_names, list(model.layers), model.layer_widths)
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
         self._probe_batch = (self.data.train.x[:batch_size], self.data.train.y[:batch_size])
@@ -113,6 +120,34 @@ class Trainer:
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _aggregated_step(self, x: torch.Tensor, y: torch.Tensor, trainable: list[str]) -> torch.Tensor:
+        """Two or more trainable seeds: one loss per task (the teacher with every trainable seed
+        bypassed, then each seed alone), host gradients combined by PCGrad (or summed), seed
+        gradients from their own task. Eager on purpose: swapping seeds in and out and
+        ``autograd.grad`` do not belong in a compiled or captured step."""
+        self._zero_grad()
+        k = 1 + len(trainable)
+        raw, losses, private = [], [], []
+        for keep in (None, *trainable):
+            with contextlib.ExitStack() as stack, self.precision.autocast():
+                for sid in trainable:
+                    if sid != keep:
+                        stack.enter_context(self.manager.without_seed(sid))
+                loss = F.cross_entropy(self.model(x), y)
+            raw.append(loss.detach().float())
+            # Each task's loss is divided by k so the combined step stays near a plain step's size.
+            losses.append(self.precision.scale(loss / k))
+            private.append([] if keep is None else self.manager.seed_parameters(keep))
+        aggregate_microbatches(
+            losses,
+            self.model.host_parameters(),
+            self.grad_pool,
+            self.config.aggregation,
+            self.grad_agg_stats,
+            private_params=private,
+        )
+        return torch.stack(raw).mean() * y.shape[0]
+
     def train_epoch(self) -> EpochResult:
         """Run one epoch: train on every batch, validate, run the seed gates, build the packet."""
         start = time.perf_counter()
@@ -122,7 +157,12 @@ class Trainer:
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         for x, y in epoch_batches(self.data.train, batch_size=self.batch_size, seed=self.data_seed, epoch=self.epoch):
-            loss_sum += self.engine.run(x, y)
+            trainable = self.manager.trainable_slots()
+            if self.config.aggregation.aggregates(len(trainable)):
+                loss_sum += self._aggregated_step(x, y, trainable)
+            else:
+                # Short-circuit: zero or one trainable seed is the plain single backward.
+                loss_sum += self.engine.run(x, y)
             # Outside the step closure: attribution and per-seed metrics stay plain and eager.
             self.precision.unscale(self.optimizer)
             self.manager.attribute_batch(int(y.shape[0]))
@@ -137,6 +177,16 @@ class Trainer:
         val_start = time.perf_counter()
         with self.layer_stats.watch_activations():
             val = self.evaluate(self.data.val)
+        failure = epoch_failure(
+            train_loss=train_loss,
+            val_loss=val.loss,
+            best_val_loss=self.best_val_loss,
+            ratio=self.config.safety.loss_spike_ratio,
+        )
+        if failure is not None:
+            # Nothing of this epoch may be committed: the session restores the last commit.
+            raise EpochFailed(f"epoch {self.epoch}: {failure}")
+        self.best_val_loss = val.loss if self.best_val_loss is None else min(self.best_val_loss, val.loss)
         probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
         verdicts = self.manager.end_epoch(
             EpochObservation(
@@ -162,6 +212,7 @@ class Trainer:
             seeds=self.manager.export_seed_states(),
         )
         engine_metrics, engine_events = self.engine.end_epoch()
+        engine_metrics += [MetricPoint(name=n, value=v) for n, v in self.grad_agg_stats.reduce().items()]
         metrics = self._metrics(packet, train_ms=train_ms, val_ms=val_ms, total_ms=total_ms) + tuple(engine_metrics)
         self.epoch += 1
         del verdicts  # recorded as events by the manager
@@ -254,6 +305,7 @@ class Trainer:
         """Everything needed to resume exactly: model, optimizer, seeds, RNG, epoch."""
         return {
             "epoch": self.epoch,
+            "best_val_loss": self.best_val_loss,
             "manager": self.manager.state_dict(),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -272,6 +324,7 @@ class Trainer:
         self.engine.load_state_dict(state["engine"])
         restore_rng(state["rng"])
         self.epoch = int(state["epoch"])
+        self.best_val_loss = state["best_val_loss"]
 
 
 def count_parameters(module: nn.Module) -> int:

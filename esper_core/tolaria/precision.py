@@ -64,6 +64,10 @@ class Precision:
         with torch.autocast(device_type=self.device.type, dtype=self.dtype):
             yield
 
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` multiplied by the current loss scale (unchanged without a GradScaler)."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass, scaled when a GradScaler is in use."""
         self._unscaled = False

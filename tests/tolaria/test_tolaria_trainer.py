@@ -101,3 +101,28 @@ def test_trainer_config_errors_name_the_fix() -> None:
         TrainerConfig(momentum=1.5)
     with pytest.raises(ValueError, match="device must be one of"):
         TrainerConfig(device="tpu")
+
+
+def test_two_trainable_seeds_aggregate_host_gradients(compiled_home: EsperSettings) -> None:
+    trainer = _trainer("digits-mlp")
+    args = dict(params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)
+    for slot in ("slot1", "slot2"):
+        assert trainer.manager.germinate(
+            slot, kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512"), **args
+        ).passed
+    result = trainer.train_epoch()
+    metrics = {m.name: m.value for m in result.metrics}
+    assert metrics["tolaria.grad_agg.steps"] == 17  # every step of the epoch (1079 samples, batch 64)
+    assert 0.0 <= metrics["tolaria.grad_agg.conflict_ratio"] <= 1.0
+    assert 0.0 < metrics["tolaria.grad_agg.teacher_share"] <= 1.0
+    assert all(s.metrics["grad_norm"] > 0 for s in result.packet.seeds)
+
+
+def test_one_trainable_seed_short_circuits_aggregation(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
+    trainer.manager.germinate(
+        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+    )
+    metrics = {m.name: m.value for m in trainer.train_epoch().metrics}
+    assert metrics["tolaria.grad_agg.steps"] == 0.0
