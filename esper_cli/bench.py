@@ -9,17 +9,28 @@ from esper_cli.args import positive
 from esper_core._capabilities import DEVICE_CHOICES
 
 
-def _cmd_bench_seed_reference(args: argparse.Namespace) -> int:
-    from bench.seed_reference import BenchConfig, run
+def _cmd_bench_training(args: argparse.Namespace) -> int:
+    from bench.common import BenchConfig
+    from bench.training import run
 
-    result = run(BenchConfig(epochs=args.epochs, warmup_batches=args.warmup_batches, device=args.device))
+    config = BenchConfig(
+        epochs=args.epochs,
+        warmup_batches=args.warmup_batches,
+        device=args.device,
+        compile="off" if args.no_compile else args.compile,
+        compile_mode=args.compile_mode,
+        compile_dynamic=args.compile_dynamic,
+        compile_warmup_steps=args.compile_warmup_steps,
+        seeds=args.seeds,
+    )
+    result = run(args.bench_command, config)
     if args.save_baseline:
         from esper_core.telemetry import write_baseline
 
         write_baseline(
             args.save_baseline,
-            name="seed-reference",
-            workload={k: result[k] for k in ("workload", "epochs", "steps_per_epoch")},
+            name=args.bench_command,
+            workload={k: v for k, v in result.items() if k != "samples_ms"},
             latency_ms=result["samples_ms"],
             device=result["device"],
         )
@@ -27,13 +38,42 @@ def _cmd_bench_seed_reference(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(headline, indent=2))
         return 0
-    print(f"seed-reference on {result['device']} ({result['epochs']} epochs of {result['steps_per_epoch']} steps)")
     print(
-        f"  esper  p50 {result['esper_p50_ms']:.3f} ms  p95 {result['esper_p95_ms']:.3f} ms  (budget {result['budget_ms']} ms)"
+        f"{result['workload']} on {result['device']}: {result['epochs']} epochs of {result['steps_per_epoch']} steps, "
+        f"{result['active_seeds']} active seed(s), chosen path {result['chosen_path']}"
     )
-    print(f"  bare   p50 {result['bare_p50_ms']:.3f} ms  p95 {result['bare_p95_ms']:.3f} ms")
-    print(f"  ratio  p50 {result['ratio_p50']:.2f}  p95 {result['ratio_p95']:.2f}")
+    for label, key in (("esper", "esper"), ("eager", "eager"), ("bare", "bare")):
+        print(f"  {label:<6} p50 {result[key + '_p50_ms']:.3f} ms  p95 {result[key + '_p95_ms']:.3f} ms")
+    print(
+        f"  ratio  p95 {result['ratio_p95']:.2f} (eager {result['eager_ratio_p95']:.2f})  budget {result['budget_ms']} ms"
+    )
+    print(f"  test accuracy esper {result['accuracy_esper']:.4f}  bare {result['accuracy_bare']:.4f}")
     return 0
+
+
+def _cmd_bench_compare(args: argparse.Namespace) -> int:
+    from esper_core.telemetry import compare_baselines, format_comparison, load_baseline
+
+    before, after = load_baseline(args.before), load_baseline(args.after)
+    rows = compare_baselines(before, after)
+    if not rows:
+        raise ValueError(f"{args.before} and {args.after} share no latency series; compare baselines of one workload")
+    print(format_comparison(rows, before=str(args.before), after=str(args.after)))
+    return 0
+
+
+def _cmd_bench_drill(args: argparse.Namespace) -> int:
+    from esper_core.tolaria.drills import DRILLS
+
+    result = DRILLS[args.drill](None)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"drill {result['drill']}: {'PASSED' if result['passed'] else 'FAILED'}")
+        for check, ok in result["checks"].items():
+            print(f"  [{'x' if ok else ' '}] {check}")
+        print(f"  metrics: {result['metrics']}")
+    return 0 if result["passed"] else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,10 +81,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks against bare PyTorch").add_subparsers(
         dest="bench_command", required=True, metavar="WORKLOAD"
     )
-    b_ref = bench.add_parser("seed-reference", help="Linear 16->4, 16 samples, batch 4: Tolaria vs a bare loop")
-    b_ref.add_argument("--epochs", type=positive, default=200, help="timed epochs per path (default: %(default)s)")
-    b_ref.add_argument("--warmup-batches", type=int, default=20, help="untimed steps first (default: %(default)s)")
-    b_ref.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
-    b_ref.add_argument("--json", action="store_true", help="print one JSON object")
-    b_ref.add_argument("--save-baseline", metavar="PATH", default=None, help="also write a baseline JSON file here")
-    b_ref.set_defaults(func=_cmd_bench_seed_reference)
+    for workload, text in (
+        ("seed-reference", "Linear 16->4, 16 samples, batch 4 (the seeds' Phase 0 workload)"),
+        ("digits-mlp", "64-64 MLP on the bundled 8x8 digits"),
+        ("digits-cnn", "16-32 channel CNN on the digits as 1x8x8 images"),
+    ):
+        b = bench.add_parser(workload, help=f"{text}: Tolaria (eager and chosen path) vs bare PyTorch")
+        b.add_argument("--epochs", type=positive, default=30, help="timed epochs per path (default: %(default)s)")
+        b.add_argument("--warmup-batches", type=int, default=20, help="untimed steps first (default: %(default)s)")
+        b.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
+        b.add_argument(
+            "--compile", default="auto", choices=("auto", "on", "off"), help="step engine mode of the chosen path"
+        )
+        b.add_argument("--no-compile", action="store_true", help="same as --compile off")
+        b.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead")
+        b.add_argument(
+            "--compile-dynamic",
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help="torch.compile dynamic shapes",
+        )
+        b.add_argument(
+            "--compile-warmup-steps", type=int, default=2, help="eager steps before compiling (default: %(default)s)"
+        )
+        b.add_argument(
+            "--seeds", type=int, choices=(0, 1), default=1, help="active seeds while timing (default: %(default)s)"
+        )
+        b.add_argument("--json", action="store_true", help="print one JSON object")
+        b.add_argument("--save-baseline", metavar="PATH", default=None, help="also write a baseline JSON file here")
+        b.set_defaults(func=_cmd_bench_training)
+    drill = bench.add_parser("drill", help="inject a fault into a real run and check its telemetry")
+    drill.add_argument("drill", choices=("timeout", "rollback"), help="which fault to inject")
+    drill.add_argument("--json", action="store_true", help="print one JSON object")
+    drill.set_defaults(func=_cmd_bench_drill)
+    compare = bench.add_parser("compare", help="print two baseline files side by side")
+    compare.add_argument("before", help="baseline JSON (e.g. baselines/perf/digits-mlp/before.json)")
+    compare.add_argument("after", help="baseline JSON to compare against it")
+    compare.set_defaults(func=_cmd_bench_compare)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from esper_core.contracts import (
     AdaptationCommand,
@@ -20,6 +21,7 @@ from esper_core.contracts import (
     MetricPoint,
     Outcome,
     SeedOperation,
+    SeedStage,
     SystemStatePacket,
     TelemetryEvent,
     TelemetryLevel,
@@ -37,7 +39,10 @@ from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
 from esper_core.tezzeret.compiler import environment_key
 from esper_core.tolaria.build import build_trainer
-from esper_core.tolaria.checkpoint import CheckpointStore
+from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
+from esper_core.tolaria.rails import SafetyRails
+from esper_core.tolaria.rollback import RollbackTiers
+from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted, call_with_deadline
 from esper_core.urza.service import Urza
 
 START_TAG = "start"
@@ -85,6 +90,7 @@ class RunSession:
         self.tamiyo = TamiyoService(config.tamiyo)
         self.profiles = slot_profiles(config, self.trainer.data.feature_shape)
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints")
+        self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
         jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
         self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
         self.history: list[SystemStatePacket] = []
@@ -163,21 +169,44 @@ class RunSession:
     # ------------------------------------------------------------------ steps
 
     def train_epoch(self) -> SystemStatePacket:
-        """Train one epoch and gate the seeds; returns the state packet for Tamiyo."""
+        """Train one epoch and gate the seeds; returns the state packet for Tamiyo.
+
+        A failed epoch (non-finite or exploding loss) is rolled back to the last commit, the
+        likely cause is remediated (the youngest in-flight seed culled, else the learning rate
+        halved) and the epoch retried; past the failure budget the run halts.
+
+        Raises:
+            TrainingHalted: after ``max_failed_epochs`` consecutive failures.
+        """
         self.dirty = True
-        result = self.trainer.train_epoch()
+        while True:
+            try:
+                result = self.trainer.train_epoch()
+                break
+            except EpochFailed as e:
+                if self.rails.epoch_failed(str(e)) is EmergencyLevel.HALT:
+                    self.rails.note("tolaria.emergency.halt", f"halting after repeated failed epochs: {e}")
+                    self._emit_now(epoch=self.trainer.epoch)
+                    raise TrainingHalted(
+                        f"run {self.run_id} halted: {self.config.trainer.safety.max_failed_epochs} consecutive "
+                        f"failed epochs, the last: {e}. Resume from the last commit with a lower learning rate."
+                    ) from e
+                self._rollback(why=str(e))
+                self._remediate()
+        self.rails.epoch_ok()
         packet = result.packet
         self.history.append(packet)
         self.timings["train_ms"].append(result.train_ms)
         self.timings["epoch_ms"].append(result.total_ms)
         self._judge_pending(packet)
+        rail_metrics, rail_events = self.rails.drain()
         self._outbox.append(
             TelemetryPacket(
                 source="tolaria",
                 run_id=self.run_id,
                 epoch=packet.epoch,
-                metrics=result.metrics,
-                events=result.events,
+                metrics=(*result.metrics, *rail_metrics),
+                events=(*rail_events, *result.events),
             )
         )
         return packet
@@ -204,27 +233,45 @@ class RunSession:
         return out
 
     def decide(self) -> AdaptationCommand:
-        """Ask Tamiyo for this epoch's command (does not change the run's state)."""
+        """Ask Tamiyo for this epoch's command within its deadline (does not change the run).
+
+        Tamiyo runs on a worker thread against a snapshot of the history; everything recorded
+        here happens on the calling thread, so a late answer can never leak into a commit. A
+        missed deadline or an error yields a conservative WAIT.
+        """
         if not self.history:
             raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
-        start = time.perf_counter()
-        decision = self.tamiyo.decide(self.history, self.candidates(), run_id=self.run_id)
-        decide_ms = (time.perf_counter() - start) * 1e3
-        self.timings["decide_ms"].append(decide_ms)
-        self.timings["gnn_ms"].append(decision.gnn_latency_ms)
-        command = decision.command
+        history, candidates = tuple(self.history), self.candidates()
+        epoch = history[-1].epoch
+        outcome = call_with_deadline(
+            lambda: self.tamiyo.decide(history, candidates, run_id=self.run_id),
+            self.config.trainer.safety.tamiyo_deadline_ms,
+        )
+        metrics = [MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms")]
+        if outcome.timed_out or outcome.error is not None or outcome.value is None:
+            command = self.rails.tamiyo_missed(
+                epoch=epoch, run_id=self.run_id, elapsed_ms=outcome.elapsed_ms, error=outcome.error
+            )
+        else:
+            decision = outcome.value
+            command = decision.command
+            self.timings["decide_ms"].append(outcome.elapsed_ms)
+            self.timings["gnn_ms"].append(decision.gnn_latency_ms)
+            metrics += [
+                MetricPoint(name="tamiyo.gnn.inference.latency_ms", value=decision.gnn_latency_ms, unit="ms"),
+                MetricPoint(name="tamiyo.graph.coverage", value=decision.coverage),
+                MetricPoint(name="tamiyo.gnn.compile_enabled", value=0.0),
+            ]
+        command = self.rails.filter(command)
+        rail_metrics, rail_events = self.rails.drain()
         self._outbox.append(
             TelemetryPacket(
                 source="tamiyo",
                 run_id=self.run_id,
-                epoch=self.history[-1].epoch,
-                metrics=(
-                    MetricPoint(name="tamiyo.gnn.inference.latency_ms", value=decision.gnn_latency_ms, unit="ms"),
-                    MetricPoint(name="tamiyo.decision.latency_ms", value=decide_ms, unit="ms"),
-                    MetricPoint(name="tamiyo.graph.coverage", value=decision.coverage),
-                    MetricPoint(name="tamiyo.gnn.compile_enabled", value=0.0),
-                ),
+                epoch=epoch,
+                metrics=(*metrics, *rail_metrics),
                 events=(
+                    *rail_events,
                     TelemetryEvent(
                         name="tamiyo.command",
                         message=command.reason,
@@ -245,9 +292,17 @@ class RunSession:
         self.commands.append(command)
         events: list[TelemetryEvent] = []
         metrics: list[MetricPoint] = []
+        start = time.perf_counter()
         try:
             self._apply(command, metrics)
             outcome = "applied"
+            elapsed = (time.perf_counter() - start) * 1e3
+            calls_kasmina = command.command_type not in (CommandType.WAIT, CommandType.PAUSE)
+            if calls_kasmina and elapsed > self.config.trainer.safety.kasmina_deadline_ms:
+                reason = self.rails.kasmina_missed(elapsed_ms=elapsed, action=command.action)
+                self._rollback(why=reason)
+                self.commands.append(command)
+                outcome = f"rejected: {reason}"
         except ValueError as e:
             outcome = f"rejected: {e}"
             events.append(
@@ -262,13 +317,14 @@ class RunSession:
             last = self.history[-1]
             self._pending.append((command, last.val_loss, last.val_accuracy))
         events.extend(self.manager.drain_events())
+        rail_metrics, rail_events = self.rails.drain()
         self._outbox.append(
             TelemetryPacket(
                 source="kasmina",
                 run_id=self.run_id,
                 epoch=command.epoch,
-                metrics=tuple(metrics),
-                events=tuple(events),
+                metrics=(*metrics, *rail_metrics),
+                events=(*rail_events, *events),
             )
         )
         return outcome
@@ -314,9 +370,9 @@ class RunSession:
                 f"Urza has no active {blueprint_id} artifact for {profile}; "
                 f"run `esper catalog compile {blueprint_id}` first"
             )
-        return self._load(artifact)
+        return self._load_kernel(artifact)
 
-    def _load(self, artifact: KernelArtifact) -> LoadedKernel:
+    def _load_kernel(self, artifact: KernelArtifact) -> LoadedKernel:
         # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.
         return load_kernel(artifact, self.urza.fetch_blob(artifact), catalog=self.catalog, device=self.device)
 
@@ -353,8 +409,9 @@ class RunSession:
             "reports": [r.to_json() for r in self.reports],
             "pending": [(c.to_json(), loss, acc) for c, loss, acc in self._pending],
             "timings": self.timings,
+            "emergency": self.rails.emergency.state_dict(),
         }
-        self.checkpoints.save(tag, state)
+        self.rails.tiers.commit(tag, state)
         self.committed_tag = tag
         self.dirty = False
         for packet in self._outbox:
@@ -366,19 +423,60 @@ class RunSession:
         self._report_outbox.clear()
 
     def restore(self, tag: str | None = None) -> None:
-        """Return to the committed state ``tag`` (default: the latest commit)."""
+        """Return to the committed state ``tag`` (default: the latest commit), escalation included."""
         tag = tag or self.checkpoints.latest()
-        state = self.checkpoints.load(tag)
-        self.trainer.load_state_dict(state["trainer"], load_kernel=self._load)
+        if tag is None:
+            raise CheckpointNotFoundError(f"run {self.run_id} has no commit to restore under {self.checkpoints.root}")
+        state, report = self.rails.tiers.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
+        self._load_state(state)
+        self.rails.emergency.load_state_dict(state["emergency"])
+        self.rails.restored(report, why="restore")
+        self._outbox.clear()
+        self._report_outbox.clear()
+        self.committed_tag = tag
+        self.dirty = False
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state["trainer"], load_kernel=self._load_kernel)
         self.history = [SystemStatePacket.from_json(p) for p in state["history"]]
         self.commands = [AdaptationCommand.from_json(c) for c in state["commands"]]
         self.reports = [FieldReport.from_json(r) for r in state["reports"]]
         self._pending = [(AdaptationCommand.from_json(c), loss, acc) for c, loss, acc in state["pending"]]
         self.timings = {k: list(v) for k, v in state["timings"].items()}
-        self._outbox.clear()
-        self._report_outbox.clear()
-        self.committed_tag = tag
-        self.dirty = False
+
+    def _rollback(self, *, why: str) -> None:
+        """Back to the last commit after a failure; the live escalation state is kept."""
+        assert self.committed_tag is not None, "a run always has a commit (start) before it trains"
+        state, report = self.rails.tiers.restore(
+            self.committed_tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms
+        )
+        self._load_state(state)
+        self.rails.restored(report, why=why)
+
+    def _remediate(self) -> None:
+        """Undo the likely cause of a failed epoch before retrying it."""
+        in_flight = [
+            s for s in self.manager.export_seed_states() if s.stage.is_active and s.stage is not SeedStage.FOSSILIZED
+        ]
+        if in_flight:
+            youngest = min(in_flight, key=lambda s: s.age_epochs)
+            self.manager.cull(youngest.slot_id, reason="emergency: failed epoch after its germination")
+            self.rails.note(
+                "tolaria.remediation", f"culled {youngest.slot_id}", action="cull", slot_id=youngest.slot_id
+            )
+            return
+        for group in self.trainer.optimizer.param_groups:
+            group["lr"] *= 0.5
+        self.rails.note("tolaria.remediation", "halved the learning rate", action="halve_lr")
+
+    def _emit_now(self, *, epoch: int) -> None:
+        """Send the rails' pending telemetry immediately (the run is stopping; no commit follows)."""
+        metrics, events = self.rails.drain()
+        self.sink.emit(
+            TelemetryPacket(
+                source="tolaria", run_id=self.run_id, epoch=epoch, metrics=tuple(metrics), events=tuple(events)
+            )
+        )
 
     def rewind_partial_epoch(self) -> None:
         """If the last commit is a trained-but-not-applied epoch, go back to before it.

@@ -28,14 +28,18 @@ class CheckpointStore:
         """File of checkpoint ``tag``."""
         return self.root / f"{tag}.pt"
 
-    def save(self, tag: str, state: dict[str, Any]) -> Path:
-        """Write ``state`` under ``tag`` atomically, then point LATEST at it."""
+    def save(self, tag: str, state: dict[str, Any]) -> bytes:
+        """Write ``state`` under ``tag`` atomically, then point LATEST at it.
+
+        Returns:
+            The serialised checkpoint (the fast rollback tier keeps it in memory).
+        """
         buf = io.BytesIO()
         torch.save(state, buf)
-        target = self.path(tag)
-        _atomic_write(target, buf.getvalue())
+        data = buf.getvalue()
+        _atomic_write(self.path(tag), data)
         _atomic_write(self.root / "LATEST", tag.encode())
-        return target
+        return data
 
     def latest(self) -> str | None:
         """Tag of the last committed checkpoint, or None before the first commit."""

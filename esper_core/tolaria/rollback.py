@@ -1,0 +1,71 @@
+"""Two rollback tiers: the last commit kept in memory (fast) and every commit on disk (full).
+
+A restore tries the fast tier when it holds the requested tag, falls back to disk, reports which
+tier served it and how long it took against the deadline, and counts failures.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from esper_core.tolaria.checkpoint import CheckpointStore
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestoreReport:
+    """How a restore went."""
+
+    tag: str
+    tier: str
+    """``memory`` or ``disk``."""
+    latency_ms: float
+    deadline_exceeded: bool
+    failures: int
+    """Tiers that failed before one succeeded."""
+
+
+class RollbackTiers:
+    """Commits go to disk and to memory; restores come from memory when they can."""
+
+    def __init__(self, store: CheckpointStore, *, keep_in_memory: bool = True) -> None:
+        self.store = store
+        self.keep_in_memory = keep_in_memory
+        self._fast: tuple[str, bytes] | None = None
+
+    def commit(self, tag: str, state: dict[str, Any]) -> None:
+        """Persist ``state`` under ``tag`` (atomic on disk) and keep it for a fast restore."""
+        data = self.store.save(tag, state)
+        self._fast = (tag, data) if self.keep_in_memory else None
+
+    def drop_fast_tier(self) -> None:
+        """Forget the in-memory copy (drills use this to exercise the disk tier)."""
+        self._fast = None
+
+    def restore(self, tag: str, *, deadline_ms: float) -> tuple[dict[str, Any], RestoreReport]:
+        """State committed under ``tag`` and a report of the restore.
+
+        Raises:
+            CheckpointNotFoundError: neither tier holds ``tag``.
+        """
+        start = time.perf_counter()
+        failures = 0
+        state: dict[str, Any] | None = None
+        tier = "disk"
+        if self._fast is not None and self._fast[0] == tag:
+            try:
+                state = torch.load(io.BytesIO(self._fast[1]), map_location="cpu", weights_only=True)
+                tier = "memory"
+            except (RuntimeError, ValueError, EOFError):
+                failures += 1
+                self._fast = None
+        if state is None:
+            state = self.store.load(tag)
+        latency = (time.perf_counter() - start) * 1e3
+        return state, RestoreReport(
+            tag=tag, tier=tier, latency_ms=latency, deadline_exceeded=latency > deadline_ms, failures=failures
+        )

@@ -1,0 +1,160 @@
+"""Safety rails (seed 001 acceptance criteria): deadlines on Tamiyo and Kasmina calls, failed
+epoch detection, emergency levels up to a halt.
+
+Budgets apply to the part they name: the Tamiyo deadline covers the controller's decision only,
+the Kasmina deadline the application of one command only, the rollback deadline one restore.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class EmergencyLevel(IntEnum):
+    """How far the run has escalated; reported as ``tolaria.emergency.level``."""
+
+    NORMAL = 0
+    CONSERVATIVE = 1
+    """After a timeout or a failed epoch: only WAIT and CULL commands are carried out."""
+    ROLLBACK = 2
+    """The last epoch failed and was rolled back; training continues from the last commit."""
+    HALT = 3
+    """Too many consecutive failed epochs: training stops (``TrainingHalted``)."""
+
+
+class TrainingHalted(RuntimeError):
+    """Raised when repeated failed epochs exhaust the emergency budget."""
+
+
+class EpochFailed(RuntimeError):
+    """An epoch produced non-finite or exploding losses; its state must not be committed."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SafetyConfig:
+    """Deadlines and failure thresholds."""
+
+    tamiyo_deadline_ms: float = 5_000.0
+    """Longest a decision may take; past it the epoch's command is WAIT (conservative mode)."""
+    kasmina_deadline_ms: float = 10_000.0
+    """Longest applying one command may take; past it the command is undone by a rollback."""
+    rollback_deadline_ms: float = 1_000.0
+    """Budget of one restore; exceeding it is counted, the restore still completes."""
+    loss_spike_ratio: float = 4.0
+    """An epoch fails when its validation loss exceeds this multiple of the best so far."""
+    max_failed_epochs: int = 3
+    """Consecutive failed epochs before the run halts."""
+    conservative_epochs: int = 2
+    """Epochs of conservative mode after a timeout or failure."""
+
+    def __post_init__(self) -> None:
+        for name in ("tamiyo_deadline_ms", "kasmina_deadline_ms", "rollback_deadline_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 ms, got {getattr(self, name)}")
+        if self.loss_spike_ratio <= 1.0:
+            raise ValueError(f"loss_spike_ratio must be > 1, got {self.loss_spike_ratio}")
+        if self.max_failed_epochs < 1 or self.conservative_epochs < 0:
+            raise ValueError("max_failed_epochs must be >= 1 and conservative_epochs >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeadlineResult(Generic[T]):
+    """What a call under a deadline produced."""
+
+    value: T | None
+    elapsed_ms: float
+    timed_out: bool
+    error: BaseException | None = None
+
+
+def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResult[T]:
+    """Run ``fn`` on a worker thread and wait at most ``deadline_ms``.
+
+    A call that overruns keeps running on its daemon thread, but its result is dropped: ``fn``
+    must not change shared state (the caller records results on its own thread).
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which decides
+            box["error"] = e
+        finally:
+            done.set()
+
+    start = time.perf_counter()
+    threading.Thread(target=target, name="esper-deadline", daemon=True).start()
+    finished = done.wait(deadline_ms / 1e3)
+    elapsed = (time.perf_counter() - start) * 1e3
+    if not finished:
+        return DeadlineResult(value=None, elapsed_ms=elapsed, timed_out=True)
+    return DeadlineResult(value=box.get("value"), elapsed_ms=elapsed, timed_out=False, error=box.get("error"))
+
+
+def epoch_failure(*, train_loss: float, val_loss: float, best_val_loss: float | None, ratio: float) -> str | None:
+    """Why an epoch counts as failed, or None when it is healthy."""
+    if not math.isfinite(train_loss) or not math.isfinite(val_loss):
+        return f"non-finite loss (train {train_loss}, validation {val_loss})"
+    if best_val_loss is not None and val_loss > ratio * best_val_loss:
+        return f"validation loss {val_loss:.4f} exceeds {ratio}x the best {best_val_loss:.4f}"
+    return None
+
+
+class EmergencyState:
+    """Escalation bookkeeping of one run (checkpointed with it)."""
+
+    def __init__(self, config: SafetyConfig) -> None:
+        self.config = config
+        self.level = EmergencyLevel.NORMAL
+        self.failed_epochs = 0
+        self.conservative_left = 0
+
+    def on_timeout(self) -> None:
+        """A deadline was missed: be conservative for a while."""
+        self.conservative_left = self.config.conservative_epochs
+        self.level = max(self.level, EmergencyLevel.CONSERVATIVE)
+
+    def on_epoch_failed(self) -> EmergencyLevel:
+        """Count a failed epoch; returns the new level (HALT past the budget)."""
+        self.failed_epochs += 1
+        self.conservative_left = self.config.conservative_epochs
+        self.level = (
+            EmergencyLevel.HALT if self.failed_epochs >= self.config.max_failed_epochs else EmergencyLevel.ROLLBACK
+        )
+        return self.level
+
+    def on_epoch_ok(self) -> None:
+        """A healthy epoch: reset the failure streak and count down conservative mode."""
+        self.failed_epochs = 0
+        if self.conservative_left > 0:
+            self.conservative_left -= 1
+        self.level = EmergencyLevel.CONSERVATIVE if self.conservative_left > 0 else EmergencyLevel.NORMAL
+
+    @property
+    def conservative(self) -> bool:
+        """True while only safe commands (WAIT, CULL) may be carried out."""
+        return self.level >= EmergencyLevel.CONSERVATIVE
+
+    def state_dict(self) -> dict[str, int]:
+        """For checkpoints."""
+        return {
+            "level": int(self.level),
+            "failed_epochs": self.failed_epochs,
+            "conservative_left": self.conservative_left,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Inverse of ``state_dict``."""
+        self.level = EmergencyLevel(state["level"])
+        self.failed_epochs = int(state["failed_epochs"])
+        self.conservative_left = int(state["conservative_left"])

@@ -1,0 +1,78 @@
+"""Safety rails: deadlines, conservative mode, escalation to a halt, and the two drills."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
+from esper_core.tolaria.checkpoint import CheckpointStore
+from esper_core.tolaria.drills import run_rollback_drill, run_timeout_drill
+from esper_core.tolaria.rails import SafetyRails
+from esper_core.tolaria.rollback import RollbackTiers
+from esper_core.tolaria.safety import EmergencyLevel, EmergencyState, SafetyConfig, call_with_deadline, epoch_failure
+
+
+def test_call_with_deadline_returns_value_timeout_or_error() -> None:
+    ok = call_with_deadline(lambda: 7, 1_000)
+    assert ok.value == 7 and not ok.timed_out and ok.error is None
+    late = call_with_deadline(lambda: time.sleep(0.3) or 1, 20)
+    assert late.timed_out and late.value is None and 15 <= late.elapsed_ms < 250
+    broken = call_with_deadline(lambda: 1 / 0, 1_000)
+    assert isinstance(broken.error, ZeroDivisionError) and not broken.timed_out
+
+
+def test_escalation_to_halt_and_back_to_normal() -> None:
+    state = EmergencyState(SafetyConfig(max_failed_epochs=2, conservative_epochs=1))
+    assert state.on_epoch_failed() is EmergencyLevel.ROLLBACK
+    state.on_epoch_ok()
+    assert state.level is EmergencyLevel.NORMAL and state.failed_epochs == 0
+    state.on_epoch_failed()
+    assert state.on_epoch_failed() is EmergencyLevel.HALT
+
+
+def test_conservative_mode_holds_back_growth_but_not_culls(tmp_path: Path) -> None:
+    rails = SafetyRails(SafetyConfig(), RollbackTiers(CheckpointStore(tmp_path)))
+    germinate = AdaptationCommand(
+        run_id="r",
+        epoch=1,
+        command_type=CommandType.SEED,
+        seed_operation=SeedOperation.GERMINATE,
+        slot_id="slot1",
+        blueprint_id="residual_mlp",
+        issued_by="heuristic",
+        reason="plateau",
+    )
+    cull = germinate.model_copy(update={"seed_operation": SeedOperation.CULL, "blueprint_id": None})
+    assert rails.filter(germinate) is germinate  # normal mode: untouched
+    waited = rails.tamiyo_missed(epoch=1, run_id="r", elapsed_ms=6_000.0, error=None)
+    assert waited.action == "wait" and "deadline" in waited.reason
+    held = rails.filter(germinate)
+    assert held.action == "wait" and held.risk_rule == "tolaria.conservative_mode" and "germinate" in held.reason
+    assert rails.filter(cull) is cull
+    metrics, events = rails.drain()
+    assert {m.name: m.value for m in metrics}["tolaria.timeout.tamiyo_total"] == 1.0
+    assert [e.name for e in events] == ["tolaria.timeout"]
+
+
+def test_epoch_failure_rules() -> None:
+    assert epoch_failure(train_loss=float("nan"), val_loss=1.0, best_val_loss=None, ratio=4) is not None
+    assert "exceeds 4" in (epoch_failure(train_loss=1.0, val_loss=5.0, best_val_loss=1.0, ratio=4) or "")
+    assert epoch_failure(train_loss=1.0, val_loss=1.1, best_val_loss=1.0, ratio=4) is None
+
+
+def test_safety_config_errors_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="tamiyo_deadline_ms must be > 0"):
+        SafetyConfig(tamiyo_deadline_ms=0)
+
+
+def test_timeout_drill(tmp_path: Path) -> None:
+    result = run_timeout_drill(tmp_path)
+    assert result["passed"], result["checks"]
+
+
+def test_rollback_drill(tmp_path: Path) -> None:
+    result = run_rollback_drill(tmp_path)
+    assert result["passed"], result["checks"]
