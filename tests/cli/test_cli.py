@@ -63,7 +63,7 @@ def test_bad_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_seed_reference_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "seed-reference", "--epochs", "10", "--warmup-batches", "4", "--json"]) == 0
+    assert main(["bench", "seed-reference", "--epochs", "10", "--warmup-batches", "4", "--no-compile", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["steps_per_epoch"] == 4
     for key in ("esper_p95_ms", "bare_p95_ms", "ratio_p95"):
