@@ -1,0 +1,70 @@
+"""Per-seed and per-layer metrics accumulated on the device and reduced once per epoch equal an
+eager reduction done step by step (WP-99 Phase 3.2)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from esper_core.contracts import BlendMode, BlendSchedule, SeedStage
+from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.manager import KasminaConfig
+from esper_core.settings import EsperSettings
+from esper_core.tolaria.build import build_trainer
+from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.recipes import eager_recipe
+
+
+def test_device_accumulation_matches_eager_per_step_reduction(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = build_trainer(eager_recipe("digits-mlp"), catalog=default_catalog(), run_id="t")
+    kernel = kernel_from_registry(compiled_home, "residual_mlp", "f64-b512")
+    trainer.manager.germinate(
+        "slot1", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+    )
+    seed_norms: list[float] = []
+    layer_norms: list[list[float]] = []
+    accumulate_step = trainer.manager.accumulate_step
+    accumulate_grads = trainer.layer_stats.accumulate_grads
+
+    def seed_step() -> None:
+        grads = [p.grad for p in trainer.manager.seed_parameters("slot1") if p.grad is not None]
+        seed_norms.append(math.sqrt(sum(g.norm().item() ** 2 for g in grads)))  # eager: a sync per step
+        accumulate_step()
+
+    def layer_step() -> None:
+        layer_norms.append([layer.weight.grad.norm().item() for layer in trainer.model.layers])
+        accumulate_grads()
+
+    monkeypatch.setattr(trainer.manager, "accumulate_step", seed_step)
+    monkeypatch.setattr(trainer.layer_stats, "accumulate_grads", layer_step)
+    packet = trainer.train_epoch().packet
+
+    steps = len(seed_norms)
+    expected_seed = math.sqrt(sum(n * n for n in seed_norms) / steps)
+    assert packet.seed("slot1").metrics["grad_norm"] == pytest.approx(expected_seed, rel=1e-5)
+    for i, layer in enumerate(packet.layers):
+        expected = math.sqrt(sum(step[i] ** 2 for step in layer_norms) / steps)
+        assert layer.grad_norm == pytest.approx(expected, rel=1e-5)
+    assert packet.seed("slot1").metrics["samples"] == len(trainer.data.train)
+
+
+def test_convex_blend_replaces_the_activation(compiled_home: EsperSettings) -> None:
+    config = eager_recipe("digits-mlp")
+    config.kasmina = KasminaConfig(blend_mode=BlendMode.CONVEX)
+    trainer = build_trainer(config, catalog=default_catalog(), run_id="t")
+    slot = trainer.manager.slots["slot1"]
+    kernel = kernel_from_registry(compiled_home, "residual_mlp", "f64-b512")
+    trainer.manager.germinate(
+        "slot1", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=2, lr_scale=1.0
+    )
+    trainer.train_epoch()
+    assert slot.stage is SeedStage.BLENDING and slot.alpha == 0.5
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        expected = 0.5 * x + 0.5 * slot.seed(x)  # type: ignore[misc]
+        assert torch.allclose(slot(x), expected, atol=1e-6)
+    assert trainer.manager.export_seed_states()[0].blend_mode is BlendMode.CONVEX
