@@ -146,16 +146,17 @@ def _seed_reference(seed: int) -> Dataset:
     )
 
 
+def epoch_order(n: int, *, seed: int, epoch: int) -> torch.Tensor:
+    """The sample order of ``epoch``: a permutation of ``n`` from its own generator, so it never
+    depends on (or disturbs) the global RNG that dropout and initialisation use."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
 def epoch_batches(
     split: Split, *, batch_size: int, seed: int, epoch: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Shuffled mini-batches of ``split`` for ``epoch``, reproducible from ``(seed, epoch)``.
-
-    The permutation is drawn from its own generator so it never depends on (or disturbs) the
-    global RNG that dropout and initialisation use.
-    """
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(len(split), generator=gen).to(split.x.device)
+    """Shuffled mini-batches of ``split`` for ``epoch``, reproducible from ``(seed, epoch)``."""
+    order = epoch_order(len(split), seed=seed, epoch=epoch).to(split.x.device)
     for start in range(0, len(split), batch_size):
         index = order[start : start + batch_size]
         yield split.x[index], split.y[index]

@@ -9,6 +9,7 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.tolaria.aggregation import AggregationConfig
 from esper_core.tolaria.precision import AMP_CHOICES
 from esper_core.tolaria.safety import SafetyConfig
+from esper_core.tolaria.staging import LoaderConfig
 from esper_core.tolaria.step import StepEngineConfig
 
 
@@ -29,6 +30,8 @@ class TrainerConfig:
     amp: str = "auto"
     """Mixed precision: ``auto`` (bf16, or fp16 + GradScaler, on CUDA; fp32 on CPU), ``off``,
     ``bf16``, ``fp16``."""
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    """Where training batches live and how they reach the device (gpu_dataset, prefetch, workers)."""
     step: StepEngineConfig = field(default_factory=StepEngineConfig)
     """How the training step runs: compile decision, CUDA graphs."""
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)

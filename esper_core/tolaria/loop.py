@@ -7,6 +7,7 @@ engine of a later iteration can compile or capture it from outside without touch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from esper_core.contracts import (
     SystemStatePacket,
     TelemetryEvent,
 )
-from esper_core.data import Dataset, Split, epoch_batches
+from esper_core.data import Dataset, Split
 from esper_core.determinism import capture_rng, restore_rng
 from esper_core.hosts import Host
 from esper_core.kasmina.loader import LoadedKernel
@@ -33,6 +34,7 @@ from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.safety import EpochFailed, epoch_failure
+from esper_core.tolaria.staging import BatchSource
 from esper_core.tolaria.step import DecisionCache, StepEngine
 
 
@@ -74,7 +76,18 @@ class Trainer:
     ) -> None:
         self.model = model.to(device)
         self.manager = manager
-        self.data = data.to(device)
+        # The training split goes wherever the loader config puts it; evaluation splits live on
+        # the device (they are read whole, once per epoch).
+        resident = config.loader.gpu_dataset or device.type != "cuda"
+        self.data = dataclasses.replace(
+            data,
+            train=data.train.to(device) if resident else data.train,
+            val=data.val.to(device),
+            test=data.test.to(device),
+        )
+        self.batches = BatchSource(
+            self.data.train, device=device, batch_size=batch_size, seed=data_seed, config=config.loader
+        )
         self.config = config
         self.batch_size = batch_size
         self.data_seed = data_seed
@@ -104,7 +117,7 @@ class Trainer:
         self.grad_agg_stats = AggregationStats()
         self.layer_stats = LayerStats(model.layer_names, list(model.layers), model.layer_widths)
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
-        self._probe_batch = (self.data.train.x[:batch_size], self.data.train.y[:batch_size])
+        self._probe_batch = (self.data.train.x[:batch_size].to(device), self.data.train.y[:batch_size].to(device))
 
     # ------------------------------------------------------------------ training
 
@@ -156,7 +169,7 @@ class Trainer:
         self.layer_stats.reset()
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
-        for x, y in epoch_batches(self.data.train, batch_size=self.batch_size, seed=self.data_seed, epoch=self.epoch):
+        for x, y in self.batches.epoch(self.epoch):
             trainable = self.manager.trainable_slots()
             if self.config.aggregation.aggregates(len(trainable)):
                 loss_sum += self._aggregated_step(x, y, trainable)
@@ -212,6 +225,9 @@ class Trainer:
             seeds=self.manager.export_seed_states(),
         )
         engine_metrics, engine_events = self.engine.end_epoch()
+        h2d_copy_ms, staging_events = self.batches.drain()
+        engine_metrics.append(MetricPoint(name="tolaria.data.h2d_copy_ms", value=h2d_copy_ms, unit="ms"))
+        engine_events += staging_events
         engine_metrics += [MetricPoint(name=n, value=v) for n, v in self.grad_agg_stats.reduce().items()]
         metrics = self._metrics(packet, train_ms=train_ms, val_ms=val_ms, total_ms=total_ms) + tuple(engine_metrics)
         self.epoch += 1
