@@ -34,6 +34,8 @@ class BenchConfig:
     compile_warmup_steps: int = 2
     seeds: int = 1
     """Seeds germinated before timing (0 or 1); the seed trains in isolation (TRAINING)."""
+    gpu_dataset: bool = True
+    """Keep the training split on the device (CUDA); False stages batches from pinned host memory."""
 
     def __post_init__(self) -> None:
         if self.epochs < 5:

@@ -34,7 +34,8 @@ def _trainer(recipe: str, config: BenchConfig, *, compile: str) -> Trainer:
         compile_dynamic=config.compile_dynamic,
         compile_warmup_steps=config.compile_warmup_steps,
     )
-    run.trainer = dataclasses.replace(run.trainer, step=step)
+    loader = dataclasses.replace(run.trainer.loader, gpu_dataset=config.gpu_dataset)
+    run.trainer = dataclasses.replace(run.trainer, step=step, loader=loader)
     run.kasmina = dataclasses.replace(run.kasmina, min_training_epochs=_HOLD_TRAINING)
     trainer = build_trainer(run, catalog=default_catalog(), run_id=f"bench-{recipe}")
     if config.seeds:

@@ -22,6 +22,7 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         compile_dynamic=args.compile_dynamic,
         compile_warmup_steps=args.compile_warmup_steps,
         seeds=args.seeds,
+        gpu_dataset=args.gpu_dataset,
     )
     result = run(args.bench_command, config)
     if args.save_baseline:
@@ -106,6 +107,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         b.add_argument(
             "--seeds", type=int, choices=(0, 1), default=1, help="active seeds while timing (default: %(default)s)"
+        )
+        b.add_argument(
+            "--gpu-dataset",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="keep the training data on the device (CUDA); --no-gpu-dataset stages from pinned host memory",
         )
         b.add_argument("--json", action="store_true", help="print one JSON object")
         b.add_argument("--save-baseline", metavar="PATH", default=None, help="also write a baseline JSON file here")

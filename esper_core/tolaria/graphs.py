@@ -51,6 +51,8 @@ class GraphRunner:
         self.capture_ms = 0.0
         self.stage_copy_ms = 0.0
         self.replays = 0
+        # Replay time from CUDA events, read once per epoch (no host sync per step).
+        self._replay_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     @property
     def captured(self) -> bool:
@@ -93,6 +95,16 @@ class GraphRunner:
         assert self._static_loss is not None
         return self._static_loss.clone()
 
+    def drain_replay_ms(self) -> float:
+        """Mean replay time (ms) since the last call; one device sync."""
+        if not self._replay_events:
+            return 0.0
+        torch.cuda.synchronize()
+        total = sum(b.elapsed_time(e) for b, e in self._replay_events)
+        mean = total / len(self._replay_events)
+        self._replay_events = []
+        return mean
+
     def replay(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Copy the batch into the static buffers and replay; returns the loss sum (a copy)."""
         assert self._graph is not None and self._static_x is not None and self._static_y is not None
@@ -100,7 +112,11 @@ class GraphRunner:
         self._static_x.copy_(x, non_blocking=True)
         self._static_y.copy_(y, non_blocking=True)
         self.stage_copy_ms += (time.perf_counter() - start) * 1e3
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         self._graph.replay()
+        end.record()
+        self._replay_events.append((begin, end))
         self.replays += 1
         assert self._static_loss is not None
         return self._static_loss.clone()

@@ -139,8 +139,8 @@ class StepEngine:
         self.graphs: GraphRunner | None = None
         self._graph_fallback_shapes: set[tuple] = set()
         self._signature: Hashable = None
-        # A cached "compiled" decision still has to build the function, without re-measuring.
-        self._pending_cached_compile = False
+        # A cached choice is applied where a measured one would be: same switch point, same path.
+        self._cached_choice: tuple[bool, str] | None = None
         # A measured decision waiting for the next epoch boundary: (compiled?, reason).
         self._pending: tuple[bool, str] | None = None
         self._setup_graphs()
@@ -168,13 +168,10 @@ class StepEngine:
         if cached is None:
             return
         log.info("step engine: cached decision for this workload: %s", "compiled" if cached["compiled"] else "eager")
-        if cached["compiled"]:
-            self._pending_cached_compile = True
-        else:
-            self._choose(
-                compiled=False,
-                reason=f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)",
-            )
+        self._cached_choice = (
+            bool(cached["compiled"]),
+            f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)",
+        )
 
     # ------------------------------------------------------------------ running
 
@@ -183,11 +180,15 @@ class StepEngine:
         """Steps until the engine has made its compile decision (it applies at the next epoch)."""
         if self.decided:
             return 0
-        measured = (
-            self.config.measure_steps if self.config.compile == "auto" and not self._pending_cached_compile else 0
-        )
-        total = self.config.compile_warmup_steps + 2 * measured + 1
-        return max(0, total - self.steps)
+        return max(0, self._decision_step - self.steps)
+
+    @property
+    def _decision_step(self) -> int:
+        """The step at which the path is chosen: fixed by the configuration, never by timings."""
+        cfg = self.config
+        if cfg.compile == "on":
+            return cfg.compile_warmup_steps + 1
+        return cfg.compile_warmup_steps + 2 * cfg.measure_steps
 
     def start_epoch(self, signature: Hashable) -> None:
         """Apply a decision reached during the last epoch, and note the model's structure (seed
@@ -224,12 +225,16 @@ class StepEngine:
         cfg = self.config
         if self.steps <= cfg.compile_warmup_steps or self._pending is not None:
             return self._eager(x, y)
-        if cfg.compile == "on" or self._pending_cached_compile:
+        if cfg.compile == "on":
             # No measuring: switch at a fixed step index, which a retry reproduces.
             compiled = self._compiled(x, y)
             if compiled is not None:
-                self._choose(compiled=True, reason="compile='on'" if cfg.compile == "on" else "cached decision")
+                self._choose(compiled=True, reason="compile='on'")
                 return self._decided_step(x, y)
+            return self._eager(x, y)
+        if self._cached_choice is not None:
+            if self.steps >= self._decision_step:
+                self._pending = self._cached_choice
             return self._eager(x, y)
         if len(self._timings["eager"]) < cfg.measure_steps:
             return self._timed("eager", self._eager, x, y)
@@ -383,6 +388,7 @@ class StepEngine:
         if graphs is not None:
             metrics += [
                 MetricPoint(name="tolaria.graph.capture_ms", value=graphs.capture_ms, unit="ms"),
+                MetricPoint(name="tolaria.graph.replay_ms", value=graphs.drain_replay_ms(), unit="ms"),
                 MetricPoint(name="tolaria.graph.stage_copy_ms", value=graphs.stage_copy_ms, unit="ms"),
                 MetricPoint(name="tolaria.graph.replays_total", value=float(graphs.replays)),
             ]

@@ -84,3 +84,16 @@ def test_germinating_without_a_published_kernel_is_rejected_not_fatal(esper_home
     waits = [c for c in session.commands if c.command_type is CommandType.WAIT]
     assert len(waits) == 2 and "no" in waits[-1].reason.lower()
     session.close()
+
+
+@pytest.mark.slow
+def test_same_recipe_and_seed_give_identical_runs(compiled_home: EsperSettings) -> None:
+    # The first run measures eager vs compiled (real Inductor) and caches the choice; the second
+    # reuses it. Both switch at the same step, so their losses agree exactly.
+    losses = []
+    for run_id in ("first", "second"):
+        session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=5, run_id=run_id)
+        _loop(session, 5)
+        losses.append([p.train_loss for p in session.history])
+        session.close()
+    assert losses[0] == losses[1]
