@@ -39,6 +39,11 @@ class RunConfig:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if not self.blueprints:
             raise ValueError("a run needs at least one blueprint to germinate from")
+        if self.trainer.val_batch_size > self.host.batch_max:
+            raise ValueError(
+                f"val_batch_size {self.trainer.val_batch_size} exceeds the slots' batch_max "
+                f"{self.host.batch_max}: seeds are guarded for at most batch_max samples; lower it"
+            )
         if self.data.batch_size > self.host.batch_max:
             raise ValueError(
                 f"batch_size {self.data.batch_size} exceeds the slots' batch_max "
@@ -65,7 +70,7 @@ def seed_reference() -> RunConfig:
         epochs=6,
         data=DataConfig(name="seed-reference", batch_size=4),
         host=HostConfig(kind="mlp", hidden=(), slot_inputs=(0,), batch_max=64),
-        trainer=TrainerConfig(lr=0.05, momentum=0.9),
+        trainer=TrainerConfig(lr=0.05, momentum=0.9, val_batch_size=64),
         tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=1)),
         blueprints=("lowrank_adapter",),
     )

@@ -28,8 +28,9 @@ from esper_core.contracts import (
 )
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina import gates
+from esper_core.kasmina.fastpath import strip_runtime_guards
 from esper_core.kasmina.lifecycle import blend_alpha, check_transition
-from esper_core.kasmina.loader import LoadedKernel
+from esper_core.kasmina.loader import LoadedKernel, check_guard
 from esper_core.kasmina.param_groups import SeedParamGroups
 from esper_core.kasmina.slot import SeedSlot
 
@@ -161,7 +162,8 @@ class SeedManager:
                 slot_id=slot_id,
                 blueprint_id=artifact.blueprint_id,
             )
-        slot.seed = kernel.module
+        # G0 verified the guard against the slot's fixed shape: the per-call checks can go.
+        slot.seed = strip_runtime_guards(kernel.module)
         slot.alpha = 0.0
         self._seeds[slot_id] = _Seed(
             blueprint_id=artifact.blueprint_id,
@@ -478,7 +480,8 @@ class SeedManager:
             if s is None:
                 continue
             artifact = KernelArtifact.from_json(s["artifact"])
-            slot.seed = load_kernel(artifact).module
+            check_guard(artifact.guard, feature_shape=slot.profile.feature_shape, dtype=slot.profile.dtype)
+            slot.seed = strip_runtime_guards(load_kernel(artifact).module)
             if s["frozen"]:
                 for p in slot.seed.parameters():
                     p.requires_grad_(False)
