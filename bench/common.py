@@ -81,7 +81,8 @@ class BareLoop:
             lr=cfg.lr,
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
-            foreach=True if trainer.device.type == "cuda" else None,
+            # PyTorch's default implementation, as a person would write it; Esper's own
+            # choices (foreach updates and the rest) are what the ratio measures.
         )
         self.split = trainer.data.train
         self.batch_size = trainer.batch_size

@@ -100,8 +100,9 @@ class Trainer:
             lr=config.lr,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
-            # Multi-tensor updates pay off on CUDA (seed 000, change 6); on CPU torch's default.
-            foreach=True if device.type == "cuda" else None,
+            # Multi-tensor updates (seed 000, change 6) pay off on CPU too: measured 72 -> 57 us a
+            # step for the digits MLP with one thread.
+            foreach=True,
         )
         manager.bind_optimizer(self.optimizer, base_lr=config.lr)
         self.precision = Precision(device, config.amp)
