@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from esper_core.contracts import BlendSchedule
 from esper_core.data import Split, epoch_batches
-from esper_core.hosts import CNNHost, Host
+from esper_core.hosts import CNNHost
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.loader import load_kernel
 from esper_core.tezzeret.compiler import compile_blueprint
@@ -46,14 +46,36 @@ class BenchConfig:
             raise ValueError(f"seeds must be 0 or 1, got {self.seeds}")
 
 
-def bare_twin(host: Host) -> nn.Module:
-    """A plain ``nn.Sequential`` computing what ``host`` computes with dormant slots, sharing
-    copies of its weights: the bare-PyTorch equivalent for ratios and accuracy parity."""
+class _Residual(nn.Module):
+    """``x + block(x)``: how a plain PyTorch model would carry the seed's block."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+def bare_twin(trainer: Trainer) -> nn.Module:
+    """A plain ``nn.Sequential`` doing the same computation as the trainer's host: its layers, plus
+    each active seed as an ordinary residual block built from Karn with the seed's weights. The
+    ratio against it measures Esper's machinery (isolation, bookkeeping, metrics), not the seed."""
+    host = trainer.model
+    slots = {slot.layer: slot for slot in trainer.manager.slots.values()}
+    seeds = {s.slot_id: s for s in trainer.manager.export_seed_states() if s.blueprint_id is not None}
+    catalog = default_catalog()
     layers: list[nn.Module] = []
     last = len(host.layers) - 1
-    for i, layer in enumerate(host.layers):
+    for i, (name, layer) in enumerate(zip(host.layer_names, host.layers, strict=True)):
         if isinstance(host, CNNHost) and i == last:
             layers += [nn.AdaptiveAvgPool2d(2), nn.Flatten()]
+        slot = slots.get(name)
+        if slot is not None and slot.slot_id in seeds and slot.seed is not None:
+            state = seeds[slot.slot_id]
+            block = catalog.build(state.blueprint_id or "", slot.profile)
+            block.load_state_dict(slot.seed.state_dict())
+            layers.append(_Residual(block))
         clone = type(layer)(*_shape_args(layer))
         clone.load_state_dict(layer.state_dict())
         layers.append(clone)
@@ -107,7 +129,7 @@ class BareLoop:
         """Accuracy on ``split`` under inference mode."""
         self.model.eval()
         with torch.inference_mode():
-            acc = (self.model(split.x).argmax(dim=1) == split.y).float().mean().item()
+            acc = (self.model(split.x).argmax(dim=1) == split.y).sum().item() / len(split)
         self.model.train()
         return acc
 

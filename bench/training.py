@@ -3,7 +3,7 @@
 For a recipe (``seed-reference``, ``digits-mlp``, ``digits-cnn``) three trainers start from the
 same weights: Esper with the eager step, Esper on the path its step engine chooses
 (``compile='auto'`` measures eager vs compiled), and the bare ``nn.Sequential`` twin in a plain
-loop. Their epochs are interleaved so all three see the same machine state. Reported per path:
+loop, carrying the same seed block (if one is active) as an ordinary residual block. Their epochs are interleaved so all three see the same machine state. Reported per path:
 p50/p95 of the training part of an epoch (what ``tolaria.training.latency_ms`` measures: steps,
 seed attribution, per-seed and per-layer metrics, one loss sync), ratios to bare, and accuracy.
 """
@@ -47,7 +47,7 @@ def run(recipe: str, config: BenchConfig) -> dict[str, Any]:
     """Benchmark ``recipe``; returns the numbers (ms per epoch) and per-epoch samples."""
     eager = _trainer(recipe, config, compile="off")
     chosen = _trainer(recipe, config, compile=config.compile)
-    bare = BareLoop(bare_twin(eager.model), eager)
+    bare = BareLoop(bare_twin(eager), eager)
     steps = math.ceil(len(eager.data.train) / eager.batch_size)
 
     # Warm-up: whole epochs, and for the chosen path until its engine has decided.
