@@ -1,7 +1,7 @@
 """Kasmina's seed manager: germinates seeds into slots and moves them through their lifecycle.
 
 Kasmina never compiles: kernels arrive already built (``LoadedKernel`` from Urza via the loader).
-Per-seed gradient norms are accumulated on the device every step and reduced once per epoch;
+Per-seed gradient norms arrive once per epoch from the trainer (accumulated on the device);
 ``attribute_batch`` and ``export_seed_states`` are plain Python and run outside any compiled or
 captured region.
 """
@@ -80,11 +80,13 @@ class EpochObservation:
     """What Tolaria measured at the end of an epoch, for the gates.
 
     ``probe_losses`` maps a slot to the validation loss with its seed forced in (alpha 1) for
-    TRAINING seeds, or forced out (alpha 0) for blended seeds; ``isolation_probe`` returns the
+    TRAINING seeds, or forced out (alpha 0) for blended seeds; ``seed_grad_norms`` holds each
+    trainable seed's epoch gradient norm (RMS over steps); ``isolation_probe`` returns the
     largest host-gradient difference between the seed present and absent for one slot.
     """
 
     val_loss: float
+    seed_grad_norms: dict[str, float]
     probe_losses: dict[str, float]
     isolation_probe: Callable[[str], float]
     sample_input: Callable[[str], torch.Tensor]
@@ -107,8 +109,6 @@ class SeedManager:
         self._last_gate: dict[str, GateVerdict] = {}
         self._embargo_left: dict[str, int] = {}
         self._events: list[TelemetryEvent] = []
-        self._grad_sq: dict[str, torch.Tensor] = {}
-        self._steps = 0
         self._samples: dict[str, int] = {}
         self.param_groups = SeedParamGroups()
         for slot in slots.values():
@@ -223,7 +223,6 @@ class SeedManager:
         slot.seed = None
         slot.alpha = 0.0
         self._seeds.pop(slot_id, None)
-        self._grad_sq.pop(slot_id, None)
         self._set_stage(slot_id, S.CULLED, reason=reason)
         self._set_stage(slot_id, S.EMBARGOED)
         self._embargo_left[slot_id] = self.config.embargo_epochs
@@ -235,9 +234,7 @@ class SeedManager:
         for slot_id, slot in self.slots.items():
             if slot.stage is S.GERMINATED:
                 self._set_stage(slot_id, S.TRAINING)
-        self._grad_sq.clear()
         self._samples.clear()
-        self._steps = 0
 
     def structure_signature(self) -> tuple[tuple[str, str, str | None], ...]:
         """What the forward pass's code path depends on (stage and seed of each slot); alphas are
@@ -258,19 +255,6 @@ class SeedManager:
         for sid, n in share.items():
             self._samples[sid] = self._samples.get(sid, 0) + n
         return share
-
-    def accumulate_step(self) -> None:
-        """Add this step's squared gradient norm of each trainable seed, on the device (no sync)."""
-        self._steps += 1
-        for sid, slot in self.slots.items():
-            if slot.stage not in TRAINABLE or slot.seed is None:
-                continue
-            grads = [p.grad for p in slot.seed.parameters() if p.grad is not None]
-            if not grads:
-                continue
-            sq = torch.stack(torch._foreach_norm(grads)).square().sum()
-            acc = self._grad_sq.get(sid)
-            self._grad_sq[sid] = sq if acc is None else acc + sq
 
     def probe_plan(self) -> dict[str, float]:
         """Which slots Tolaria should evaluate with the seed forced in (1.0) or out (0.0)."""
@@ -303,8 +287,8 @@ class SeedManager:
             slot.seed = seed
 
     def end_epoch(self, obs: EpochObservation) -> list[GateVerdict]:
-        """Reduce this epoch's seed metrics (one sync) and run the gates due for each slot."""
-        norms = self._reduce_grad_norms()
+        """Run the gates due for each slot on this epoch's measurements."""
+        norms = obs.seed_grad_norms
         verdicts: list[GateVerdict] = []
         for sid, slot in self.slots.items():
             verdict = self._end_epoch_slot(sid, slot, obs, norms.get(sid, 0.0))
@@ -385,14 +369,6 @@ class SeedManager:
         self._set_stage(sid, S.BLENDING)
         seed.epochs_in_stage = 0
         self.slots[sid].alpha = blend_alpha(seed.schedule, 1, seed.blend_epochs)
-
-    def _reduce_grad_norms(self) -> dict[str, float]:
-        if not self._grad_sq:
-            return {}
-        ids = list(self._grad_sq)
-        # One device->host transfer for every seed's epoch norm.
-        rms = (torch.stack([self._grad_sq[i] for i in ids]) / max(self._steps, 1)).sqrt().tolist()
-        return dict(zip(ids, rms, strict=True))
 
     # ------------------------------------------------------------------ exports
 

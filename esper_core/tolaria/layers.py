@@ -1,5 +1,5 @@
-"""Per-layer statistics of the host: gradient norms accumulated on device every step and
-activation moments gathered during validation, each reduced once per epoch."""
+"""Per-layer statistics of the host: activation moments gathered during validation, plus the
+epoch gradient norms the trainer's ``GradNormAccumulator`` measured."""
 
 from __future__ import annotations
 
@@ -13,31 +13,18 @@ from esper_core.contracts import LayerState
 
 
 class LayerStats:
-    """Accumulates host-layer gradient norms (per step) and activations (per validation)."""
+    """Host-layer activations (per validation) and their export as ``LayerState``s."""
 
     def __init__(self, names: Sequence[str], layers: Sequence[nn.Module], widths: Sequence[int]) -> None:
         self.names = tuple(names)
         self.layers = tuple(layers)
         self.widths = tuple(widths)
-        self._weights = [layer.weight for layer in self.layers]  # type: ignore[union-attr]
-        self._grad_sq: torch.Tensor | None = None  # (L,) running sum of squared grad norms
-        self._steps = 0
+        self.weights = [layer.weight for layer in self.layers]  # gradient norms are tracked on these
         self._act: dict[str, tuple[float, float]] = {}
 
     def reset(self) -> None:
         """Start a new epoch."""
-        self._grad_sq = None
-        self._steps = 0
         self._act = {}
-
-    def accumulate_grads(self) -> None:
-        """Add this step's per-layer weight-gradient norms (device only, no sync)."""
-        grads = [w.grad for w in self._weights]
-        if any(g is None for g in grads):
-            return
-        sq = torch.stack(torch._foreach_norm(grads)).square()  # type: ignore[arg-type]
-        self._grad_sq = sq if self._grad_sq is None else self._grad_sq + sq
-        self._steps += 1
 
     @contextlib.contextmanager
     def watch_activations(self) -> Iterator[None]:
@@ -61,11 +48,9 @@ class LayerStats:
                 mean_std = torch.stack(parts).mean(dim=0).tolist()
                 self._act[name] = (mean_std[0], mean_std[1])
 
-    def export(self) -> tuple[LayerState, ...]:
-        """One ``LayerState`` per host layer (one device sync for all gradient norms)."""
-        grad = [0.0] * len(self.names)
-        if self._grad_sq is not None and self._steps:
-            grad = (self._grad_sq / self._steps).sqrt().tolist()
+    def export(self, grad_norms: dict[str, float]) -> tuple[LayerState, ...]:
+        """One ``LayerState`` per host layer; ``grad_norms`` maps a layer name to its epoch norm."""
+        grad = [grad_norms.get(name, 0.0) for name in self.names]
         return tuple(
             LayerState(
                 name=name,

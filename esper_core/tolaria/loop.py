@@ -31,6 +31,7 @@ from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.tolaria.aggregation import AggregationStats, aggregate_microbatches
 from esper_core.tolaria.buffers import GradientBufferPool
 from esper_core.tolaria.config import TrainerConfig
+from esper_core.tolaria.gradnorms import GradNormAccumulator
 from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.safety import EpochFailed, epoch_failure
@@ -115,6 +116,7 @@ class Trainer:
             cache=decision_cache,
         )
         self.grad_pool = GradientBufferPool(model.host_parameters())
+        self.grad_norms = GradNormAccumulator()
         self.grad_agg_stats = AggregationStats()
         self.layer_stats = LayerStats(model.layer_names, list(model.layers), model.layer_widths)
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
@@ -168,6 +170,13 @@ class Trainer:
         self.manager.start_epoch()
         self.engine.start_epoch(self.manager.structure_signature())
         self.layer_stats.reset()
+        trainable = self.manager.trainable_slots()
+        self.grad_norms.track(
+            {
+                **{f"layer:{n}": [w] for n, w in zip(self.layer_stats.names, self.layer_stats.weights, strict=True)},
+                **{f"seed:{sid}": self.manager.seed_parameters(sid) for sid in trainable},
+            }
+        )
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         for x, y in self.batches.epoch(self.epoch):
@@ -180,8 +189,7 @@ class Trainer:
             # Outside the step closure: attribution and per-seed metrics stay plain and eager.
             self.precision.unscale(self.optimizer)
             self.manager.attribute_batch(int(y.shape[0]))
-            self.manager.accumulate_step()
-            self.layer_stats.accumulate_grads()
+            self.grad_norms.step()
             self.precision.step(self.optimizer)
         train_loss = loss_sum.item() / len(self.data.train)  # the epoch's one sync
         if self.device.type == "cuda":
@@ -201,10 +209,12 @@ class Trainer:
             # Nothing of this epoch may be committed: the session restores the last commit.
             raise EpochFailed(f"epoch {self.epoch}: {failure}")
         self.best_val_loss = val.loss if self.best_val_loss is None else min(self.best_val_loss, val.loss)
+        norms = self.grad_norms.reduce()  # the epoch's one device sync for gradient norms
         probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
         verdicts = self.manager.end_epoch(
             EpochObservation(
                 val_loss=val.loss,
+                seed_grad_norms={k[5:]: v for k, v in norms.items() if k.startswith("seed:")},
                 probe_losses=probes,
                 isolation_probe=self.isolation_probe,
                 sample_input=self.slot_input,
@@ -222,7 +232,7 @@ class Trainer:
             epoch_latency_ms=train_ms,
             latency_budget_ms=self.config.latency_budget_ms,
             host_params=sum(p.numel() for p in self.model.host_parameters()),
-            layers=self.layer_stats.export(),
+            layers=self.layer_stats.export({k[6:]: v for k, v in norms.items() if k.startswith("layer:")}),
             seeds=self.manager.export_seed_states(),
         )
         engine_metrics, engine_events = self.engine.end_epoch()

@@ -27,20 +27,16 @@ def test_device_accumulation_matches_eager_per_step_reduction(
     )
     seed_norms: list[float] = []
     layer_norms: list[list[float]] = []
-    accumulate_step = trainer.manager.accumulate_step
-    accumulate_grads = trainer.layer_stats.accumulate_grads
+    accumulate = trainer.grad_norms.step
 
-    def seed_step() -> None:
+    def step() -> None:
+        # The eager reference: a host sync per tensor per step.
         grads = [p.grad for p in trainer.manager.seed_parameters("slot1") if p.grad is not None]
-        seed_norms.append(math.sqrt(sum(g.norm().item() ** 2 for g in grads)))  # eager: a sync per step
-        accumulate_step()
-
-    def layer_step() -> None:
+        seed_norms.append(math.sqrt(sum(g.norm().item() ** 2 for g in grads)))
         layer_norms.append([layer.weight.grad.norm().item() for layer in trainer.model.layers])
-        accumulate_grads()
+        accumulate()
 
-    monkeypatch.setattr(trainer.manager, "accumulate_step", seed_step)
-    monkeypatch.setattr(trainer.layer_stats, "accumulate_grads", layer_step)
+    monkeypatch.setattr(trainer.grad_norms, "step", step)
     packet = trainer.train_epoch().packet
 
     steps = len(seed_norms)
