@@ -40,6 +40,10 @@ class _SlowTamiyo:
         time.sleep(self.delay_s)
         return self.inner.decide(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        # Everything but the slow decision is the real service (config, breaker, policy swap).
+        return getattr(self.inner, name)
+
 
 def _session(home: Path, run_id: str, *, safety: SafetyConfig) -> RunSession:
     config: RunConfig = get_recipe("seed-reference", device="cpu")
