@@ -7,19 +7,55 @@ import json
 
 from esper_cli.args import quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.contracts import BlueprintTier
 from esper_core.recipes import RECIPES
+
+BACKENDS = ("export", "aot_inductor")
+_POLICY = {
+    BlueprintTier.SAFE: "compiled, published active and germinated freely",
+    BlueprintTier.EXPERIMENTAL: "compiled and germinated only with an explicit approval (--approve ID)",
+    BlueprintTier.HIGH_RISK: "quarantine-only: compiled with an approval, published quarantined, never germinated",
+}
 
 
 def _cmd_catalog_list(args: argparse.Namespace) -> int:
     from esper_core.karn.catalog import default_catalog
 
-    rows = default_catalog().list()
+    tier = None if args.tier is None else BlueprintTier(args.tier)
+    rows = default_catalog().list(tier=tier, host_kind=args.host_kind)
     if args.json:
         print(json.dumps([d.model_dump(mode="json") for d in rows], indent=2))
         return 0
-    print(f"{'blueprint':<18} {'tier':<13} {'risk':>5}  {'hosts':<8} description")
+    print(f"{'blueprint':<20} {'tier':<13} {'risk':>5}  {'host':<5} {'params':<22} description")
     for d in rows:
-        print(f"{d.blueprint_id:<18} {d.tier.value:<13} {d.risk:>5.2f}  {','.join(d.host_kinds):<8} {d.description}")
+        params = ", ".join(f"{n} {b.low:g}..{b.high:g}" for n, b in sorted(d.param_bounds.items())) or "-"
+        print(
+            f"{d.blueprint_id:<20} {d.tier.value:<13} {d.risk:>5.2f}  {','.join(d.host_kinds):<5} {params:<22} "
+            f"{d.description}"
+        )
+    return 0
+
+
+def _cmd_catalog_show(args: argparse.Namespace) -> int:
+    from esper_core.karn.catalog import default_catalog
+
+    entry = default_catalog().get(args.blueprint)  # UnknownBlueprintError lists the known ids
+    d = entry.descriptor
+    if args.json:
+        print(json.dumps({**d.model_dump(mode="json"), "profiles": entry.describe_profiles()}, indent=2))
+        return 0
+    print(f"{d.blueprint_id}: {d.name}")
+    print(f"  tier         {d.tier.value} ({_POLICY[d.tier]})")
+    print(f"  risk         {d.risk:.2f}")
+    print(f"  host kinds   {', '.join(d.host_kinds)}")
+    print(f"  profiles     {entry.describe_profiles()}")
+    if d.param_bounds:
+        for name, b in sorted(d.param_bounds.items()):
+            kind = "integer" if b.integer else "real"
+            print(f"  param        {name}: {kind} in [{b.low:g}, {b.high:g}], default {b.default:g}")
+    else:
+        print("  params       none")
+    print(f"  description  {d.description}")
     return 0
 
 
@@ -27,28 +63,54 @@ def _cmd_catalog_compile(args: argparse.Namespace) -> int:
     quiet_prefect()
     from flows.compile_catalog import compile_catalog
 
-    artifacts = compile_catalog(recipe=args.recipe, blueprints=args.blueprints or None, device=args.device)
+    artifacts = compile_catalog(
+        recipe=args.recipe,
+        blueprints=args.blueprints or None,
+        device=args.device,
+        backend=args.backend,
+        approve=args.approve or None,
+    )
     for a in artifacts:
         flag = f"FALLBACK ({a.fallback_reason})" if a.fallback else a.kind.value
         p95 = max((s.p95_ms for s in a.latency.values()), default=0.0)
         print(
-            f"#{a.artifact_id} {a.blueprint_id} {a.shape_profile} v{a.version} {a.status.value} {flag} p95 {p95:.3f} ms"
+            f"#{a.artifact_id} {a.blueprint_id} {a.shape_profile} v{a.version} {a.status.value} {flag} "
+            f"{a.environment.compiler} p95 {p95:.3f} ms" + (f" ({a.status_reason})" if a.status_reason else "")
         )
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``catalog list|compile``."""
+    """Add ``catalog list|show|compile``."""
     catalog = sub.add_parser("catalog", help="Karn's blueprint catalogue").add_subparsers(
         dest="catalog_command", required=True, metavar="ACTION"
     )
-    c_list = catalog.add_parser("list", help="list blueprints with tier, risk and host kinds")
+    c_list = catalog.add_parser("list", help="list blueprints with tier, risk, host kind and parameters")
+    c_list.add_argument("--tier", choices=[t.value for t in BlueprintTier], help="only this tier")
+    c_list.add_argument("--host-kind", choices=("mlp", "cnn"), help="only blueprints for this host kind")
     c_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c_list.set_defaults(func=_cmd_catalog_list)
+    c_show = catalog.add_parser("show", help="one blueprint: tier policy, profiles, parameter bounds")
+    c_show.add_argument("blueprint", metavar="ID", help="blueprint id (see `esper catalog list`)")
+    c_show.add_argument("--json", action="store_true", help="print JSON")
+    c_show.set_defaults(func=_cmd_catalog_show)
     c_compile = catalog.add_parser("compile", help="compile blueprints for a recipe's slots and publish them to Urza")
     c_compile.add_argument("blueprints", nargs="*", metavar="BLUEPRINT", help="blueprint ids (default: the recipe's)")
     c_compile.add_argument(
         "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="recipe whose slots set the shapes"
     )
     c_compile.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="compile for this device")
+    c_compile.add_argument(
+        "--backend",
+        default="export",
+        choices=BACKENDS,
+        help="export: torch.export program (fast, default); aot_inductor: also an AOTInductor inference "
+        "package (5-25 s per kernel on CPU)",
+    )
+    c_compile.add_argument(
+        "--approve",
+        action="append",
+        metavar="ID",
+        help="explicitly approve an experimental or high-risk blueprint (repeatable)",
+    )
     c_compile.set_defaults(func=_cmd_catalog_compile)

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prefect import flow, unmapped
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from esper_core.contracts import KernelArtifact
-from tasks.compile import compile_blueprint, publish_artifact
+from tasks.compile import begin_compile_run, compile_blueprint, finish_compile_run, publish_artifact
 from tasks.plan import plan_compiles
 
+COMPILE_CONCURRENCY = 2
+"""Tasks of one flow run in flight at once. Exports inside one process take turns anyway
+(torch.export is not thread-safe); the limit keeps a large catalogue from starting every compile
+at once. Across workers, cap the ``tezzeret`` tag with a Prefect concurrency limit."""
 
-@flow(name="compile_catalog", log_prints=True)
+
+@flow(name="compile_catalog", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=COMPILE_CONCURRENCY))
 def compile_catalog(
-    recipe: str = "digits-mlp", blueprints: list[str] | None = None, device: str = "auto"
+    recipe: str = "digits-mlp",
+    blueprints: list[str] | None = None,
+    device: str = "auto",
+    backend: Literal["export", "aot_inductor"] = "export",
+    approve: list[str] | None = None,
 ) -> list[KernelArtifact]:
     """Compile (or reuse) and publish the kernels of ``recipe``'s slots.
 
@@ -19,8 +31,12 @@ def compile_catalog(
         recipe: Named recipe whose host slots decide the shape profiles.
         blueprints: Blueprint ids to compile; default: the recipe's own list.
         device: ``auto``, ``cpu`` or ``cuda``.
+        backend: Tezzeret backend: ``export`` (fast, default) or ``aot_inductor``.
+        approve: Experimental / high-risk blueprints explicitly approved for compiling.
     """
-    jobs = plan_compiles(recipe, blueprints)
+    jobs = plan_compiles(recipe, blueprints, backend, approve)
+    run_id = begin_compile_run(recipe, jobs, device, backend)
     staged = compile_blueprint.map(jobs, device=unmapped(device))
-    published = publish_artifact.map(staged)
-    return [p.result() for p in published]
+    published = [p.result() for p in publish_artifact.map(staged, compile_run_id=unmapped(run_id))]
+    finish_compile_run(run_id, published, sum(1 for s in staged if s.result().reused))
+    return published

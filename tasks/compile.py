@@ -1,16 +1,32 @@
-"""Tezzeret and Urza tasks: compile a blueprint kernel, publish it."""
+"""Tezzeret and Urza tasks: start a compile run, compile a blueprint kernel, publish it, finish.
+
+Retries: a task is retried on transient failures (a locked or unreachable database, a full or
+flaky filesystem), never on a ``ValueError``: bad input (an unapproved blueprint, a refused
+status) fails the same way every time, so it fails at once with its message.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
+from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
 from esper_core.contracts import KernelArtifact, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import CompileJob, compile_job, find_published, publish_staged
+from esper_core.pipeline import (
+    CompileJob,
+    PublishPlan,
+    compile_job,
+    find_published,
+    new_compile_run,
+    publish_staged,
+    tezzeret_config,
+)
 from esper_core.urza.service import Urza
 from tasks._runtime import service_sink, settings
 
@@ -22,6 +38,14 @@ class StagedKernel:
     job: CompileJob
     artifact_json: str
     reused: bool
+    tags: tuple[str, ...] = ()
+
+
+def transient(task: Task, task_run: TaskRun, state: State) -> bool:
+    """Retry condition: retry anything but a ``ValueError`` (bad input fails the same way again)."""
+    del task, task_run
+    error = state.result(raise_on_failure=False)
+    return not isinstance(error, ValueError)
 
 
 def _urza() -> Urza:
@@ -29,18 +53,41 @@ def _urza() -> Urza:
     return Urza.open(s.home, s.registry_db_url)
 
 
-# NO_CACHE: the registry is the compile cache (a published artifact is never rebuilt); a Prefect
-# result cache could outlive a wiped registry and hand back a kernel that no longer exists.
-@task(name="compile-blueprint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, tags=["tezzeret"])
+# NO_CACHE throughout: the registry is the compile cache (a published artifact is never rebuilt);
+# a Prefect result cache could outlive a wiped registry and hand back a kernel that no longer exists.
+@task(name="begin-compile-run", retries=2, retry_delay_seconds=1, retry_condition_fn=transient, cache_policy=NO_CACHE)
+def begin_compile_run(recipe: str, jobs: list[CompileJob], device: str = "auto", backend: str = "export") -> str:
+    """Record the compile run (lineage of what it publishes); its id is the flow run's id."""
+    run = new_compile_run(
+        resolve_device(device),
+        backend,
+        run_id=flow_run.get_id(),
+        detail={"recipe": recipe, "jobs": len(jobs), "blueprints": sorted({j.blueprint_id for j in jobs})},
+    )
+    urza = _urza()
+    try:
+        return urza.store.start_compile_run(run).run_id
+    finally:
+        urza.close()
+
+
+@task(
+    name="compile-blueprint",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=transient,
+    cache_policy=NO_CACHE,
+    tags=["tezzeret"],
+)
 def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
-    """Compile ``job`` unless Urza already holds an active artifact for it here."""
+    """Compile ``job`` unless Urza already holds its artifact here; stage the blob."""
     target = resolve_device(device)
     urza = _urza()
     try:
         existing = find_published(urza, job, target)
         if existing is not None:
             return StagedKernel(job=job, artifact_json=existing.to_json(), reused=True)
-        kernel = compile_job(default_catalog(), job, target)
+        kernel = compile_job(default_catalog(), job, target, config=tezzeret_config(settings().home, job.backend))
         # Blob first: content-addressed and atomic, so a crash here leaves at most an orphan blob.
         urza.blobs.put(kernel.blob)
     finally:
@@ -70,18 +117,59 @@ def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
             events=events,
         )
     )
-    return StagedKernel(job=job, artifact_json=artifact.to_json(), reused=False)
+    return StagedKernel(job=job, artifact_json=artifact.to_json(), reused=False, tags=kernel.tags)
 
 
-# NO_CACHE: publishing is idempotent in Urza itself (same key and hash -> same row).
-@task(name="publish-artifact", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["urza"])
-def publish_artifact(staged: StagedKernel) -> KernelArtifact:
-    """Record a staged kernel in Urza (idempotent); returns the stored descriptor."""
+@task(
+    name="publish-artifact",
+    retries=3,
+    retry_delay_seconds=1,
+    retry_condition_fn=transient,
+    cache_policy=NO_CACHE,
+    tags=["urza"],
+)
+def publish_artifact(staged: StagedKernel, compile_run_id: str | None = None) -> KernelArtifact:
+    """Record a staged kernel in Urza (idempotent, one transaction); returns the stored descriptor."""
     artifact = KernelArtifact.from_json(staged.artifact_json)
     if staged.reused:
         return artifact
     urza = _urza()
+    start = time.perf_counter()
     try:
-        return publish_staged(urza, default_catalog(), artifact)
+        stored = publish_staged(
+            urza, default_catalog(), artifact, tags=staged.tags, plan=PublishPlan(compile_run_id=compile_run_id)
+        )
+    finally:
+        urza.close()
+    service_sink().emit(
+        TelemetryPacket(
+            source="urza",
+            metrics=(
+                MetricPoint(
+                    name="urza.publish.duration_ms",
+                    value=(time.perf_counter() - start) * 1e3,
+                    unit="ms",
+                    labels={"blueprint": artifact.blueprint_id},
+                ),
+                MetricPoint(name="urza.artifacts.published_total", value=1.0, labels={"status": stored.status.value}),
+            ),
+        )
+    )
+    return stored
+
+
+@task(name="finish-compile-run", retries=2, retry_delay_seconds=1, retry_condition_fn=transient, cache_policy=NO_CACHE)
+def finish_compile_run(compile_run_id: str, artifacts: list[KernelArtifact], reused: int) -> str:
+    """Mark the compile run finished with what it published."""
+    urza = _urza()
+    try:
+        statuses = [a.status.value for a in artifacts]
+        detail = {
+            "published": len(artifacts) - reused,
+            "reused": reused,
+            "quarantined": statuses.count("quarantined"),
+            "fallbacks": sum(1 for a in artifacts if a.fallback),
+        }
+        return urza.store.finish_compile_run(compile_run_id, state="finished", detail=detail).state
     finally:
         urza.close()

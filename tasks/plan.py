@@ -13,10 +13,24 @@ from esper_core.recipes import get_recipe
 
 # NO_CACHE: planning is cheap and must see the current catalogue.
 @task(name="plan-compiles", cache_policy=NO_CACHE, tags=["karn"])
-def plan_compiles(recipe: str, blueprints: list[str] | None = None) -> list[CompileJob]:
-    """The compile jobs of ``recipe`` (optionally narrowed to ``blueprints``)."""
+def plan_compiles(
+    recipe: str,
+    blueprints: list[str] | None = None,
+    backend: str = "export",
+    approve: list[str] | None = None,
+) -> list[CompileJob]:
+    """The compile jobs of ``recipe`` (optionally narrowed to ``blueprints``).
+
+    ``approve`` names the experimental / high-risk blueprints explicitly approved for compiling.
+    """
     config = get_recipe(recipe)
     if blueprints:
         config.blueprints = tuple(blueprints)
     data = load_dataset(config.data)
-    return plan_compile_jobs(config, feature_shape=data.feature_shape, catalog=default_catalog())
+    return plan_compile_jobs(
+        config,
+        feature_shape=data.feature_shape,
+        catalog=default_catalog(),
+        backend=backend,
+        approved=tuple(approve or ()),
+    )

@@ -6,7 +6,8 @@ is exactly zero and germinating it cannot perturb the host. None of them holds m
 layers (dropout, batch norm): Tezzeret exports them in eval mode and Kasmina trains the exported
 graph, so train and eval must compute the same function.
 
-Shape legend: B batch, W width (the slot's feature size), H hidden width, R rank.
+Shape legend: B batch, W width (the slot's feature size), H hidden width, R rank, T tokens,
+D token width (W = T * D), K key width.
 """
 
 from __future__ import annotations
@@ -99,6 +100,44 @@ class WideMLP(nn.Module):
         return self.fc_out(F.gelu(self.fc_mid(h)))
 
 
+class BottleneckMLP(nn.Module):
+    """Non-linear bottleneck ``W -> W/reduction -> W`` with GELU (a low-rank adapter that can bend)."""
+
+    def __init__(self, width: int, reduction: int) -> None:
+        super().__init__()
+        hidden = max(1, width // reduction)
+        self.down = nn.Linear(width, hidden)
+        self.up = _zero_(nn.Linear(hidden, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
+        return self.up(F.gelu(self.down(x)))
+
+
+TOKEN_WIDTH = 4
+"""Features per token of ``TokenAttention``: a W-vector is read as W / 4 tokens."""
+
+
+class TokenAttention(nn.Module):
+    """Single-head self-attention across the T = W / 4 tokens of a feature vector."""
+
+    def __init__(self, width: int, key_dim: int) -> None:
+        super().__init__()
+        if width % TOKEN_WIDTH:
+            raise ValueError(f"token_attention needs a width divisible by {TOKEN_WIDTH}, got {width}")
+        self.tokens = width // TOKEN_WIDTH
+        self.query = nn.Linear(TOKEN_WIDTH, key_dim)
+        self.key = nn.Linear(TOKEN_WIDTH, key_dim)
+        self.value = nn.Linear(TOKEN_WIDTH, TOKEN_WIDTH)
+        self.out = _zero_(nn.Linear(width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (B, W) activations to a (B, W) delta."""
+        tokens = x.unflatten(1, (self.tokens, TOKEN_WIDTH))  # (B, T, D)
+        attended = F.scaled_dot_product_attention(self.query(tokens), self.key(tokens), self.value(tokens))  # (B, T, D)
+        return self.out(attended.flatten(1))
+
+
 def mlp_width(profile: ShapeProfile, blueprint_id: str) -> int:
     """The width of a 1-D profile, or a ValueError for a profile an MLP seed cannot take.
 
@@ -142,3 +181,13 @@ def build_glu_block(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Mo
 def build_wide_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
     """Builder of ``wide_mlp`` (params: ``expansion``)."""
     return WideMLP(mlp_width(profile, "wide_mlp"), int(params["expansion"]))
+
+
+def build_bottleneck_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``bottleneck_mlp`` (params: ``reduction``)."""
+    return BottleneckMLP(mlp_width(profile, "bottleneck_mlp"), int(params["reduction"]))
+
+
+def build_token_attention(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    """Builder of ``token_attention`` (params: ``key_dim``)."""
+    return TokenAttention(mlp_width(profile, "token_attention"), int(params["key_dim"]))

@@ -17,8 +17,8 @@ from numbers import Real
 from torch import nn
 
 from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
-from esper_core.karn import blueprints
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.rules import ProfileRule, UnsupportedProfileError
 
 BlueprintBuilder = Callable[[ShapeProfile, Mapping[str, float]], nn.Module]
 
@@ -39,10 +39,31 @@ class Blueprint:
         descriptor: Id, tier, risk, host kinds and parameter bounds.
         build: ``build(profile, params) -> nn.Module``; ``params`` are already resolved
             (every bounded parameter present and valid).
+        rule: The shape profiles it supports; default: any profile of its (single) host kind.
     """
 
     descriptor: BlueprintDescriptor
     build: BlueprintBuilder
+    rule: ProfileRule | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule is not None and self.descriptor.host_kinds != (self.rule.kind,):
+            raise ValueError(
+                f"blueprint {self.blueprint_id!r} lists host kinds {self.descriptor.host_kinds} but its "
+                f"profile rule is for {self.rule.kind!r}: make them agree"
+            )
+
+    def supports(self, profile: ShapeProfile) -> bool:
+        """Whether the blueprint can be built for ``profile`` (see ``check_profile``)."""
+        if self.rule is None:
+            return profile.kind in self.descriptor.host_kinds
+        return not self.rule.problems(profile)
+
+    def describe_profiles(self) -> str:
+        """The supported profiles in words, for ``esper catalog show``."""
+        if self.rule is None:
+            return f"any {'/'.join(self.descriptor.host_kinds)} profile"
+        return self.rule.describe()
 
     @property
     def blueprint_id(self) -> str:
@@ -144,6 +165,23 @@ class KarnCatalog:
             resolved[name] = _check_value(blueprint_id, name, value, bound)
         return resolved
 
+    def check_profile(self, blueprint_id: str, profile: ShapeProfile) -> None:
+        """Raise unless the blueprint supports ``profile``.
+
+        Raises:
+            UnknownBlueprintError: Unknown blueprint.
+            UnsupportedProfileError: The profile does not fit its rule (the message names both).
+        """
+        entry = self.get(blueprint_id)
+        if entry.rule is not None:
+            entry.rule.check(blueprint_id, profile)
+        elif profile.kind not in entry.descriptor.host_kinds:
+            raise UnsupportedProfileError(
+                f"blueprint {blueprint_id!r} transforms {entry.descriptor.host_kinds} activations; "
+                f"profile {profile.name} {profile.feature_shape} is {profile.kind!r}: pick a blueprint "
+                "for this slot (`esper catalog list`)"
+            )
+
     def build(
         self,
         blueprint_id: str,
@@ -159,8 +197,12 @@ class KarnCatalog:
 
         Returns:
             A module mapping (B, *feature_shape) to the same shape, in training mode.
+
+        Raises:
+            UnsupportedProfileError: The blueprint does not support ``profile``.
         """
         entry = self.get(blueprint_id)
+        self.check_profile(blueprint_id, profile)
         resolved = self.resolve_params(blueprint_id, params)
         return entry.build(profile, resolved).to(dtype=profile.torch_dtype)
 
@@ -184,91 +226,10 @@ def _check_value(blueprint_id: str, name: str, value: object, bound: ParamBound)
     return number
 
 
-def _int_bound(low: int, high: int, default: int) -> ParamBound:
-    return ParamBound(low=low, high=high, default=default, integer=True)
-
-
-def _default_blueprints() -> list[Blueprint]:
-    mlp = ("mlp",)
-    return [
-        Blueprint(
-            descriptor=BlueprintDescriptor(
-                blueprint_id="residual_mlp",
-                name="Residual MLP",
-                tier=BlueprintTier.SAFE,
-                host_kinds=mlp,
-                description=(
-                    "Two-layer GELU MLP (W -> expansion*W -> W) added as a residual delta; "
-                    "general-purpose capacity for an under-fitting layer."
-                ),
-                risk=0.2,
-                param_bounds={"expansion": _int_bound(1, 4, 2)},
-            ),
-            build=blueprints.build_residual_mlp,
-        ),
-        Blueprint(
-            descriptor=BlueprintDescriptor(
-                blueprint_id="lowrank_adapter",
-                name="Low-rank adapter",
-                tier=BlueprintTier.SAFE,
-                host_kinds=mlp,
-                description=(
-                    "Linear bottleneck W -> rank -> W (LoRA-style); the cheapest increment, "
-                    "for small corrections when the latency budget is tight."
-                ),
-                risk=0.1,
-                param_bounds={"rank": _int_bound(1, 32, 4)},
-            ),
-            build=blueprints.build_lowrank_adapter,
-        ),
-        Blueprint(
-            descriptor=BlueprintDescriptor(
-                blueprint_id="norm_gate",
-                name="Normalised gate",
-                tier=BlueprintTier.EXPERIMENTAL,
-                host_kinds=mlp,
-                description=(
-                    "LayerNorm, then a W x W linear map scaled per feature by a sigmoid gate; "
-                    "for layers whose activations drift in scale."
-                ),
-                risk=0.4,
-            ),
-            build=blueprints.build_norm_gate,
-        ),
-        Blueprint(
-            descriptor=BlueprintDescriptor(
-                blueprint_id="glu_block",
-                name="Gated linear unit",
-                tier=BlueprintTier.EXPERIMENTAL,
-                host_kinds=mlp,
-                description=(
-                    "Gated linear unit (value * sigmoid(gate)) of hidden width expansion*W; "
-                    "multiplicative interactions a plain MLP learns slowly."
-                ),
-                risk=0.5,
-                param_bounds={"expansion": _int_bound(1, 4, 2)},
-            ),
-            build=blueprints.build_glu_block,
-        ),
-        Blueprint(
-            descriptor=BlueprintDescriptor(
-                blueprint_id="wide_mlp",
-                name="Wide MLP",
-                tier=BlueprintTier.HIGH_RISK,
-                host_kinds=mlp,
-                description=(
-                    "Three-layer GELU MLP with hidden width up to 8*W; large capacity jump, "
-                    "costly in latency and prone to over-fitting."
-                ),
-                risk=0.8,
-                param_bounds={"expansion": _int_bound(1, 8, 4)},
-            ),
-            build=blueprints.build_wide_mlp,
-        ),
-    ]
-
-
 @functools.cache
 def default_catalog() -> KarnCatalog:
     """The catalogue Esper ships (cached: built once per process)."""
-    return KarnCatalog(_default_blueprints())
+    # Imported here: entries.py imports this module for ``Blueprint``.
+    from esper_core.karn.entries import default_blueprints
+
+    return KarnCatalog(default_blueprints())

@@ -1,14 +1,24 @@
 """Blob formats of kernel artifacts, shared by Tezzeret (writer) and Kasmina's loader (reader).
 
-``ArtifactKind.EXPORTED`` blobs are ``torch.export.save`` archives. ``ArtifactKind.EAGER`` blobs
-(the fallback) are a ``torch.save`` of a small dict tagged ``EAGER_FORMAT`` holding the weights;
-the reader rebuilds the module from Karn and loads them. Both encoders are deterministic: the
-same module gives the same bytes, so the blob's SHA-256 identifies the artifact.
+- ``ArtifactKind.EXPORTED`` with the ``torch.export`` compiler: a ``torch.export.save`` archive.
+- ``ArtifactKind.EXPORTED`` with the ``aot_inductor`` compiler: a bundle (``BUNDLE_FORMAT``), a
+  zip holding the exported program (the trainable seed), the AOTInductor package (a
+  forward-only inference kernel) when it compiled, the Inductor mega-cache when it did not, and
+  a manifest.
+- ``ArtifactKind.EAGER`` (the fallback): a ``torch.save`` of a small dict tagged
+  ``EAGER_FORMAT`` holding the weights; the reader rebuilds the module from Karn and loads them.
+
+The exported and eager encoders are deterministic: the same module gives the same bytes, so the
+blob's SHA-256 identifies the artifact. An AOTInductor package is not byte-stable across
+compiles (it embeds a shared library), so each compile of a bundle is a new version; the
+registry's compile cache keeps that from happening twice for one key.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -16,7 +26,11 @@ import torch
 from torch.export import ExportedProgram
 
 EAGER_FORMAT = "esper-eager-v1"
+BUNDLE_FORMAT = "esper-aoti-bundle-v1"
 _EAGER_KEYS = frozenset({"format", "blueprint_id", "params", "profile", "state_dict"})
+_MEMBERS = {"program": "program.pt2", "aoti": "aoti.pt2", "inductor_cache": "inductor-cache.bin"}
+# Fixed member timestamps keep the zip's bytes a function of its content.
+_ZIP_TIME = (2020, 1, 1, 0, 0, 0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,4 +113,71 @@ def decode_eager(blob: bytes) -> EagerPayload:
         params={str(k): float(v) for k, v in payload["params"].items()},
         profile=str(payload["profile"]),
         state_dict=dict(payload["state_dict"]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BundlePayload:
+    """Decoded content of an ``aot_inductor`` bundle.
+
+    Attributes:
+        program: ``torch.export.save`` bytes of the exported program (what Kasmina trains).
+        aoti: AOTInductor package bytes (forward-only inference kernel), if it compiled.
+        inductor_cache: ``torch.compiler.save_cache_artifacts`` bytes, when AOTInductor did not
+            work and Tezzeret compiled the program with Inductor instead.
+        aoti_error: Why there is no AOTInductor package, if there is none.
+    """
+
+    program: bytes
+    aoti: bytes | None = None
+    inductor_cache: bytes | None = None
+    aoti_error: str | None = None
+
+
+def encode_bundle(payload: BundlePayload) -> bytes:
+    """Serialise a bundle (zip of the members present plus ``manifest.json``)."""
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "aoti_error": payload.aoti_error,
+        **{field: (_MEMBERS[field] if getattr(payload, field) is not None else None) for field in _MEMBERS},
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr(zipfile.ZipInfo("manifest.json", _ZIP_TIME), json.dumps(manifest, sort_keys=True))
+        for field, member in _MEMBERS.items():
+            data = getattr(payload, field)
+            if data is not None:
+                archive.writestr(zipfile.ZipInfo(member, _ZIP_TIME), data)
+    return buffer.getvalue()
+
+
+def decode_bundle(blob: bytes) -> BundlePayload:
+    """Inverse of ``encode_bundle``.
+
+    Raises:
+        ValueError: The blob is not an ``esper-aoti-bundle-v1`` bundle, or lacks a member.
+    """
+    fix = "recompile the blueprint with Tezzeret (`esper catalog compile --backend aot_inductor`) and republish"
+    if not zipfile.is_zipfile(io.BytesIO(blob)):
+        raise ValueError(f"artifact blob is not an {BUNDLE_FORMAT} bundle (not a zip archive): {fix}")
+    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+        names = set(archive.namelist())
+        manifest = json.loads(archive.read("manifest.json")) if "manifest.json" in names else {}
+        if manifest.get("format") != BUNDLE_FORMAT:
+            raise ValueError(
+                f"artifact bundle has format {manifest.get('format')!r}, expected {BUNDLE_FORMAT!r}: {fix}"
+            )
+        members: dict[str, bytes | None] = {}
+        for field in _MEMBERS:
+            member = manifest.get(field)
+            if member is not None and member not in names:
+                raise ValueError(f"artifact bundle lists {member} but lacks it: the blob is damaged; {fix}")
+            members[field] = None if member is None else archive.read(member)
+    if members["program"] is None:
+        raise ValueError(f"artifact bundle holds no exported program: {fix}")
+    return BundlePayload(
+        program=members["program"],
+        aoti=members["aoti"],
+        inductor_cache=members["inductor_cache"],
+        aoti_error=manifest.get("aoti_error"),
     )

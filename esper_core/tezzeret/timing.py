@@ -30,9 +30,9 @@ def percentile(sorted_ms: Sequence[float], q: float) -> float:
     return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
 
 
-def latency_key(batch: int) -> str:
-    """Key of a batch size in ``KernelArtifact.latency``, e.g. ``b64``."""
-    return f"b{batch}"
+def latency_key(batch: int, prefix: str = "") -> str:
+    """Key of a batch size in ``KernelArtifact.latency``, e.g. ``b64`` or ``aoti-b64``."""
+    return f"{prefix}b{batch}"
 
 
 def time_kernel(
@@ -41,6 +41,7 @@ def time_kernel(
     *,
     warmup_iters: int,
     timing_iters: int,
+    prefix: str = "",
 ) -> dict[str, LatencyStats]:
     """Pre-warm ``kernel`` on each input, then time single calls.
 
@@ -49,6 +50,7 @@ def time_kernel(
         inputs: One input per batch size, already on the kernel's device.
         warmup_iters: Untimed calls per input (fills allocator and kernel caches).
         timing_iters: Timed calls per input.
+        prefix: Prepended to each key (``aoti-`` for the inference kernel).
 
     Returns:
         ``{"b<batch>": LatencyStats}`` per input.
@@ -70,7 +72,7 @@ def time_kernel(
                     torch.cuda.synchronize(x.device)
                 samples.append((time.perf_counter() - start) * 1e3)
             samples.sort()
-            stats[latency_key(x.shape[0])] = LatencyStats(
+            stats[latency_key(x.shape[0], prefix)] = LatencyStats(
                 p50_ms=percentile(samples, 0.5),
                 p95_ms=percentile(samples, 0.95),
                 max_ms=samples[-1],

@@ -1,31 +1,44 @@
-"""Urza: the artifact registry (SQL descriptors + content-addressed blobs)."""
+"""Urza: the artifact registry (SQL descriptors, history, tags and lineage + content-addressed blobs)."""
 
 from esper_core.urza.base import RegistryStore, canonical_params, params_key
 from esper_core.urza.blobs import BlobStore
 from esper_core.urza.errors import (
     ArtifactNotFoundError,
+    CompileRunNotFoundError,
     CorruptBlobError,
+    InvalidStatusTransitionError,
     MissingBlobError,
     RegistryConflictError,
     RegistryError,
     UnknownBlueprintInRegistryError,
 )
 from esper_core.urza.memory import InMemoryRegistry
-from esper_core.urza.service import Urza
-from esper_core.urza.sql import SqlRegistry
+from esper_core.urza.records import ArtifactRecord, CompileRun, StatusChange
+from esper_core.urza.schema import SchemaOutdatedError, SchemaTooNewError
+from esper_core.urza.service import GcReport, Urza
+from esper_core.urza.sql import SqlRegistry, upgrade_schema
 
 __all__ = [
     "ArtifactNotFoundError",
+    "ArtifactRecord",
     "BlobStore",
+    "CompileRun",
+    "CompileRunNotFoundError",
     "CorruptBlobError",
+    "GcReport",
     "InMemoryRegistry",
+    "InvalidStatusTransitionError",
     "MissingBlobError",
     "RegistryConflictError",
     "RegistryError",
     "RegistryStore",
+    "SchemaOutdatedError",
+    "SchemaTooNewError",
     "SqlRegistry",
+    "StatusChange",
     "UnknownBlueprintInRegistryError",
     "Urza",
     "canonical_params",
     "params_key",
+    "upgrade_schema",
 ]

@@ -12,11 +12,24 @@ import hashlib
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from esper_core.urza.errors import CorruptBlobError, MissingBlobError
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_TMP_SUFFIX = ".tmp"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredFile:
+    """A file in the blob store: a blob (``sha256`` set) or a leftover temp file (``sha256`` None)."""
+
+    path: Path
+    sha256: str | None
+    size_bytes: int
+    mtime: float
 
 
 def sha256_hex(data: bytes) -> str:
@@ -68,7 +81,7 @@ class BlobStore:
         if target.is_file() and sha256_hex(target.read_bytes()) == sha:
             return sha
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{sha[:12]}.", suffix=".tmp")
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{sha[:12]}.", suffix=_TMP_SUFFIX)
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -97,6 +110,36 @@ class BlobStore:
         if actual != sha256:
             raise CorruptBlobError(target, sha256, actual)
         return data
+
+    def files(self) -> Iterator[StoredFile]:
+        """Every blob and leftover temp file (an interrupted ``put``), in no particular order.
+
+        Files that are neither (foreign names) are not listed, so garbage collection never
+        touches them.
+        """
+        for shard in self.root.iterdir():
+            if not (shard.is_dir() and len(shard.name) == 2):
+                continue
+            for path in shard.iterdir():
+                is_blob = _SHA_RE.match(path.name) is not None and path.name[:2] == shard.name
+                is_tmp = path.name.startswith(".") and path.name.endswith(_TMP_SUFFIX)
+                if not (is_blob or is_tmp):
+                    continue
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue  # removed meanwhile (a concurrent put finished, or another gc)
+                yield StoredFile(
+                    path=path, sha256=path.name if is_blob else None, size_bytes=stat.st_size, mtime=stat.st_mtime
+                )
+
+    def remove(self, stored: StoredFile) -> bool:
+        """Delete a file listed by ``files``; False when it was already gone."""
+        try:
+            stored.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -70,3 +70,18 @@ class MissingBlobError(RegistryError):
         )
         self.sha256 = sha256
         self.path = path
+
+
+class InvalidStatusTransitionError(RegistryError, ValueError):
+    """A status change the registry does not allow (e.g. out of RETIRED, or a high-risk to ACTIVE)."""
+
+
+class CompileRunNotFoundError(RegistryError, LookupError):
+    """No compile run with that id."""
+
+    def __init__(self, run_id: str, where: str) -> None:
+        super().__init__(
+            f"no compile run {run_id!r} in {where}: start it with Urza.start_compile_run before "
+            "publishing artifacts that name it"
+        )
+        self.run_id = run_id

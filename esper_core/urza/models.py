@@ -1,7 +1,12 @@
 """Urza's SQL schema (SQLAlchemy 2 typed ORM).
 
-Tables: ``blueprints`` (Karn descriptors) and ``artifacts`` (one row per artifact version).
-Enums are stored as their string values with CHECK constraints, which reads well in SQL and
+Tables: ``blueprints`` (Karn descriptors), ``artifacts`` (one row per artifact version),
+``artifact_status_history`` (every status an artifact has had, with why and who),
+``artifact_tags``, ``compile_runs`` (one row per Tezzeret compile run) and ``artifact_lineage``
+(which compile run produced an artifact). The schema is versioned by the Alembic migrations in
+``esper_core/urza/migrations``: a change here needs a revision there (see its
+``MIGRATION-NOTES.md``). Other subsystems may add tables on ``Base``; list their module in
+``esper_core.urza.schema.MODEL_MODULES``. Enums are stored as their string values with CHECK constraints, which reads well in SQL and
 ports between SQLite and PostgreSQL. JSON payloads are text columns holding the contracts' own
 JSON so a row round-trips to an equal message.
 """
@@ -121,3 +126,59 @@ class ArtifactRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
     blueprint: Mapped[BlueprintRow] = relationship(back_populates="artifacts", lazy="raise")
+
+
+class StatusHistoryRow(Base):
+    """One status an artifact entered: at publication, then at every change."""
+
+    __tablename__ = "artifact_status_history"
+    __table_args__ = (
+        CheckConstraint(_one_of("status", [s.value for s in ArtifactStatus]), name="status"),
+        Index("ix_artifact_status_history_artifact_id", "artifact_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(128))
+    changed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
+
+
+class ArtifactTagRow(Base):
+    """A free-form label on an artifact (``approved``, ``baseline``, ``aoti-unavailable``...)."""
+
+    __tablename__ = "artifact_tags"
+    __table_args__ = (Index("ix_artifact_tags_tag", "tag"),)
+
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
+
+
+class CompileRunRow(Base):
+    """One Tezzeret compile run (a ``compile_catalog`` flow run, a CLI compile, a benchmark)."""
+
+    __tablename__ = "compile_runs"
+    __table_args__ = (CheckConstraint(_one_of("state", ["running", "finished", "failed"]), name="state"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    compiler: Mapped[str] = mapped_column(String(64))
+    torch_version: Mapped[str] = mapped_column(String(64))
+    device_kind: Mapped[str] = mapped_column(String(16))
+    hostname: Mapped[str] = mapped_column(String(256))
+    detail_json: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ArtifactLineageRow(Base):
+    """Which compile run first produced an artifact (re-publishing the same blob keeps it)."""
+
+    __tablename__ = "artifact_lineage"
+    __table_args__ = (Index("ix_artifact_lineage_compile_run_id", "compile_run_id"),)
+
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"), primary_key=True)
+    compile_run_id: Mapped[str] = mapped_column(ForeignKey("compile_runs.id", ondelete="RESTRICT"))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)

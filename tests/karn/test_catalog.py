@@ -1,4 +1,4 @@
-"""Karn catalogue: contents, parameter validation, and the neutrality of fresh seeds."""
+"""Karn catalogue: contents, tiers, supported profiles, parameter validation, neutral fresh seeds."""
 
 from __future__ import annotations
 
@@ -15,20 +15,39 @@ from esper_core.karn.catalog import (
     default_catalog,
 )
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.rules import ProfileRule, UnsupportedProfileError
 
 PROFILE = ShapeProfile(feature_shape=(16,), batch_max=64)
+MAP_PROFILE = ShapeProfile(feature_shape=(8, 6, 6), batch_max=64)
 CATALOG = default_catalog()
 
 
-def test_catalogue_covers_every_tier() -> None:
+def _profile_for(blueprint_id: str) -> ShapeProfile:
+    return PROFILE if CATALOG.get(blueprint_id).descriptor.host_kinds == ("mlp",) else MAP_PROFILE
+
+
+def test_catalogue_covers_every_tier_for_both_host_kinds() -> None:
     descriptors = CATALOG.list()
-    assert len(descriptors) >= 5
-    assert {d.tier for d in descriptors} == set(BlueprintTier)
+    assert len(descriptors) >= 12
+    for kind in ("mlp", "cnn"):
+        assert {d.tier for d in CATALOG.list(host_kind=kind)} == set(BlueprintTier), kind
     assert {"residual_mlp", "lowrank_adapter", "norm_gate", "glu_block"} <= set(CATALOG.ids)
     for d in descriptors:
         assert 0.0 <= d.risk <= 1.0
-        assert d.host_kinds == ("mlp",)
+        assert d.host_kinds in (("mlp",), ("cnn",))
         assert len(d.description) > 40
+        assert CATALOG.get(d.blueprint_id).rule is not None, "every shipped blueprint states its profiles"
+
+
+def test_risk_bands_follow_the_tiers() -> None:
+    bands = {
+        BlueprintTier.SAFE: (0.0, 0.25),
+        BlueprintTier.EXPERIMENTAL: (0.3, 0.6),
+        BlueprintTier.HIGH_RISK: (0.75, 1),
+    }
+    for d in CATALOG.list():
+        low, high = bands[d.tier]
+        assert low <= d.risk <= high, d.blueprint_id
 
 
 def test_high_risk_blueprints_are_riskier_than_safe_ones() -> None:
@@ -38,12 +57,14 @@ def test_high_risk_blueprints_are_riskier_than_safe_ones() -> None:
 
 
 def test_list_filters() -> None:
-    assert [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.EXPERIMENTAL)] == [
+    assert [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.EXPERIMENTAL, host_kind="mlp")] == [
         "norm_gate",
         "glu_block",
+        "token_attention",
     ]
-    assert CATALOG.list(host_kind="cnn") == []
-    assert len(CATALOG.list(host_kind="mlp")) == len(CATALOG)
+    assert [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.HIGH_RISK)] == ["wide_mlp", "wide_conv"]
+    assert len(CATALOG.list(host_kind="mlp")) + len(CATALOG.list(host_kind="cnn")) == len(CATALOG)
+    assert CATALOG.list(host_kind="tensor") == []
 
 
 def test_default_catalog_is_cached() -> None:
@@ -90,10 +111,11 @@ def test_invalid_params_explain_the_fix(blueprint_id: str, overrides: dict[str, 
 @pytest.mark.parametrize("blueprint_id", CATALOG.ids)
 def test_every_blueprint_maps_shape_to_itself_and_starts_neutral(blueprint_id: str) -> None:
     bounds = CATALOG.get(blueprint_id).descriptor.param_bounds
-    # The largest parameters exercise the biggest shapes the bounds allow.
-    for params in ({}, {name: b.high for name, b in bounds.items()}):
-        seed = CATALOG.build(blueprint_id, PROFILE, params)
-        x = torch.randn(5, 16)
+    profile = _profile_for(blueprint_id)
+    # The smallest and the largest parameters exercise the extreme shapes the bounds allow.
+    for params in ({}, {n: b.low for n, b in bounds.items()}, {n: b.high for n, b in bounds.items()}):
+        seed = CATALOG.build(blueprint_id, profile, params)
+        x = torch.randn(5, *profile.feature_shape)
         delta = seed(x)
         assert delta.shape == x.shape
         assert torch.count_nonzero(delta) == 0, "a fresh seed must not perturb the host"
@@ -108,9 +130,56 @@ def test_build_casts_to_the_profile_dtype() -> None:
     assert {p.dtype for p in seed.parameters()} == {torch.bfloat16}
 
 
-def test_mlp_blueprints_reject_non_flat_profiles() -> None:
-    with pytest.raises(ValueError, match="needs a 1-D feature shape"):
-        CATALOG.build("residual_mlp", ShapeProfile(feature_shape=(4, 8, 8)))
+@pytest.mark.parametrize("blueprint_id", CATALOG.ids)
+def test_every_blueprint_refuses_the_other_host_kind(blueprint_id: str) -> None:
+    mlp = CATALOG.get(blueprint_id).descriptor.host_kinds == ("mlp",)
+    wrong = MAP_PROFILE if mlp else PROFILE
+    with pytest.raises(UnsupportedProfileError, match=rf"profile {wrong.name} .* does not fit .*esper catalog list"):
+        CATALOG.build(blueprint_id, wrong)
+    assert not CATALOG.get(blueprint_id).supports(wrong)
+    assert CATALOG.get(blueprint_id).supports(_profile_for(blueprint_id))
+
+
+@pytest.mark.parametrize(
+    ("blueprint_id", "profile", "fragment"),
+    [
+        ("token_attention", ShapeProfile(feature_shape=(18,)), "not a multiple of 4"),
+        ("token_attention", ShapeProfile(feature_shape=(4,)), "4 features < 8"),
+        ("spatial_attention", ShapeProfile(feature_shape=(4, 64, 64)), "4096 positions > 1024"),
+        ("squeeze_excitation", ShapeProfile(feature_shape=(1, 8, 8)), "1 features < 2"),
+    ],
+)
+def test_profile_rules_name_what_does_not_fit(blueprint_id: str, profile: ShapeProfile, fragment: str) -> None:
+    with pytest.raises(UnsupportedProfileError, match=fragment):
+        CATALOG.check_profile(blueprint_id, profile)
+
+
+def test_profile_rule_descriptions() -> None:
+    assert CATALOG.get("residual_mlp").describe_profiles() == "(F,) vectors; float32, float16, bfloat16"
+    assert CATALOG.get("spatial_attention").describe_profiles() == (
+        "(C, H, W) maps, C >= 2, H*W <= 1024; float32, float16, bfloat16"
+    )
+    assert CATALOG.get("token_attention").describe_profiles().startswith("(F,) vectors, F >= 8, F % 4 == 0")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"kind": "tensor"}, "kind must be one of"),
+        ({"kind": "mlp", "min_features": 0}, "must be >= 1"),
+        ({"kind": "mlp", "max_positions": 4}, "cnn rules only"),
+        ({"kind": "cnn", "dtypes": ("float64",)}, "subset"),
+    ],
+)
+def test_profile_rule_validation(kwargs: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        ProfileRule(**kwargs)  # type: ignore[arg-type]
+
+
+def test_rule_and_host_kinds_must_agree() -> None:
+    entry = CATALOG.get("residual_mlp")
+    with pytest.raises(ValueError, match="make them agree"):
+        Blueprint(descriptor=entry.descriptor, build=entry.build, rule=ProfileRule(kind="cnn"))
 
 
 def test_duplicate_ids_are_rejected() -> None:

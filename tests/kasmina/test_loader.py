@@ -4,31 +4,42 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from esper_core.contracts import BlueprintDescriptor, BlueprintTier, GuardSchema
+import esper_core.kasmina
+from esper_core.contracts import BlueprintDescriptor, BlueprintTier, GuardSchema, KernelArtifact
 from esper_core.karn.catalog import Blueprint, KarnCatalog, default_catalog
+from esper_core.karn.policy import ApprovalRequiredError
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import (
     EnvironmentMismatchError,
     GuardMismatchError,
+    QuarantineOnlyError,
     check_guard,
+    load_for_slot,
     load_kernel,
 )
+from esper_core.pipeline import compile_job, job_for, publish_kernel
 from esper_core.tezzeret.compiler import (
     CompiledKernel,
     TezzeretConfig,
     build_deterministic,
     compile_blueprint,
+    environment_key,
 )
+from esper_core.urza.errors import ArtifactNotFoundError
+from esper_core.urza.service import Urza
 from tests.helpers.runif import requires_cuda
 
 PROFILE = ShapeProfile(feature_shape=(16,), batch_max=64)
 FAST = TezzeretConfig(timing_iters=3, warmup_iters=1)
+FAST_CONFIG = FAST
 GUARD = GuardSchema(feature_shape=(16,), output_feature_shape=(16,), dtype="float32", batch_max=64)
 
 
@@ -179,3 +190,72 @@ def test_exported_kernel_on_cuda() -> None:
     x = torch.randn(8, 16, device="cuda")
     assert loaded.module(x).device.type == "cuda"
     loaded.module(x).sum().backward()
+
+
+# --------------------------------------------------------------------------- load_for_slot
+
+
+@pytest.fixture
+def urza(tmp_path: Path) -> Iterator[Urza]:
+    registry = Urza.open(tmp_path / "home")
+    yield registry
+    registry.close()
+
+
+def _publish(urza: Urza, blueprint_id: str, profile: ShapeProfile, **params: float) -> KernelArtifact:
+    catalog = default_catalog()
+    job = job_for(catalog, blueprint_id, profile.name, params=params, approved=[blueprint_id])
+    return publish_kernel(urza, catalog, compile_job(catalog, job, "cpu", config=FAST_CONFIG))
+
+
+def test_load_for_slot_checks_loads_and_prewarms_once(urza: Urza) -> None:
+    stored = _publish(urza, "lowrank_adapter", PROFILE, rank=2)
+    loaded = load_for_slot(urza, "lowrank_adapter", PROFILE, catalog=default_catalog())
+    assert loaded.artifact == stored and not loaded.fallback and loaded.inference is None
+    assert loaded.load_ms > 0 and loaded.first_use_ms is not None and loaded.first_use_ms > 0
+    assert loaded.module(torch.randn(3, 16)).shape == (3, 16)
+    cold = load_for_slot(urza, "lowrank_adapter", PROFILE, catalog=default_catalog(), prewarm=False)
+    assert cold.first_use_ms is None
+
+
+def test_load_for_slot_refuses_a_guard_mismatch_naming_both_shapes(urza: Urza) -> None:
+    _publish(urza, "lowrank_adapter", PROFILE)
+    wider_batches = ShapeProfile(feature_shape=(16,), batch_max=128)
+    # Lookups go by profile name; a row under the slot's name whose guard accepts smaller batches
+    # (as a registry written by another tool could hold) must be refused before it is loaded.
+    artifact = urza.store.find_active("lowrank_adapter", PROFILE.name, environment_key("cpu"))
+    assert artifact is not None
+    bogus = artifact.model_copy(update={"shape_profile": wider_batches.name})
+    urza.store.publish(bogus)
+    with pytest.raises(GuardMismatchError) as info:
+        load_for_slot(urza, "lowrank_adapter", wider_batches, catalog=default_catalog())
+    message = str(info.value)
+    assert "slot is (batch 128, 16) float32" in message and "artifact accepts (batch 1..64, 16) float32" in message
+    assert "batch 128 outside [1, 64]" in message
+
+
+def test_load_for_slot_enforces_the_tier_policy(urza: Urza) -> None:
+    _publish(urza, "glu_block", PROFILE)
+    with pytest.raises(ApprovalRequiredError, match="--approve glu_block"):
+        load_for_slot(urza, "glu_block", PROFILE, catalog=default_catalog())
+    assert load_for_slot(urza, "glu_block", PROFILE, catalog=default_catalog(), approved=["glu_block"]).module
+    with pytest.raises(QuarantineOnlyError, match="quarantine-only"):
+        load_for_slot(urza, "wide_mlp", PROFILE, catalog=default_catalog(), approved=["wide_mlp"])
+
+
+def test_load_for_slot_without_an_artifact_says_how_to_compile(urza: Urza) -> None:
+    with pytest.raises(ArtifactNotFoundError, match="esper catalog compile residual_mlp"):
+        load_for_slot(urza, "residual_mlp", PROFILE, catalog=default_catalog())
+
+
+def test_kasmina_never_compiles() -> None:
+    # Seed 003: all compilation happens in Tezzeret. Kasmina may deserialise compiled kernels
+    # and pre-populate caches, never call the compiler.
+    package = Path(esper_core.kasmina.__file__).parent
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sorted(package.glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"torch\.compile\s*\(|compile_aoti|compile_with_caches|aoti_compile", line)
+    ]
+    assert offenders == [], f"Kasmina must never compile: {offenders}"

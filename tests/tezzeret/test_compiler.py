@@ -1,4 +1,4 @@
-"""Tezzeret: export, numerics, guards, timing, determinism and the eager fallback."""
+"""Tezzeret (export backend): export, numerics, guards, timing, verdicts, determinism, fallback."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from esper_core.contracts import ArtifactKind, ArtifactStatus, BlueprintDescript
 from esper_core.karn.catalog import Blueprint, KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.tezzeret.compiler import (
+    Backend,
     CompiledKernel,
     TezzeretConfig,
     compile_blueprint,
@@ -46,6 +47,20 @@ class DataDependent(nn.Module):
         return -self.fc(x)
 
 
+class Drifting(nn.Module):
+    """Python-side state changes the output on every call: the export bakes the first value in,
+    so the exported program (correctly traced) differs from eager numerically."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.fc(x) * self.calls
+
+
 class WithDropout(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -75,10 +90,15 @@ def _build_with_dropout(profile: ShapeProfile, params: Mapping[str, float]) -> n
     return WithDropout(profile.feature_shape[0])
 
 
+def _build_drifting(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+    return Drifting(profile.feature_shape[0])
+
+
 TEST_CATALOG = KarnCatalog(
     [
         Blueprint(descriptor=_descriptor("data_dependent"), build=_build_data_dependent),
         Blueprint(descriptor=_descriptor("with_dropout"), build=_build_with_dropout),
+        Blueprint(descriptor=_descriptor("drifting"), build=_build_drifting),
     ]
 )
 
@@ -163,6 +183,8 @@ def test_prewarm_batches_are_clipped_to_the_profile() -> None:
         ({"timing_iters": 0}, "timing_iters"),
         ({"warmup_iters": -1}, "warmup_iters"),
         ({"rtol": -1.0}, "rtol and atol"),
+        ({"latency_budget_ms": 0.0}, "latency_budget_ms"),
+        ({"backend": "tvm"}, "backend must be one of"),
     ],
 )
 def test_config_validation(kwargs: dict[str, object], fragment: str) -> None:
@@ -174,14 +196,18 @@ def test_environment_key() -> None:
     key = environment_key(torch.device("cpu"))
     assert key.device_kind == "cpu" and key.compiler == "torch.export"
     assert "+" not in key.torch_version
+    assert environment_key("cpu", Backend.AOT_INDUCTOR).compiler == "aot_inductor"
+    assert environment_key("cpu", "aot_inductor") != key
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
         environment_key("meta")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        environment_key("cpu", "tvm")
 
 
 def test_user_errors_are_not_swallowed_by_the_fallback() -> None:
     with pytest.raises(ValueError, match="outside its bounds"):
         compile_blueprint(default_catalog(), "residual_mlp", PROFILE, {"expansion": 99}, config=FAST)
-    with pytest.raises(ValueError, match="needs a 1-D feature shape"):
+    with pytest.raises(ValueError, match="does not fit"):
         compile_blueprint(default_catalog(), "residual_mlp", ShapeProfile(feature_shape=(2, 4)), config=FAST)
 
 
@@ -200,3 +226,36 @@ def test_concurrent_compiles_in_threads_both_export() -> None:
     assert [k.artifact.kind for k in kernels] == [ArtifactKind.EXPORTED, ArtifactKind.EXPORTED], [
         k.artifact.fallback_reason for k in kernels
     ]
+
+
+def test_a_numeric_mismatch_is_quarantined_with_the_reason() -> None:
+    kernel = compile_blueprint(TEST_CATALOG, "drifting", PROFILE, config=FAST)
+    artifact = kernel.artifact
+    assert artifact.kind is ArtifactKind.EXPORTED and not artifact.fallback
+    assert artifact.status is ArtifactStatus.QUARANTINED
+    assert artifact.status_reason is not None
+    assert "exported program" in artifact.status_reason and "differs from eager" in artifact.status_reason
+
+
+def test_missing_the_latency_budget_is_quarantined_with_the_reason() -> None:
+    config = TezzeretConfig(timing_iters=3, warmup_iters=0, latency_budget_ms=1e-9)
+    artifact = compile_blueprint(default_catalog(), "lowrank_adapter", PROFILE, config=config).artifact
+    assert artifact.status is ArtifactStatus.QUARANTINED
+    assert artifact.status_reason is not None
+    assert artifact.status_reason.startswith("latency budget 1e-09 ms exceeded: b1 p50")
+
+
+def test_high_risk_blueprints_compile_but_are_quarantined() -> None:
+    artifact = compile_blueprint(default_catalog(), "wide_mlp", PROFILE, {"expansion": 1}, config=FAST).artifact
+    assert artifact.kind is ArtifactKind.EXPORTED
+    assert artifact.status is ArtifactStatus.QUARANTINED
+    assert artifact.status_reason is not None and "quarantine-only" in artifact.status_reason
+
+
+@pytest.mark.parametrize("blueprint_id", [d.blueprint_id for d in default_catalog().list(host_kind="cnn")])
+def test_every_conv_blueprint_exports_for_a_feature_map(blueprint_id: str) -> None:
+    profile = ShapeProfile(feature_shape=(4, 6, 6), batch_max=16)
+    config = TezzeretConfig(timing_iters=1, warmup_iters=0, prewarm_batches=(1, 16))
+    artifact = compile_blueprint(default_catalog(), blueprint_id, profile, config=config).artifact
+    assert artifact.kind is ArtifactKind.EXPORTED, artifact.fallback_reason
+    assert artifact.guard.feature_shape == artifact.guard.output_feature_shape == (4, 6, 6)

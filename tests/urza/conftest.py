@@ -1,4 +1,8 @@
-"""Urza fixtures: the same Protocol suite runs against SQLite and the in-memory store."""
+"""Urza fixtures: the same Protocol suite runs against SQLite, PostgreSQL and the in-memory store.
+
+PostgreSQL runs when its server binaries are installed (or ``ESPER_TEST_DB_URL`` names a
+server): one private server per session, one fresh database per test.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from esper_core.contracts import (
 from esper_core.urza.base import RegistryStore
 from esper_core.urza.memory import InMemoryRegistry
 from esper_core.urza.sql import SqlRegistry
+from tests.urza import postgres
 
 ENV = EnvironmentKey(torch_version="2.13.0", device_kind="cpu", compiler="torch.export")
 DESCRIPTOR = BlueprintDescriptor(
@@ -39,18 +44,49 @@ def fake_sha(content: str) -> str:
     return hashlib.sha256(content.encode()).hexdigest()
 
 
-@pytest.fixture(params=["sql", "memory"])
+_PG_SKIP = postgres.unavailable_reason()
+SQL_BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.skipif(_PG_SKIP is not None, reason=_PG_SKIP or "")),
+]
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    """Admin URL of the session's PostgreSQL server (started on first use)."""
+    with postgres.local_server() as url:
+        yield url
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of an empty registry database: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'registry.db'}"
+        return
+    admin = request.getfixturevalue("postgres_admin_url")
+    with postgres.fresh_database(admin) as url:
+        yield url
+
+
+@pytest.fixture(params=[*SQL_BACKENDS, pytest.param("memory", id="memory")])
 def registry_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RegistryStore]:
-    """A fresh store with ``residual_mlp`` registered: a real SQLite file, or in memory."""
-    store: RegistryStore
-    if request.param == "sql":
-        sql = SqlRegistry(f"sqlite:///{tmp_path / 'registry.db'}")
-        store = sql
-    else:
+    """A fresh store with ``residual_mlp`` registered: SQLite, PostgreSQL, or in memory."""
+    if request.param == "memory":
         store = InMemoryRegistry()
-    store.register_blueprint(DESCRIPTOR)
-    yield store
-    if request.param == "sql":
+        store.register_blueprint(DESCRIPTOR)
+        yield store
+        return
+    if request.param == "sqlite":
+        sql = SqlRegistry(f"sqlite:///{tmp_path / 'registry.db'}")
+        sql.register_blueprint(DESCRIPTOR)
+        yield sql
+        sql.close()
+        return
+    with postgres.fresh_database(request.getfixturevalue("postgres_admin_url")) as url:
+        sql = SqlRegistry(url)
+        sql.register_blueprint(DESCRIPTOR)
+        yield sql
         sql.close()
 
 

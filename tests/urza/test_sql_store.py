@@ -1,8 +1,8 @@
 """Urza's stores: RegistryStore semantics, then what only SQL has.
 
-The Protocol tests run against both SqlRegistry (a real SQLite file) and InMemoryRegistry; the
-SQL-only tests cover WAL, BEGIN IMMEDIATE, concurrent writer processes, error translation and
-lookup latency.
+The Protocol tests run against SqlRegistry (a real SQLite file and, when installed, a real
+PostgreSQL database) and InMemoryRegistry; the SQL-only tests cover WAL, BEGIN IMMEDIATE,
+concurrent writer and opener processes on both dialects, and error translation.
 """
 
 from __future__ import annotations
@@ -181,8 +181,10 @@ def test_writes_take_the_lock_up_front(sql_registry: SqlRegistry, make_artifact:
     assert statements[0] == "BEGIN"
 
 
-def test_data_survives_reopening(tmp_path: Path, make_artifact: MakeArtifact, descriptor: BlueprintDescriptor) -> None:
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
+def test_data_survives_reopening(
+    registry_url: str, make_artifact: MakeArtifact, descriptor: BlueprintDescriptor
+) -> None:
+    url = registry_url
     first = SqlRegistry(url)
     first.register_blueprint(descriptor)
     stored = first.publish(make_artifact())
@@ -212,15 +214,17 @@ _WRITER = textwrap.dedent(
 
 
 def test_two_writer_processes_never_hit_database_is_locked(
-    sql_registry: SqlRegistry, make_artifact: MakeArtifact
+    registry_url: str, make_artifact: MakeArtifact, descriptor: BlueprintDescriptor
 ) -> None:
+    sql_registry = SqlRegistry(registry_url)
+    sql_registry.register_blueprint(descriptor)
     count = 30
     root = Path(esper_core.urza.__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
-    args = [sql_registry.url, make_artifact().to_json()]
+    args = [registry_url, make_artifact().to_json()]
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _WRITER, *args, tag, str(count)],
@@ -235,6 +239,7 @@ def test_two_writer_processes_never_hit_database_is_locked(
         assert proc.returncode == 0, stderr
     versions = sorted(a.version for a in sql_registry.list_artifacts())
     assert versions == list(range(1, 2 * count + 1))
+    sql_registry.close()
 
 
 _OPENER = textwrap.dedent(
@@ -247,10 +252,10 @@ _OPENER = textwrap.dedent(
 )
 
 
-def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+def test_processes_opening_a_new_database_at_once_all_succeed(registry_url: str) -> None:
     # Regression: concurrent openers of a fresh file raced on WAL setup and CREATE TABLE
     # ("database is locked" from the compile tasks of one flow run).
-    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    url = registry_url
     root = Path(esper_core.urza.__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     procs = [
@@ -274,7 +279,7 @@ def test_threads_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> N
 
 
 def test_database_errors_are_translated_and_chained(tmp_path: Path) -> None:
-    with pytest.raises(RegistryError, match="could not create the schema") as info:
+    with pytest.raises(RegistryError, match="could not open the registry") as info:
         SqlRegistry(f"sqlite:///{tmp_path / 'no-such-dir' / 'registry.db'}")
     assert isinstance(info.value.__cause__, SQLAlchemyError)
 

@@ -1,0 +1,210 @@
+"""The blueprints Esper ships: seven for MLP hosts, seven for convolutional hosts, three tiers each.
+
+Risk scores order the blueprints within and across tiers: safe ones stay at or below 0.25,
+experimental ones sit between 0.3 and 0.6, high-risk ones at 0.75 or above (tests check it).
+"""
+
+from __future__ import annotations
+
+from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
+from esper_core.karn import blueprints as mlp
+from esper_core.karn import blueprints_conv as conv
+from esper_core.karn.catalog import Blueprint, BlueprintBuilder
+from esper_core.karn.rules import ProfileRule
+
+_SAFE, _EXPERIMENTAL, _HIGH_RISK = BlueprintTier.SAFE, BlueprintTier.EXPERIMENTAL, BlueprintTier.HIGH_RISK
+
+
+def _int_bound(low: int, high: int, default: int) -> ParamBound:
+    return ParamBound(low=low, high=high, default=default, integer=True)
+
+
+def _entry(
+    blueprint_id: str,
+    name: str,
+    tier: BlueprintTier,
+    risk: float,
+    rule: ProfileRule,
+    build: BlueprintBuilder,
+    description: str,
+    **bounds: ParamBound,
+) -> Blueprint:
+    descriptor = BlueprintDescriptor(
+        blueprint_id=blueprint_id,
+        name=name,
+        tier=tier,
+        host_kinds=(rule.kind,),
+        description=description,
+        risk=risk,
+        param_bounds=bounds,
+    )
+    return Blueprint(descriptor=descriptor, build=build, rule=rule)
+
+
+def _mlp_blueprints() -> list[Blueprint]:
+    vectors = ProfileRule(kind="mlp")
+    return [
+        _entry(
+            "residual_mlp",
+            "Residual MLP",
+            _SAFE,
+            0.2,
+            vectors,
+            mlp.build_residual_mlp,
+            "Two-layer GELU MLP (W -> expansion*W -> W) added as a residual delta; "
+            "general-purpose capacity for an under-fitting layer.",
+            expansion=_int_bound(1, 4, 2),
+        ),
+        _entry(
+            "lowrank_adapter",
+            "Low-rank adapter",
+            _SAFE,
+            0.1,
+            vectors,
+            mlp.build_lowrank_adapter,
+            "Linear bottleneck W -> rank -> W (LoRA-style); the cheapest increment, "
+            "for small corrections when the latency budget is tight.",
+            rank=_int_bound(1, 32, 4),
+        ),
+        _entry(
+            "bottleneck_mlp",
+            "Bottleneck MLP",
+            _SAFE,
+            0.15,
+            ProfileRule(kind="mlp", min_features=2),
+            mlp.build_bottleneck_mlp,
+            "Non-linear bottleneck W -> W/reduction -> W with GELU; a low-rank adapter that can "
+            "bend, for cheap non-linear corrections.",
+            reduction=_int_bound(2, 8, 4),
+        ),
+        _entry(
+            "norm_gate",
+            "Normalised gate",
+            _EXPERIMENTAL,
+            0.4,
+            vectors,
+            mlp.build_norm_gate,
+            "LayerNorm, then a W x W linear map scaled per feature by a sigmoid gate; "
+            "for layers whose activations drift in scale.",
+        ),
+        _entry(
+            "glu_block",
+            "Gated linear unit",
+            _EXPERIMENTAL,
+            0.5,
+            vectors,
+            mlp.build_glu_block,
+            "Gated linear unit (value * sigmoid(gate)) of hidden width expansion*W; "
+            "multiplicative interactions a plain MLP learns slowly.",
+            expansion=_int_bound(1, 4, 2),
+        ),
+        _entry(
+            "token_attention",
+            "Token attention",
+            _EXPERIMENTAL,
+            0.55,
+            ProfileRule(kind="mlp", min_features=2 * mlp.TOKEN_WIDTH, multiple_of=mlp.TOKEN_WIDTH),
+            mlp.build_token_attention,
+            f"Single-head self-attention over the W/{mlp.TOKEN_WIDTH} tokens of a feature vector; "
+            "lets distant feature groups interact within one layer.",
+            key_dim=_int_bound(4, 32, 8),
+        ),
+        _entry(
+            "wide_mlp",
+            "Wide MLP",
+            _HIGH_RISK,
+            0.8,
+            vectors,
+            mlp.build_wide_mlp,
+            "Three-layer GELU MLP with hidden width up to 8*W; large capacity jump, "
+            "costly in latency and prone to over-fitting.",
+            expansion=_int_bound(1, 8, 4),
+        ),
+    ]
+
+
+def _conv_blueprints() -> list[Blueprint]:
+    maps = ProfileRule(kind="cnn")
+    return [
+        _entry(
+            "conv_residual",
+            "Conv residual",
+            _SAFE,
+            0.2,
+            maps,
+            conv.build_conv_residual,
+            "Two 3x3 convolutions (C -> expansion*C -> C) with GELU, added as a residual delta; "
+            "a ResNet basic block's branch for an under-fitting conv layer.",
+            expansion=_int_bound(1, 4, 1),
+        ),
+        _entry(
+            "depthwise_separable",
+            "Depthwise-separable conv",
+            _SAFE,
+            0.15,
+            maps,
+            conv.build_depthwise_separable,
+            "Depthwise 3x3 convolution (optionally dilated) then a pointwise 1x1 channel mix; "
+            "spatial capacity at a fraction of a full convolution's cost.",
+            dilation=_int_bound(1, 3, 1),
+        ),
+        _entry(
+            "pointwise_adapter",
+            "Pointwise adapter",
+            _SAFE,
+            0.1,
+            maps,
+            conv.build_pointwise_adapter,
+            "Low-rank 1x1 bottleneck C -> rank -> C; the cheapest channel-mixing increment for "
+            "feature maps, no spatial context.",
+            rank=_int_bound(1, 32, 4),
+        ),
+        _entry(
+            "squeeze_excitation",
+            "Squeeze-excitation",
+            _EXPERIMENTAL,
+            0.35,
+            ProfileRule(kind="cnn", min_features=2),
+            conv.build_squeeze_excitation,
+            "Re-weights channels from globally pooled context (squeeze -> MLP -> tanh gate); "
+            "cheap, but changes every position of the map at once.",
+            reduction=_int_bound(1, 16, 4),
+        ),
+        _entry(
+            "group_norm_gate",
+            "Group-norm gate",
+            _EXPERIMENTAL,
+            0.45,
+            maps,
+            conv.build_group_norm_gate,
+            "GroupNorm over the map, then a 1x1 projection gated per channel and position by a "
+            "sigmoid; for conv layers whose activations drift in scale.",
+        ),
+        _entry(
+            "spatial_attention",
+            "Spatial attention",
+            _EXPERIMENTAL,
+            0.6,
+            ProfileRule(kind="cnn", min_features=2, max_positions=1024),
+            conv.build_spatial_attention,
+            "Single-head self-attention across the H*W positions of a map (1x1 projections); "
+            "global spatial context, cost grows with (H*W)^2.",
+            key_dim=_int_bound(4, 64, 16),
+        ),
+        _entry(
+            "wide_conv",
+            "Wide conv",
+            _HIGH_RISK,
+            0.85,
+            maps,
+            conv.build_wide_conv,
+            "Two 3x3 convolutions through up to 8*C channels; a large capacity jump, slow and "
+            "memory-hungry on big maps.",
+            expansion=_int_bound(1, 8, 4),
+        ),
+    ]
+
+
+def default_blueprints() -> list[Blueprint]:
+    """Every blueprint of the shipped catalogue, MLP ones first."""
+    return _mlp_blueprints() + _conv_blueprints()

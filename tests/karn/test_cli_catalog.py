@@ -1,0 +1,37 @@
+"""``esper catalog list|show``: every blueprint, its tier policy and profiles; clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from esper_cli.main import main
+from esper_core.karn.catalog import default_catalog
+
+
+def test_list_table_and_filters(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "list"]) == 0
+    out = capsys.readouterr().out
+    for blueprint_id in default_catalog().ids:
+        assert blueprint_id in out
+    assert main(["catalog", "list", "--host-kind", "cnn", "--tier", "safe", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["blueprint_id"] for r in rows] == ["conv_residual", "depthwise_separable", "pointwise_adapter"]
+
+
+def test_show_prints_policy_profiles_and_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "show", "spatial_attention"]) == 0
+    out = capsys.readouterr().out
+    assert "tier         experimental (compiled and germinated only with an explicit approval" in out
+    assert "profiles     (C, H, W) maps, C >= 2, H*W <= 1024" in out
+    assert "param        key_dim: integer in [4, 64], default 16" in out
+    assert main(["catalog", "show", "wide_conv", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["tier"] == "high_risk" and shown["profiles"].startswith("(C, H, W) maps")
+
+
+def test_unknown_blueprint_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "show", "resnet9000"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown blueprint 'resnet9000'" in err and "residual_mlp" in err
