@@ -33,6 +33,8 @@ class RunConfig:
     tamiyo: TamiyoConfig = field(default_factory=TamiyoConfig)
     blueprints: tuple[str, ...] = ("residual_mlp", "lowrank_adapter")
     """Blueprints compiled for this run's slots; Tamiyo chooses among them."""
+    approved_blueprints: tuple[str, ...] = ()
+    """Experimental-tier blueprints this run may germinate (Karn requires explicit approval)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -85,8 +87,8 @@ def digits_cnn() -> RunConfig:
         host=HostConfig(kind="cnn", hidden=(16, 32), slot_inputs=(1, 2)),
         trainer=TrainerConfig(lr=0.05, momentum=0.9),
         tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=2)),
-        # Vector blueprints fit the classifier's input slot; the conv slot waits for conv ones.
-        blueprints=("residual_mlp", "lowrank_adapter"),
+        # Vector blueprints fit the classifier's input slot, conv_residual the conv slot.
+        blueprints=("residual_mlp", "lowrank_adapter", "conv_residual"),
     )
 
 

@@ -8,6 +8,7 @@ the last commit, so nothing is lost or counted twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -30,12 +31,15 @@ from esper_core.contracts import (
 )
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.kasmina.loader import LoadedKernel, load_kernel
+from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.pipeline import slot_profiles
 from esper_core.recipes import RunConfig, get_recipe
 from esper_core.settings import EsperSettings
+from esper_core.simic.records import DecisionRecord, SimicStore, report_id_for
+from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.service import TamiyoService
+from esper_core.tamiyo.reporting import command_attributes, decision_metrics
+from esper_core.tamiyo.service import Decision, TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
 from esper_core.tezzeret.compiler import environment_key
 from esper_core.tolaria.build import build_trainer
@@ -43,6 +47,7 @@ from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointSto
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted, call_with_deadline
+from esper_core.urza.errors import RegistryError
 from esper_core.urza.service import Urza
 
 START_TAG = "start"
@@ -58,6 +63,10 @@ class RunHandle:
 
     run_id: str
     run_dir: str
+
+
+def _total_params(packet: SystemStatePacket) -> int:
+    return packet.host_params + sum(s.param_count for s in packet.seeds if s.stage.is_active)
 
 
 def epoch_tag(epoch: int, phase: str) -> str:
@@ -77,7 +86,10 @@ class RunSession:
         urza: Urza,
         catalog: KarnCatalog | None = None,
         extra_sink: TelemetrySink | None = None,
+        tamiyo: TamiyoService | None = None,
     ) -> None:
+        """``tamiyo``: a running Tamiyo to decide with (e.g. one shared by many runs of a
+        benchmark, already compiled); default: a new one from ``config.tamiyo``."""
         self.config = config
         self.settings = settings
         self.run_id = run_id
@@ -87,7 +99,12 @@ class RunSession:
         self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id, home=settings.home)
         self.manager = self.trainer.manager
         self.device = self.trainer.device
-        self.tamiyo = TamiyoService(config.tamiyo)
+        if tamiyo is None:
+            tamiyo = TamiyoService(config.tamiyo, cache_dir=settings.home / "cache" / "inductor")
+        self.tamiyo = tamiyo
+        # Field reports and decisions for Simic, in the registry database (None without SQL).
+        self.records = SimicStore.for_urza(urza)
+        self._decision_records: dict[str, DecisionRecord] = {}
         self.profiles = slot_profiles(config, self.trainer.data.feature_shape)
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints")
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
@@ -237,32 +254,49 @@ class RunSession:
 
         Tamiyo runs on a worker thread against a snapshot of the history; everything recorded
         here happens on the calling thread, so a late answer can never leak into a commit. A
-        missed deadline or an error yields a conservative WAIT.
+        missed deadline or an error yields a conservative WAIT and counts against Tamiyo's
+        circuit breaker; while the breaker is open she is not asked (WAIT, ``circuit_breaker``).
+        The decision is kept for Simic and recorded with the commit that applies it.
         """
         if not self.history:
             raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
-        history, candidates = tuple(self.history), self.candidates()
+        history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
         epoch = history[-1].epoch
-        outcome = call_with_deadline(
-            lambda: self.tamiyo.decide(history, candidates, run_id=self.run_id),
-            self.config.trainer.safety.tamiyo_deadline_ms,
-        )
-        metrics = [MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms")]
-        if outcome.timed_out or outcome.error is not None or outcome.value is None:
-            command = self.rails.tamiyo_missed(
-                epoch=epoch, run_id=self.run_id, elapsed_ms=outcome.elapsed_ms, error=outcome.error
+        # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.
+        refresh_policy(self.tamiyo, self.records, pinned=self.config.tamiyo.policy_version)
+        breaker = self.tamiyo.breaker
+        decision: Decision | None = None
+        metrics: list[MetricPoint] = []
+        if not breaker.allow():
+            # The breaker is open after repeated failures: do not ask Tamiyo this epoch.
+            decision = self.tamiyo.fallback_decision(
+                history, run_id=self.run_id, reason=f"circuit breaker open, last failure: {breaker.last_failure}"
             )
-        else:
-            decision = outcome.value
             command = decision.command
-            self.timings["decide_ms"].append(outcome.elapsed_ms)
-            self.timings["gnn_ms"].append(decision.gnn_latency_ms)
-            metrics += [
-                MetricPoint(name="tamiyo.gnn.inference.latency_ms", value=decision.gnn_latency_ms, unit="ms"),
-                MetricPoint(name="tamiyo.graph.coverage", value=decision.coverage),
-                MetricPoint(name="tamiyo.gnn.compile_enabled", value=0.0),
-            ]
+        else:
+            outcome = call_with_deadline(
+                lambda: self.tamiyo.decide(
+                    history, candidates, run_id=self.run_id, reports=reports, total_epochs=self.config.epochs
+                ),
+                self.config.trainer.safety.tamiyo_deadline_ms,
+            )
+            metrics.append(MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms"))
+            if outcome.timed_out or outcome.error is not None or outcome.value is None:
+                breaker.record_failure("timeout" if outcome.timed_out else f"{type(outcome.error).__name__}")
+                command = self.rails.tamiyo_missed(
+                    epoch=epoch, run_id=self.run_id, elapsed_ms=outcome.elapsed_ms, error=outcome.error
+                )
+            else:
+                breaker.record_success()
+                decision = outcome.value
+                command = decision.command
+                self.timings["decide_ms"].append(outcome.elapsed_ms)
+                self.timings["gnn_ms"].append(decision.gnn_latency_ms)
+                metrics += decision_metrics(decision)
         command = self.rails.filter(command)
+        if decision is not None:
+            record = DecisionRecord.from_decision(decision, history, candidates, total_epochs=self.config.epochs)
+            self._decision_records[command.command_id] = dataclasses.replace(record, command=command)
         rail_metrics, rail_events = self.rails.drain()
         self._outbox.append(
             TelemetryPacket(
@@ -275,7 +309,7 @@ class RunSession:
                     TelemetryEvent(
                         name="tamiyo.command",
                         message=command.reason,
-                        attributes={"action": command.action, "issued_by": command.issued_by},
+                        attributes=command_attributes(command, decision, breaker),
                     ),
                 ),
             )
@@ -303,7 +337,9 @@ class RunSession:
                 self._rollback(why=reason)
                 self.commands.append(command)
                 outcome = f"rejected: {reason}"
-        except ValueError as e:
+        except (ValueError, LookupError, RegistryError) as e:
+            # A command that cannot be carried out (unknown slot, no kernel, a corrupt blob, a
+            # refused gate) is rejected and reported; the run goes on without it.
             outcome = f"rejected: {e}"
             events.append(
                 TelemetryEvent(
@@ -340,7 +376,7 @@ class RunSession:
             slot = self.manager.slots.get(command.slot_id)
             if slot is None:
                 raise ValueError(f"unknown slot {command.slot_id!r}; slots: {sorted(self.manager.slots)}")
-            kernel = self._fetch_kernel(command.blueprint_id, slot.profile.name)
+            kernel = self._fetch_kernel(command.blueprint_id, slot.profile)
             metrics.append(
                 MetricPoint(
                     name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": command.slot_id}
@@ -363,14 +399,18 @@ class RunSession:
         elif op is SeedOperation.CULL:
             self.manager.cull(command.slot_id or "", reason=command.reason)
 
-    def _fetch_kernel(self, blueprint_id: str, profile: str) -> LoadedKernel:
-        artifact = self.urza.store.find_active(blueprint_id, profile, environment_key(self.device))
-        if artifact is None:
-            raise ValueError(
-                f"Urza has no active {blueprint_id} artifact for {profile}; "
-                f"run `esper catalog compile {blueprint_id}` first"
-            )
-        return self._load_kernel(artifact)
+    def _fetch_kernel(self, blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
+        # Tier policy, newest active artifact, guards against the slot before any bytes load,
+        # SHA-256 on read; the seed manager pre-warms once it is attached.
+        return load_for_slot(
+            self.urza,
+            blueprint_id,
+            profile,
+            catalog=self.catalog,
+            device=self.device,
+            approved=self.config.approved_blueprints,
+            prewarm=False,
+        )
 
     def _load_kernel(self, artifact: KernelArtifact) -> LoadedKernel:
         # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.
@@ -387,12 +427,19 @@ class RunSession:
             outcome = (
                 Outcome.NEUTRAL if abs(rel) <= _NEUTRAL_BAND else (Outcome.SUCCESS if rel < 0 else Outcome.REGRESSION)
             )
+            deltas = {"val_loss": packet.val_loss - loss0, "val_accuracy": packet.val_accuracy - acc0}
+            before = next((p for p in self.history if p.epoch == command.epoch), None)
+            if before is not None:
+                deltas["train_loss"] = packet.train_loss - before.train_loss
+                deltas["params"] = float(_total_params(packet) - _total_params(before))
             report = FieldReport(
+                # Derived from the command: re-judging it after a retry gives the same report id.
+                report_id=report_id_for(command),
                 run_id=self.run_id,
                 command=command,
                 outcome=outcome,
                 observation_epochs=waited,
-                metric_deltas={"val_loss": packet.val_loss - loss0, "val_accuracy": packet.val_accuracy - acc0},
+                metric_deltas=deltas,
             )
             self.reports.append(report)
             self._report_outbox.append(report)
@@ -401,7 +448,12 @@ class RunSession:
     # ------------------------------------------------------------------ commits
 
     def commit(self, tag: str) -> None:
-        """Checkpoint everything under ``tag``, then release the step's telemetry and reports."""
+        """Checkpoint everything under ``tag``, then release the step's telemetry and reports.
+
+        Field reports and applied decisions go to the registry database first (idempotent by id),
+        so whatever a checkpoint holds is already recorded when the run dies right after it.
+        """
+        self._record_for_simic()
         state = {
             "trainer": self.trainer.state_dict(),
             "history": [p.to_json() for p in self.history],
@@ -421,6 +473,14 @@ class RunSession:
                 f.writelines(r.to_json() + "\n" for r in self._report_outbox)
         self._outbox.clear()
         self._report_outbox.clear()
+
+    def _record_for_simic(self) -> None:
+        applied = {c.command_id for c in self.commands}
+        decisions = [r for command_id, r in self._decision_records.items() if command_id in applied]
+        if self.records is not None:
+            self.records.record(reports=self._report_outbox, decisions=decisions)
+        # Decisions never applied (their task was retried) are dropped with the rest.
+        self._decision_records.clear()
 
     def restore(self, tag: str | None = None) -> None:
         """Return to the committed state ``tag`` (default: the latest commit), escalation included."""
