@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # dependency from pulling the (several GB) CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install install-test run test test-fast lint bench clean
+.PHONY: install install-test run test test-fast lint bench server deploy clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,16 @@ test-fast: install-test
 
 bench: install
 	$(BIN)/esper bench seed-reference
+
+## server: local Prefect server (UI http://127.0.0.1:4200, database under ESPER_HOME) and a
+## worker for the esper pool, in the foreground; Ctrl-C stops both. PORT=4201 to move it.
+PORT ?= 4200
+server: install
+	$(BIN)/esper server start --port $(PORT)
+
+## deploy: register every deployment of prefect.yaml with the server `make server` runs
+deploy: install
+	$(BIN)/esper server deploy --port $(PORT)
 
 clean:
 	rm -rf $(VENV) .esper .pytest_cache

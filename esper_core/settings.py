@@ -1,7 +1,8 @@
 """Service settings (where things live), kept apart from training hyperparameters.
 
 Read from ``ESPER_*`` environment variables, e.g. ``ESPER_HOME=/data/esper``,
-``ESPER_REGISTRY_URL=postgresql+psycopg://...``, ``ESPER_PROMETHEUS_PORT=9464``.
+``ESPER_REGISTRY_URL=postgresql+psycopg://...``, ``ESPER_PROMETHEUS_PORT=9464``,
+``ESPER_PUSHGATEWAY_URL=http://127.0.0.1:9091``, ``ESPER_DASK_ADDRESS=tcp://127.0.0.1:8786``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ class EsperSettings(BaseSettings):
         ge=0,
         le=65535,
         description="Serve Prometheus metrics on this port while flows run; unset: no server.",
+    )
+    pushgateway_url: str | None = Field(
+        default=None,
+        description="Also push Prometheus metrics to this Pushgateway (e.g. http://127.0.0.1:9091), "
+        "for workers too short-lived or too far away to be scraped; unset: no pushing.",
+    )
+    dask_address: str | None = Field(
+        default=None,
+        description="Dask scheduler (tcp://host:8786) the distributed deployments fan out on; "
+        "unset: each such flow run starts a temporary local Dask cluster.",
     )
 
     @field_validator("home")

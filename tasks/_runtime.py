@@ -6,7 +6,9 @@ a task in another process (or after a crash) reopens the run from its last commi
 
 from __future__ import annotations
 
+import atexit
 import functools
+import logging
 import threading
 
 from prometheus_client import CollectorRegistry
@@ -14,7 +16,10 @@ from prometheus_client import CollectorRegistry
 from esper_core.session import RunHandle, RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import FanoutSink, JsonlSink, PrometheusSink, TelemetrySink, serve
+from esper_core.telemetry.catalog import help_text
+from esper_core.telemetry.push import PushingSink
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _sessions: dict[str, RunSession] = {}
 
@@ -25,13 +30,35 @@ def settings() -> EsperSettings:
 
 
 @functools.cache
-def prometheus() -> PrometheusSink:
-    """The process's Prometheus sink; served over HTTP when ``ESPER_PROMETHEUS_PORT`` is set."""
+def prometheus() -> PrometheusSink | PushingSink:
+    """The process's Prometheus sink.
+
+    Served at ``http://127.0.0.1:<ESPER_PROMETHEUS_PORT>/metrics`` when that is set, and pushed
+    to ``ESPER_PUSHGATEWAY_URL`` when that is set (both may be). Metric help texts come from
+    the telemetry catalogue.
+    """
     registry = CollectorRegistry()
-    port = settings().prometheus_port
-    if port is not None:
-        serve(port, registry)
-    return PrometheusSink(registry)
+    s = settings()
+    if s.prometheus_port is not None:
+        try:
+            # Loopback only: a Prometheus elsewhere reads the Pushgateway or a local agent.
+            serve(s.prometheus_port, registry, addr="127.0.0.1")
+        except OSError as e:
+            # Two flow-run processes on one machine cannot share the port; the second one
+            # trains on (metrics still go to telemetry.jsonl and any Pushgateway).
+            log.warning(
+                "cannot serve Prometheus metrics on 127.0.0.1:%d (%s); another Esper process holds it? "
+                "Set ESPER_PUSHGATEWAY_URL for concurrent flow runs",
+                s.prometheus_port,
+                e,
+            )
+    sink = PrometheusSink(registry, describe=help_text)
+    if s.pushgateway_url:
+        pushing = PushingSink(sink, url=s.pushgateway_url)
+        # Packets push at most every few seconds; the last values go out when the process ends.
+        atexit.register(pushing.push)
+        return pushing
+    return sink
 
 
 def service_sink() -> TelemetrySink:

@@ -1,4 +1,9 @@
-"""Prefect artifacts a person looks at in the UI: tables and the run report."""
+"""Prefect artifacts a person looks at in the UI: tables, markdown reports and plots.
+
+Plots are PNGs embedded as ``data:`` URIs (in an image artifact and in the markdown report), so
+the UI shows them without a file server; the same PNG is also written next to the run's or the
+sweep's other outputs.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +11,136 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from bench.sweep import SweepReport, render_markdown
 from esper_core.reports import RunSummary
+from esper_core.telemetry.plots import EpochPoint, SeedMark, data_uri, latency_png, run_curves_png
+
+_QUIET_ACTIONS = frozenset({"wait", "pause"})
 
 
-@task(name="publish-run-artifacts", cache_policy=NO_CACHE, tags=["nissa"])
+def _key(text: str) -> str:
+    """An artifact key: lower-case letters, digits and dashes only (Prefect's rule)."""
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def seed_marks(epochs: list[dict[str, Any]]) -> list[SeedMark]:
+    """One mark per epoch with a seed event: a command other than wait, or a stage change."""
+    marks = []
+    stages: dict[str, str] = {}
+    for row in epochs:
+        parts = []
+        if row["action"] not in _QUIET_ACTIONS:
+            parts.append(" ".join(p for p in (row["action"], row.get("slot", ""), row.get("blueprint", "")) if p))
+        for slot, stage in row.get("seeds", {}).items():
+            if stages.get(slot, "dormant") != stage:
+                parts.append(f"{slot}->{stage}")
+            stages[slot] = stage
+        if parts:
+            marks.append(SeedMark(epoch=row["epoch"], label="; ".join(parts)))
+    return marks
+
+
+def seed_table(summary: RunSummary, epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per slot: final stage, when it first left DORMANT, and its stage history."""
+    history: dict[str, list[str]] = {slot: [] for slot in summary.seeds}
+    first_active: dict[str, int] = {}
+    last: dict[str, str] = {}
+    for row in epochs:
+        # Packets show the stage at the end of training; a germination happens after it (when
+        # the epoch's command is applied), so it comes from the command.
+        for slot, stage in row.get("seeds", {}).items():
+            if last.get(slot, "dormant") != stage:
+                history.setdefault(slot, []).append(f"{stage}@{row['epoch']}")
+                if stage != "dormant":
+                    first_active.setdefault(slot, row["epoch"])
+            last[slot] = stage
+        if row["action"] == "germinate" and row.get("slot"):
+            history.setdefault(row["slot"], []).append(f"germinated@{row['epoch']}")
+            first_active.setdefault(row["slot"], row["epoch"])
+            last[row["slot"]] = "germinated"
+    return [
+        {
+            "slot": slot,
+            "final stage": final,
+            "first active epoch": first_active.get(slot, ""),
+            "stages": " -> ".join(history.get(slot, [])) or "dormant throughout",
+        }
+        for slot, final in summary.seeds.items()
+    ]
+
+
+# NO_CACHE: artifacts describe this run; a cached no-op would leave the UI without them.
+@task(name="publish-run-artifacts", cache_policy=NO_CACHE)
 def publish_run_artifacts(summary: RunSummary, epochs: list[dict[str, Any]]) -> None:
-    """Publish the per-epoch table, the seed table and the markdown report of a run."""
-    key = summary.recipe.replace("_", "-")
-    create_table_artifact(key=f"{key}-epochs", table=epochs, description=f"Epochs of run {summary.run_id}")
+    """Publish the run's curves (with seed events marked), epoch and seed tables, and report."""
+    key = _key(summary.recipe)
+    table = [
+        {k: (v if k != "seeds" else ", ".join(f"{s}:{g}" for s, g in v.items())) for k, v in r.items()} for r in epochs
+    ]
+    create_table_artifact(key=f"{key}-epochs", table=table, description=f"Epochs of run {summary.run_id}")
     create_table_artifact(
-        key=f"{key}-seeds",
-        table=[{"slot": slot, "final stage": stage} for slot, stage in summary.seeds.items()],
-        description=f"Seeds of run {summary.run_id}",
+        key=f"{key}-seeds", table=seed_table(summary, epochs), description=f"Seeds of run {summary.run_id}"
+    )
+    report = (Path(summary.run_dir) / "report.md").read_text()
+    if epochs:
+        points = [
+            EpochPoint(
+                epoch=r["epoch"], train_loss=r["train_loss"], val_loss=r["val_loss"], val_accuracy=r["val_accuracy"]
+            )
+            for r in epochs
+        ]
+        png = run_curves_png(points, seed_marks(epochs), title=f"{summary.run_id} ({summary.recipe})")
+        (Path(summary.run_dir) / "curves.png").write_bytes(png)
+        uri = data_uri(png)
+        create_image_artifact(
+            image_url=uri,
+            key=f"{key}-curves",
+            description=f"Loss and accuracy of run {summary.run_id}, seed events marked",
+        )
+        report += f"\n## Curves\n\n![loss and accuracy]({uri})\n"
+    create_markdown_artifact(key=f"{key}-report", markdown=report, description=f"Report of run {summary.run_id}")
+
+
+# NO_CACHE: the sweep's artifacts must always be this sweep's.
+@task(name="publish-sweep-artifacts", cache_policy=NO_CACHE)
+def publish_sweep_artifacts(report: SweepReport) -> None:
+    """Publish the results table with ratios, the latency plot and the markdown report."""
+    key = _key(f"sweep-{report.sweep}")
+    create_table_artifact(
+        key=f"{key}-results",
+        table=report.table(),
+        description=f"Sweep {report.name} against {report.previous or 'nothing (first sweep)'}",
+    )
+    png = latency_png(report.distributions, title=f"sweep {report.name}: ms per epoch")
+    (Path(report.directory) / "latency.png").write_bytes(png)
+    uri = data_uri(png)
+    create_image_artifact(
+        image_url=uri, key=f"{key}-latency", description=f"Latency distributions of sweep {report.name}"
     )
     create_markdown_artifact(
-        key=f"{key}-report",
-        markdown=(Path(summary.run_dir) / "report.md").read_text(),
-        description=f"Report of run {summary.run_id}",
+        key=f"{key}-report", markdown=render_markdown(report, plot_uri=uri), description=f"Sweep {report.name}"
     )
+
+
+# NO_CACHE: drill results are only meaningful for this run of the drills.
+@task(name="publish-drill-artifacts", cache_policy=NO_CACHE)
+def publish_drill_artifacts(results: list[dict[str, Any]]) -> None:
+    """A table of every check of every drill (held or not), and one of the numbers they saw."""
+    checks = [
+        {"drill": r["drill"], "check": check, "held": bool(held)}
+        for r in results
+        for check, held in r.get("checks", {"passed": r.get("passed", True)}).items()
+    ]
+    create_table_artifact(key="fault-drills", table=checks, description="Fault drills: the checks each drill made")
+    numbers = [
+        {"drill": r["drill"], "metric": name, "value": value if isinstance(value, int | float) else str(value)}
+        for r in results
+        for name, value in r.get("metrics", {}).items()
+    ]
+    if numbers:
+        create_table_artifact(
+            key="fault-drills-telemetry", table=numbers, description="What telemetry reported during the drills"
+        )

@@ -3,18 +3,31 @@
 Every task takes the run's ``RunHandle`` and the epoch it works on, and first brings the live
 session to the commit that step starts from; a retry therefore restores and reproduces the
 original exactly. Training is never cached (``NO_CACHE``): an epoch is a side effect on the run.
+
+No tags: Prefect 3.8 makes one concurrency-slot API call for every run of a task that has tags
+(limits or not), which cost 0.4-0.9 s a task against the temporary server on our 2 busy cores
+(``esper bench orchestration``: 79-89 % overhead with tags, 41-55 % without). Per-epoch tasks
+run 30 times a run, so they carry none; the task names say which subsystem works.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
+from esper_core._capabilities import resolve_device
 from esper_core.contracts import AdaptationCommand
+from esper_core.data import load_dataset
+from esper_core.karn.catalog import default_catalog
+from esper_core.pipeline import find_published, plan_compile_jobs
+from esper_core.recipes import get_recipe
 from esper_core.reports import RunSummary, finish_run
 from esper_core.session import START_TAG, RunHandle, RunSession, epoch_tag
+from esper_core.urza.service import Urza
 from tasks._runtime import forget, prometheus, remember, session_for, settings
 
 
@@ -43,9 +56,46 @@ def _before(epoch: int) -> str:
     return START_TAG if epoch == 0 else epoch_tag(epoch - 1, "applied")
 
 
-@task(name="start-run", retries=1, cache_policy=NO_CACHE, tags=["tolaria"])
+def flow_run_id_default() -> str | None:
+    """The run id of the Prefect flow run this task belongs to: ``<flow run name>-<id[:8]>``.
+
+    E.g. ``crimson-tortoise-3fa2b1c4``, the name the UI shows. Stable across re-executions of
+    the same flow run (a retry, or a rescheduled run whose worker died), so such a re-execution
+    reopens the run and resumes from its last committed epoch instead of starting over.
+    ``None`` outside a flow run.
+    """
+    run_uuid = flow_run.get_id()
+    if run_uuid is None:
+        return None
+    return f"{flow_run.get_name()}-{str(run_uuid).replace('-', '')[:8]}"
+
+
+# NO_CACHE: the registry changes under us (another worker may publish or retire kernels).
+@task(name="kernels-ready", retries=1, cache_policy=NO_CACHE)
+def kernels_ready(recipe: str, device: str) -> bool:
+    """Whether Urza holds an active kernel here for every (blueprint, slot profile) of ``recipe``.
+
+    When it does, the morphogenesis flow skips its ``compile_catalog`` subflow, which would only
+    confirm what is published at the cost of a whole flow run (~1-5 s of Prefect overhead here).
+    """
+    config = get_recipe(recipe)
+    jobs = plan_compile_jobs(config, feature_shape=load_dataset(config.data).feature_shape, catalog=default_catalog())
+    s = settings()
+    urza = Urza.open(s.home, s.registry_db_url)
+    try:
+        return all(find_published(urza, job, resolve_device(device)) is not None for job in jobs)
+    finally:
+        urza.close()
+
+
+@task(name="start-run", retries=1, cache_policy=NO_CACHE)
 def start_run(recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None) -> RunStart:
-    """Create the run (or reopen ``run_id``) and report which epoch comes next."""
+    """Create the run (or reopen it) and report which epoch comes next.
+
+    Without ``run_id`` the run is named after the flow run (``flow_run_id_default``), so a flow
+    run executed again after a crash continues its own run.
+    """
+    run_id = run_id or flow_run_id_default()
     session = RunSession.create(
         recipe=recipe,
         settings=settings(),
@@ -56,17 +106,30 @@ def start_run(recipe: str, epochs: int | None, device: str, seed: int | None, ru
         extra_sink=prometheus(),
     )
     remember(session)
+    if session.epoch > 0:
+        get_run_logger().info(
+            "resuming run %s at epoch %d (last commit %s)", session.run_id, session.epoch, session.committed_tag
+        )
     # A run reopened after an 'applied' commit resumes at the following epoch.
     return RunStart(handle=session.handle, epochs=session.config.epochs, next_epoch=session.epoch)
 
 
-@task(name="train-epoch", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["tolaria"])
+@task(name="train-epoch", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def train_epoch(handle: RunHandle, epoch: int) -> EpochReport:
-    """Train epoch ``epoch`` from the commit before it, then commit it."""
+    """Train epoch ``epoch`` from the commit before it, then commit it.
+
+    An epoch already committed (by an execution that died before its decision was applied) is
+    restored, not trained again, so its telemetry and field reports are not written twice.
+    """
     session = session_for(handle)
-    session.ensure_at(_before(epoch))
-    packet = session.train_epoch()
-    session.commit(epoch_tag(epoch, "trained"))
+    trained = epoch_tag(epoch, "trained")
+    if session.checkpoints.path(trained).exists():
+        session.ensure_at(trained)
+        packet = session.history[-1]
+    else:
+        session.ensure_at(_before(epoch))
+        packet = session.train_epoch()
+        session.commit(trained)
     return EpochReport(
         epoch=packet.epoch,
         train_loss=packet.train_loss,
@@ -77,7 +140,7 @@ def train_epoch(handle: RunHandle, epoch: int) -> EpochReport:
     )
 
 
-@task(name="evaluate-epoch", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["tamiyo"])
+@task(name="evaluate-epoch", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def evaluate_epoch(handle: RunHandle, epoch: int) -> AdaptationCommand:
     """Tamiyo's decision on the state after epoch ``epoch``."""
     session = session_for(handle)
@@ -85,7 +148,7 @@ def evaluate_epoch(handle: RunHandle, epoch: int) -> AdaptationCommand:
     return session.decide()
 
 
-@task(name="apply-command", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["kasmina"])
+@task(name="apply-command", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def apply_command(handle: RunHandle, epoch: int, command: AdaptationCommand) -> str:
     """Carry out Tamiyo's command and commit the result."""
     session = session_for(handle)
@@ -95,7 +158,31 @@ def apply_command(handle: RunHandle, epoch: int, command: AdaptationCommand) -> 
     return outcome
 
 
-@task(name="finish-run", retries=1, cache_policy=NO_CACHE, tags=["tolaria"])
+@task(name="run-history", retries=1, cache_policy=NO_CACHE)
+def run_history(handle: RunHandle) -> list[dict[str, Any]]:
+    """One row per committed epoch (all of them, also those before a resume): curves, command, seeds."""
+    session = session_for(handle)
+    session.ensure_at(session.checkpoints.latest() or START_TAG)
+    commands = {c.epoch: c for c in session.commands}
+    rows = []
+    for packet in session.history:
+        command = commands.get(packet.epoch)
+        rows.append(
+            {
+                "epoch": packet.epoch,
+                "train_loss": round(packet.train_loss, 4),
+                "val_loss": round(packet.val_loss, 4),
+                "val_accuracy": round(packet.val_accuracy, 4),
+                "action": command.action if command is not None else "",
+                "slot": (command.slot_id or "") if command is not None else "",
+                "blueprint": (command.blueprint_id or "") if command is not None else "",
+                "seeds": {s.slot_id: s.stage.value for s in packet.seeds},
+            }
+        )
+    return rows
+
+
+@task(name="finish-run", retries=1, cache_policy=NO_CACHE)
 def finish(handle: RunHandle) -> RunSummary:
     """Test accuracy, summary, baseline and report; closes the live session."""
     session = session_for(handle)

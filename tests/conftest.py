@@ -44,6 +44,8 @@ def esper_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EsperSettings
     monkeypatch.setenv("ESPER_HOME", str(home))
     monkeypatch.delenv("ESPER_REGISTRY_URL", raising=False)
     monkeypatch.delenv("ESPER_PROMETHEUS_PORT", raising=False)
+    monkeypatch.delenv("ESPER_PUSHGATEWAY_URL", raising=False)
+    monkeypatch.delenv("ESPER_DASK_ADDRESS", raising=False)
     return EsperSettings()
 
 

@@ -136,6 +136,11 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (readers see the old file or the new one, never a part)."""
+    _atomic_write(Path(path), text)
+
+
 def load_baseline(path: str | Path) -> dict[str, Any]:
     """Read and check a baseline written by ``write_baseline``.
 

@@ -80,14 +80,19 @@ class PrometheusSink:
         registry: Where the metrics live. Defaults to a fresh ``CollectorRegistry`` (not the
             process-global ``REGISTRY``), so tests and concurrent runs stay isolated; pass the
             registry that ``serve`` exposes.
+        describe: Help text of a dotted metric name, or ``None`` to use a generic one (pass
+            ``esper_core.telemetry.catalog.help_text`` to expose the catalogue's descriptions).
 
     Raises:
         ValueError: If the registry already holds the sink's own families (a second sink on the
             same registry).
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, describe: Callable[[str], str | None] | None = None
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._describe = describe
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}  # keyed by Prometheus base name
         self._updates: dict[tuple[str, str, _LabelItems], _Update] = {}
@@ -183,7 +188,8 @@ class PrometheusSink:
             family = self._families.get(base_name)
             if family is None:
                 unit = f" ({point.unit})" if point.unit else ""
-                help_text = f"Esper metric {point.name}{unit}"
+                described = self._describe(point.name) if self._describe is not None else None
+                help_text = f"{described or 'Esper metric ' + point.name}{unit}"
                 labels = (*label_keys, "source")
                 if is_counter:
                     self._register(point.name, Counter, base_name, help_text, labels)

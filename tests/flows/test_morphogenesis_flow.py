@@ -29,6 +29,23 @@ def test_morphogenesis_compiles_trains_and_grows(esper_home: EsperSettings) -> N
     urza.close()
     assert artifacts and all(a.kind is ArtifactKind.EXPORTED for a in artifacts), [a.fallback_reason for a in artifacts]
     assert json.loads((run_dir / "summary.json").read_text())["run_id"] == "flow"
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_run_artifacts_show_curves_with_seed_events_and_a_seed_table(compiled_home: EsperSettings) -> None:
+    from prefect.client.orchestration import get_client
+
+    from flows.morphogenesis import morphogenesis
+
+    summary = morphogenesis(recipe="seed-reference", epochs=4, device="cpu", seed=0)
+    assert summary.run_id.endswith(tuple("0123456789abcdef"))  # named after the flow run
+    with get_client(sync_client=True) as client:
+        latest = {a.key: a for a in sorted(client.read_artifacts(), key=lambda a: a.created)}
+    curves, seeds, report = (latest[f"seed-reference-{k}"] for k in ("curves", "seeds", "report"))
+    assert curves.type == "image" and str(curves.data).startswith("data:image/png;base64,")
+    assert "![loss and accuracy](data:image/png;base64," in str(report.data)
+    rows = json.loads(seeds.data) if isinstance(seeds.data, str) else seeds.data
+    assert [r["slot"] for r in rows] == list(summary.seeds) and all(r["stages"] for r in rows), rows
 
 
 def test_retried_epoch_task_reproduces_the_run(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,29 +5,95 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import yaml
 from prefect import Flow
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The public parameter set of each deployed flow (practice 7: add a recipe or a named sweep,
+# not a parameter). Changing one of these is an interface change: update the snapshot on purpose.
+PARAMETERS = {
+    "morphogenesis": ["recipe", "epochs", "device", "seed", "run_id"],
+    "compile_catalog": ["recipe", "blueprints", "device", "backend", "approve"],
+    "benchmark_sweep": ["sweep", "workloads", "max_regression", "baselines_dir"],
+    "fault_drills": ["drills"],
+    "train_policy": ["recipes", "plan", "device"],
+}
+
+
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "prefect.yaml").read_text())
+
 
 def _deployments() -> list[dict]:
-    return yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    return _config()["deployments"]
+
+
+def _load(entrypoint: str) -> Flow:
+    path, name = entrypoint.split(":")
+    spec = importlib.util.spec_from_file_location(f"entry_{name}", ROOT / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    flow = getattr(module, name)
+    assert isinstance(flow, Flow), entrypoint
+    return flow
 
 
 def test_every_entrypoint_is_a_flow() -> None:
     deployments = _deployments()
     assert {d["entrypoint"].split(":")[1] for d in deployments} >= {"morphogenesis", "compile_catalog"}
     for d in deployments:
-        path, name = d["entrypoint"].split(":")
-        spec = importlib.util.spec_from_file_location(f"entry_{name}", ROOT / path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        assert isinstance(getattr(module, name), Flow), d["entrypoint"]
+        _load(d["entrypoint"])
 
 
 def test_deployments_use_the_shared_pool_and_schema_enforcement() -> None:
+    config = _config()
+    pool = config["definitions"]["work_pools"]["esper_process"]
     for d in _deployments():
-        assert d["work_pool"]["name"] == "esper"
+        assert d["work_pool"] == pool, d["name"]  # the anchor, not a copy that can drift
         assert d["enforce_parameter_schema"] is True
+
+
+def test_every_flow_is_deployed_once_per_name() -> None:
+    names = [(_load(d["entrypoint"]).name, d["name"]) for d in _deployments()]
+    assert len(names) == len(set(names)), names
+    flows = {flow for flow, _ in names}
+    expected = {"morphogenesis", "compile_catalog", "benchmark_sweep", "fault_drills", "train_policy"}
+    assert flows >= expected, f"deploy every flow in prefect.yaml; missing {sorted(expected - flows)}"
+
+
+def test_deployment_parameters_pass_the_flow_schema() -> None:
+    for d in _deployments():
+        flow = _load(d["entrypoint"])
+        flow.validate_parameters(d.get("parameters") or {})  # raises ParameterTypeError when wrong
+
+
+@pytest.mark.parametrize("flow_name", sorted(PARAMETERS))
+def test_public_parameter_set_is_pinned(flow_name: str) -> None:
+    # Every deployment of the flow (the Dask ones too) takes the same parameters.
+    flows = [f for d in _deployments() if (f := _load(d["entrypoint"])).name == flow_name]
+    assert flows
+    for flow in flows:
+        assert list(flow.parameters.properties) == PARAMETERS[flow_name], (
+            f"{flow_name}'s parameters changed; prefer a recipe or named sweep over a new parameter, "
+            "and update PARAMETERS here (and flows/scale_out.py) if the change is intended"
+        )
+
+
+def test_the_sweep_schedule_is_a_cron_that_starts_disabled() -> None:
+    config = _config()
+    schedule = config["definitions"]["schedules"]["nightly_sweep"]
+    assert schedule["cron"].count(" ") == 4 and schedule["active"] is False
+    scheduled = [d for d in _deployments() if d.get("schedules")]
+    assert [d["entrypoint"] for d in scheduled] == ["flows/benchmark_sweep.py:benchmark_sweep"]
+    assert scheduled[0]["schedules"] == [schedule]
+
+
+def test_workers_find_the_code_without_a_preset_variable() -> None:
+    config = _config()
+    (step,) = config["pull"]
+    directory = step["prefect.deployments.steps.set_working_directory"]["directory"]
+    build_ids = [next(iter(s.values())).get("id") for s in config["build"]]
+    assert directory == "{{ project.stdout }}" and "project" in build_ids

@@ -1,0 +1,180 @@
+"""Prefect's share of a morphogenesis run: flow wall time minus the time inside Esper's own work.
+
+What counts:
+
+- **flow wall time**: from calling ``morphogenesis()`` to its return, in this process, against a
+  Prefect API that is already up. The API is the temporary server Prefect starts for the first
+  flow of a process (``esper run``); its start-up (4-8 s here) is a one-off per process that a
+  deployment against a long-lived server never pays, so a warm-up flow absorbs it and it is
+  reported apart as ``server_startup_s``.
+- **Esper's work**: the time inside the task bodies (the library calls: compile or look up
+  kernels, train, decide, apply, finish, render the plot), measured by wrapping each task's
+  function, minus the Prefect artifact API calls made inside a task body.
+- **Prefect overhead** = wall - work: task orchestration (state changes, concurrency-slot calls
+  for tagged tasks), the ``compile_catalog`` subflow (cold registry only), the join of the
+  flow-run heartbeat thread on exit (up to 1 s a flow run; ``--no-heartbeat`` switches the
+  heartbeat off in-process), logging.
+
+Runs use a temporary ``ESPER_HOME``. The first run compiles the kernels (``cold``); the headline
+``prefect_overhead_share`` is the median over the following runs, whose kernels are already in
+Urza: the steady state of a deployment run again and again, and the least favourable case for
+the share, since compilation is Esper's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_TASK_MODULES = ("tasks.plan", "tasks.compile", "tasks.train", "tasks.artifacts")
+_ARTIFACT_CALLS = ("create_table_artifact", "create_markdown_artifact", "create_image_artifact")
+
+
+@dataclass(kw_only=True, slots=True)
+class OrchestrationConfig:
+    """Options of the orchestration benchmark."""
+
+    recipe: str = "digits-mlp"
+    runs: int = 3
+    """Measured runs after the cold one (median reported)."""
+    device: str = "cpu"
+    heartbeat: bool = True
+    """Keep Prefect's flow-run heartbeat (the default); off removes its ~1 s join per flow run."""
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise ValueError(f"runs must be >= 1, got {self.runs}")
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class _Clock:
+    """Accumulates the time spent inside wrapped callables, per name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        # functools.wraps keeps the signature: Prefect binds task parameters by inspecting it.
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+                self.calls[name] += 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+@contextlib.contextmanager
+def _instrumented(clock: _Clock) -> Iterator[None]:
+    """Time every task body of the morphogenesis flow, and the artifact API calls inside them."""
+    import importlib
+
+    from prefect import Task
+
+    patched: list[tuple[Any, str, Any]] = []
+    for module_name in _TASK_MODULES:
+        module = importlib.import_module(module_name)
+        for value in vars(module).values():
+            if isinstance(value, Task):
+                patched.append((value, "fn", value.fn))
+                value.fn = clock.wrap(f"task:{value.name}", value.fn)
+        if module_name == "tasks.artifacts":
+            for call in _ARTIFACT_CALLS:
+                patched.append((module, call, getattr(module, call)))
+                setattr(module, call, clock.wrap("prefect:artifacts", getattr(module, call)))
+    try:
+        yield
+    finally:
+        for owner, attribute, original in reversed(patched):
+            setattr(owner, attribute, original)
+
+
+def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfig) -> dict[str, Any]:
+    clock.reset()
+    start = time.perf_counter()
+    flow(recipe=config.recipe, device=config.device)
+    wall = time.perf_counter() - start
+    task_s = sum(s for name, s in clock.seconds.items() if name.startswith("task:"))
+    work = task_s - clock.seconds.get("prefect:artifacts", 0.0)
+    tasks = sum(n for name, n in clock.calls.items() if name.startswith("task:"))
+    return {
+        "wall_s": wall,
+        "esper_work_s": work,
+        "overhead_s": wall - work,
+        "share": (wall - work) / wall,
+        "tasks": tasks,
+        "work_by_task_s": {k.removeprefix("task:"): round(v, 4) for k, v in sorted(clock.seconds.items())},
+    }
+
+
+def run(config: OrchestrationConfig) -> dict[str, Any]:
+    """Run the benchmark; returns the headline numbers and the per-run details."""
+    with tempfile.TemporaryDirectory(prefix="esper-orchestration-") as home, _env(ESPER_HOME=home):
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from prefect import flow
+        from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+
+        from flows.morphogenesis import morphogenesis
+
+        @flow(name="orchestration-warm-up")
+        def warm_up() -> None:
+            """Brings up the temporary API server (not counted)."""
+
+        start = time.perf_counter()
+        warm_up()
+        startup = time.perf_counter() - start
+        clock = _Clock()
+        # The heartbeat can only be switched off in-process (its setting takes None, not "").
+        heartbeat = {} if config.heartbeat else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        with _instrumented(clock), temporary_settings(updates=heartbeat):
+            frequency = get_current_settings().flows.heartbeat_frequency
+            cold = _measure(clock, morphogenesis, config)
+            warm = [_measure(clock, morphogenesis, config) for _ in range(config.runs)]
+        median = statistics.median(r["share"] for r in warm)
+        typical = min(warm, key=lambda r: abs(r["share"] - median))
+        return {
+            "workload": config.recipe,
+            "device": config.device,
+            "prefect_overhead_share": round(median, 4),
+            "goal_share": 0.05,
+            "wall_s": round(typical["wall_s"], 3),
+            "esper_work_s": round(typical["esper_work_s"], 3),
+            "overhead_s": round(typical["overhead_s"], 3),
+            "tasks": typical["tasks"],
+            "overhead_per_task_ms": round(1e3 * typical["overhead_s"] / typical["tasks"], 2),
+            "shares": [round(r["share"], 4) for r in warm],
+            "cold_registry_share": round(cold["share"], 4),
+            "cold_registry_wall_s": round(cold["wall_s"], 3),
+            "server_startup_s": round(startup, 3),
+            "heartbeat_frequency_s": frequency,
+            "work_by_task_s": typical["work_by_task_s"],
+        }

@@ -1,0 +1,215 @@
+"""A local Prefect server and process worker for the ``esper`` pool, as real subprocesses.
+
+Used by ``esper server`` (``make server`` / ``make deploy``) and by the tests that deploy and
+run flows against a real server. Everything binds to 127.0.0.1; the server's database and logs
+live under ``$ESPER_HOME/prefect``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+POOL = "esper"
+
+
+def _prefect(*args: str) -> list[str]:
+    """The ``prefect`` CLI of this interpreter's environment."""
+    return [sys.executable, "-m", "prefect", *args]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs here; a zombie (killed, not yet reaped) counts as gone."""
+    if Path("/proc/self/stat").exists():  # Linux: read the process state
+        try:
+            # The state follows the parenthesised command name: "123 (python) Z ...".
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
+    """Stop ``process`` and its process group: SIGTERM, then SIGKILL after ``timeout`` s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout)
+
+
+@dataclass(kw_only=True)
+class LocalPrefect:
+    """Where a local Prefect server lives and how to reach it."""
+
+    home: Path
+    """``ESPER_HOME``: the server's database and logs go to ``home/prefect``."""
+    port: int = 4200
+    project_dir: Path = PROJECT_DIR
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Further variables for the server, the worker and the flow runs it starts."""
+
+    @property
+    def prefect_home(self) -> Path:
+        """``PREFECT_HOME`` of the server, its worker and the CLI calls made through here."""
+        return self.home / "prefect"
+
+    @property
+    def api_url(self) -> str:
+        """``PREFECT_API_URL`` of this server."""
+        return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def ui_url(self) -> str:
+        """The Prefect UI."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment for the server, the worker and ``prefect`` CLI calls."""
+        env = dict(os.environ)
+        env.update(
+            {
+                "ESPER_HOME": str(self.home),
+                "PREFECT_HOME": str(self.prefect_home),
+                "PREFECT_API_URL": self.api_url,
+                "PREFECT_SERVER_API_HOST": "127.0.0.1",
+                "PREFECT_SERVER_API_PORT": str(self.port),
+                "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.prefect_home / 'prefect.db'}",
+                # No network here: the analytics call would only log an error.
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        self.prefect_home.mkdir(parents=True, exist_ok=True)
+        log = open(self.prefect_home / log_name, "ab")  # noqa: SIM115 - the child keeps it open
+        # A session of its own: stop() signals the whole group (uvicorn's and the worker's children).
+        return subprocess.Popen(
+            args, cwd=self.project_dir, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def log_tail(self, log_name: str, lines: int = 30) -> str:
+        """The last ``lines`` lines of a log under ``prefect_home``."""
+        path = self.prefect_home / log_name
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def start_server(self, *, timeout: float = 180.0) -> subprocess.Popen:
+        """Start ``prefect server start`` on 127.0.0.1 and wait until its API answers.
+
+        Raises:
+            RuntimeError: If the server exits or does not answer within ``timeout`` seconds
+                (the message carries the end of ``server.log``).
+        """
+        process = self._spawn(
+            _prefect("server", "start", "--host", "127.0.0.1", "--port", str(self.port)), "server.log"
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the Prefect server exited with {process.returncode}; is port {self.port} free? "
+                    f"(pick another with --port)\n{self.log_tail('server.log')}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return process
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        stop(process)
+        raise RuntimeError(f"the Prefect server did not answer within {timeout:.0f} s\n{self.log_tail('server.log')}")
+
+    def run_cli(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+        """Run ``prefect <args>`` against this server in the project directory.
+
+        Raises:
+            RuntimeError: If the command fails (the message carries its output).
+        """
+        done = subprocess.run(
+            _prefect(*args), cwd=self.project_dir, env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"`prefect {' '.join(args)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def ensure_pool(self) -> None:
+        """Create the ``esper`` process work pool unless it exists."""
+        inspect = subprocess.run(
+            _prefect("work-pool", "inspect", POOL), env=self.env(), capture_output=True, text=True, timeout=120
+        )
+        if inspect.returncode != 0:
+            self.run_cli("work-pool", "create", POOL, "--type", "process")
+
+    def deploy(self) -> str:
+        """Register every deployment of ``prefect.yaml``; returns the CLI's output."""
+        self.ensure_pool()
+        return self.run_cli("--no-prompt", "deploy", "--all").stdout
+
+    def start_worker(self) -> subprocess.Popen:
+        """Reschedule runs orphaned by a dead worker, then start a process worker on the pool."""
+        self.recover_orphans()
+        return self._spawn(_prefect("worker", "start", "--pool", POOL, "--type", "process"), "worker.log")
+
+    def recover_orphans(self) -> list[str]:
+        """Reschedule the pool's flow runs whose process died with its worker.
+
+        A run left RUNNING or PENDING whose flow-run process (``infrastructure_pid``) no longer
+        exists on this machine is marked Crashed and scheduled again, as ``prefect flow-run
+        retry`` would; its next execution resumes from the last committed epoch. Meant for the
+        single-machine setup of ``esper server``: with workers on several machines, let
+        Prefect's heartbeat-based crash detection mark such runs and retry them instead.
+
+        Returns:
+            The ids of the rescheduled flow runs.
+        """
+        # Imported here: the other commands of `esper server` must not pay for Prefect's import.
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            WorkPoolFilter,
+            WorkPoolFilterName,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.states import Crashed, Scheduled
+
+        rescheduled = []
+        with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+                ),
+                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])),
+            )
+            for run in runs:
+                pid = run.infrastructure_pid
+                if not pid or not pid.isdigit() or pid_alive(int(pid)):
+                    continue
+                message = f"flow-run process {pid} is gone (its worker died); rescheduled by esper server"
+                client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                client.set_flow_run_state(run.id, Scheduled(message=message), force=True)
+                rescheduled.append(str(run.id))
+        return rescheduled

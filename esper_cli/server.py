@@ -1,0 +1,97 @@
+"""``esper server``: a local Prefect server with the UI and a worker for the ``esper`` pool."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from esper_cli.local_prefect import LocalPrefect, stop
+from esper_core.settings import EsperSettings
+
+
+def _local(args: argparse.Namespace) -> LocalPrefect:
+    return LocalPrefect(home=EsperSettings().home, port=args.port)
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    local = _local(args)
+    server = local.start_server()
+    worker = None
+    try:
+        local.ensure_pool()
+        if not args.no_worker:
+            worker = local.start_worker()
+        print(f"Prefect UI   {local.ui_url}")
+        print(f"API          {local.api_url}  (database and logs in {local.prefect_home})")
+        print(f"worker       {'pool esper, log ' + str(local.prefect_home / 'worker.log') if worker else 'none'}")
+        print(f"in another shell: export PREFECT_API_URL={local.api_url}; make deploy")
+        print("Ctrl-C stops the server and the worker.")
+
+        def _terminate(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _terminate)
+        while server.poll() is None:
+            if worker is not None and worker.poll() is not None:
+                print(
+                    f"the worker exited ({worker.returncode}); restarting it (log: {local.prefect_home / 'worker.log'})"
+                )
+                worker = local.start_worker()
+            time.sleep(1.0)
+        print(f"the Prefect server exited ({server.returncode}); see {local.prefect_home / 'server.log'}")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if worker is not None:
+            stop(worker)
+        stop(server)
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    print(_local(args).deploy())
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    local = _local(args)
+    rescheduled = local.recover_orphans()
+    if rescheduled:
+        print(f"rescheduled {len(rescheduled)} flow run(s) orphaned by a dead worker: {', '.join(rescheduled)}")
+    worker = local.start_worker()
+    print(f"worker on pool esper against {local.api_url}; log {local.prefect_home / 'worker.log'}; Ctrl-C stops it")
+    try:
+        return worker.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(worker)
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    local = _local(args)
+    print(f"export PREFECT_API_URL={local.api_url}")
+    print(f"export ESPER_HOME={Path(local.home)}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``server start|deploy|worker|env``."""
+    server = sub.add_parser("server", help="local Prefect server, worker and deployments").add_subparsers(
+        dest="server_command", required=True, metavar="ACTION"
+    )
+    commands = (
+        ("start", "run the server (UI on 127.0.0.1) and a worker for the esper pool in the foreground", _cmd_start),
+        ("deploy", "register every deployment in prefect.yaml with the running server", _cmd_deploy),
+        ("worker", "run only a worker (after rescheduling runs a dead worker left behind)", _cmd_worker),
+        ("env", "print the export lines that point the prefect CLI at the server", _cmd_env),
+    )
+    for name, text, func in commands:
+        p = server.add_parser(name, help=text)
+        p.add_argument("--port", type=int, default=4200, help="server port on 127.0.0.1 (default: %(default)s)")
+        if name == "start":
+            p.add_argument("--no-worker", action="store_true", help="start only the server")
+        p.set_defaults(func=func)

@@ -1,0 +1,37 @@
+"""benchmark_sweep: time every workload x configuration, keep a snapshot, fail on a regression."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from bench.sweep import SweepReport
+from tasks.artifacts import publish_sweep_artifacts
+from tasks.sweep import bench_case, check_regressions, plan_sweep, write_sweep
+
+
+# One case at a time: two benchmarks sharing the cores would time each other. The distributed
+# deployment (flows/scale_out.py) swaps in Dask, one case per worker process.
+@flow(name="benchmark_sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
+def benchmark_sweep(
+    sweep: str = "nightly",
+    workloads: list[str] | None = None,
+    max_regression: float | None = None,
+    baselines_dir: str = "baselines/perf",
+) -> SweepReport:
+    """Time the named sweep's workloads on every device present and compare with the last sweep.
+
+    Args:
+        sweep: Named sweep in ``bench/registry.py`` (``nightly``, ``smoke``).
+        workloads: Narrow the sweep to these workloads (default: the sweep's own list).
+        max_regression: Override the sweep's threshold (``0.25``: fail when a gated figure is
+            more than 25 % above the previous sweep's).
+        baselines_dir: Root of the snapshots; relative paths start at the project directory.
+    """
+    plan = plan_sweep(sweep, workloads, max_regression, baselines_dir)
+    results = bench_case.map(plan.cases)
+    report = write_sweep(plan, results)
+    publish_sweep_artifacts(report)
+    check_regressions(report)
+    print(f"sweep {report.name}: {len(report.rows)} figures, compared with {report.previous or 'nothing'}")
+    return report

@@ -1,0 +1,169 @@
+"""Deployments on a real local Prefect server with a real process worker (what `make server` runs).
+
+One server for the module (127.0.0.1, a free port, PREFECT_HOME and ESPER_HOME in tmp), every
+deployment of prefect.yaml registered with `prefect deploy --all`, flows started with
+`prefect deployment run` as a user would, and a worker killed mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from esper_cli.local_prefect import LocalPrefect, stop
+from esper_core.reports import finish_run
+from esper_core.session import RunSession
+from esper_core.settings import EsperSettings
+from esper_core.telemetry import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+RECIPE = {"recipe": "seed-reference", "device": "cpu", "seed": 3}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, compiled_home_template: Path) -> Iterator[LocalPrefect]:
+    home = tmp_path_factory.mktemp("server") / "esper"
+    shutil.copytree(compiled_home_template, home)
+    local = LocalPrefect(
+        home=home,
+        port=_free_port(),
+        # Poll for work every second instead of every 10 s, so the tests do not wait on it.
+        extra_env={"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_LOGGING_LEVEL": "INFO"},
+    )
+    server = local.start_server()
+    try:
+        local.deploy()
+        yield local
+    finally:
+        stop(server)
+
+
+@pytest.fixture
+def worker(local: LocalPrefect) -> Iterator[list[subprocess.Popen]]:
+    """A worker for the test; the test may replace it (the list holds the current one)."""
+    current = [local.start_worker()]
+    yield current
+    stop(current[0])
+
+
+def _client_call(local: LocalPrefect, fn):  # noqa: ANN001, ANN202 - a small helper for sync client calls
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: local.api_url}), get_client(sync_client=True) as client:
+        return fn(client)
+
+
+def _params(**extra: object) -> list[str]:
+    out = []
+    for key, value in {**RECIPE, **extra}.items():
+        out += ["--param", f"{key}={value}"]
+    return out
+
+
+def test_deploy_registers_every_deployment(local: LocalPrefect) -> None:
+    listing = local.run_cli("deployment", "ls").stdout
+    for name in (
+        "morphogenesis/default",
+        "compile_catalog/default",
+        "compile_catalog/dask",
+        "benchmark_sweep/nightly",
+        "benchmark_sweep/dask",
+        "fault_drills/default",
+        "train_policy/default",
+    ):
+        flow, deployment = name.split("/")
+        assert flow in listing and deployment in listing, listing
+
+
+def test_deployment_run_completes_with_its_artifacts(local: LocalPrefect, worker: list[subprocess.Popen]) -> None:
+    done = local.run_cli(
+        "deployment", "run", "morphogenesis/default", *_params(epochs=3), "--watch", "--watch-timeout", "400"
+    )
+    assert "Completed" in done.stdout, done.stdout
+
+    keys = _client_call(local, lambda c: {a.key for a in c.read_artifacts()})
+    assert {"seed-reference-curves", "seed-reference-seeds", "seed-reference-report"} <= keys, keys
+    (run_dir,) = (local.home / "runs").iterdir()
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def _wait(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_killed_worker_resumes_from_last_committed_epoch(
+    local: LocalPrefect, worker: list[subprocess.Popen], tmp_path: Path
+) -> None:
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    epochs = 60
+    with temporary_settings({PREFECT_API_URL: local.api_url}):
+        flow_run = run_deployment("morphogenesis/default", parameters={**RECIPE, "epochs": epochs}, timeout=0)
+    run_key = str(flow_run.id).replace("-", "")[:8]
+    runs = local.home / "runs"
+
+    def committed_epoch() -> int:
+        found = list(runs.glob(f"*-{run_key}/checkpoints/LATEST"))
+        tag = found[0].read_text().strip() if found else ""
+        return int(tag.split("-")[1]) if tag.startswith("epoch-") else -1
+
+    _wait(lambda: committed_epoch() >= 3, 300, "the run to commit epoch 3")
+    pid = _client_call(local, lambda c: c.read_flow_run(flow_run.id).infrastructure_pid)
+    # As a machine or container crash would: the worker and the flow-run process it started
+    # (in a session of its own) die at once.
+    os.killpg(worker[0].pid, signal.SIGKILL)
+    os.killpg(int(pid), signal.SIGKILL)
+    worker[0].wait()
+    at_kill = committed_epoch()
+    assert at_kill < epochs - 1, "the run finished before the kill; give it more epochs"
+    state = _client_call(local, lambda c: c.read_flow_run(flow_run.id).state)
+    assert state.type is StateType.RUNNING  # the server cannot know yet
+
+    worker[0] = local.start_worker()  # reschedules the orphaned run, then picks it up again
+    _wait(lambda: _client_call(local, lambda c: c.read_flow_run(flow_run.id).state).is_final(), 400, "the resumed run")
+    final = _client_call(local, lambda c: c.read_flow_run(flow_run.id))
+    assert final.state.type is StateType.COMPLETED, final.state.message
+    assert final.run_count >= 2
+    logs = _client_call(local, lambda c: [log.message for log in c.read_logs()])
+    resumed = [m for m in logs if m.startswith("resuming run") and run_key in m]
+    assert resumed and int(resumed[0].split(" at epoch ")[1].split()[0]) >= 3, resumed
+
+    (run_dir,) = runs.glob(f"*-{run_key}")
+    # Nothing lost, nothing counted twice: one Tolaria packet per epoch, in order.
+    packets = read_jsonl(run_dir / "telemetry.jsonl")
+    assert [p.epoch for p in packets if p.source == "tolaria"] == list(range(epochs))
+    # And the result is exactly that of an uninterrupted run of the same recipe and seed.
+    reference = EsperSettings(home=tmp_path / "ref")
+    shutil.copytree(local.home, reference.home, ignore=shutil.ignore_patterns("runs", "prefect"))
+    session = RunSession.create(recipe=RECIPE["recipe"], settings=reference, epochs=epochs, device="cpu", seed=3)
+    for _ in range(epochs):
+        session.train_epoch()
+        session.apply(session.decide())
+    clean = finish_run(session)
+    session.close()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["test_loss"] == clean.test_loss and summary["seeds"] == clean.seeds

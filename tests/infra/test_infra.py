@@ -1,0 +1,112 @@
+"""infra/: alert rules and the Grafana dashboard name only series Esper emits; the compose file holds together."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from esper_core.telemetry.catalog import EVENTS_SERIES, SOURCES, event_names, exposed_series
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+SERIES_RE = re.compile(r"\besper_[a-z0-9_]+")
+# A PromQL matcher on one label: name="x", name=~"a|b", source="kasmina".
+MATCHER_RE = re.compile(r'\b(name|source)\s*(=~|=)\s*"([^"]*)"')
+
+
+def _rules() -> list[dict]:
+    groups = yaml.safe_load((INFRA / "prometheus" / "rules" / "esper.rules.yml").read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def _dashboard() -> dict:
+    return json.loads((INFRA / "grafana" / "dashboards" / "esper.json").read_text())
+
+
+def _dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in _dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def _check(expr: str) -> None:
+    series = exposed_series()
+    for name in SERIES_RE.findall(expr):
+        assert name in series, f"{expr!r} names {name}, which Esper does not expose (esper_core/telemetry/catalog.py)"
+    for label, op, value in MATCHER_RE.findall(expr):
+        values = value.split("|") if op == "=~" else [value]
+        known = event_names() if label == "name" else frozenset(SOURCES)
+        for v in values:
+            assert v in known, f"{expr!r} matches {label}={v!r}, which no Esper {label} has"
+        if label == "name":
+            assert EVENTS_SERIES in expr, f"{expr!r}: event names are labels of {EVENTS_SERIES}"
+
+
+@pytest.mark.parametrize("rule", _rules(), ids=lambda r: r["alert"])
+def test_alert_rule_names_only_emitted_series(rule: dict) -> None:
+    _check(rule["expr"])
+    assert rule["labels"]["severity"] in {"info", "warning", "critical"}
+    assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_rules_cover_the_seeds_alerts() -> None:
+    exprs = " ".join(r["expr"] for r in _rules())
+    for needle in (
+        "esper_tolaria_training_latency_ms > 18",
+        "tolaria.compile_fallback",
+        "tolaria.graph_fallback",
+        "esper_tamiyo_gnn_compile_fallback_total",
+        "esper_tolaria_rollback_deadline_exceeded_total",
+        "esper_tolaria_timeout_tamiyo_total",
+        "esper_tolaria_timeout_kasmina_total",
+    ):
+        assert needle in exprs, needle
+
+
+def test_dashboard_names_only_emitted_series_and_covers_every_subsystem() -> None:
+    exprs = _dashboard_exprs()
+    assert exprs
+    for expr in exprs:
+        _check(expr)
+    rows = {p["title"].split(":")[0] for p in _dashboard()["panels"] if p["type"] == "row"}
+    assert rows >= {"Tolaria", "Kasmina", "Tamiyo", "Tezzeret", "Urza"}
+    joined = " ".join(exprs)
+    for subsystem in ("tolaria", "kasmina", "tamiyo", "tezzeret", "urza"):
+        assert f"esper_{subsystem}_" in joined, subsystem
+
+
+def test_dashboard_panels_use_the_provisioned_datasource() -> None:
+    datasource = yaml.safe_load((INFRA / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    uid = datasource["datasources"][0]["uid"]
+    for panel in _dashboard()["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == uid, panel["title"]
+    ids = [p["id"] for p in _dashboard()["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_prometheus_config_loads_the_rules_and_scrapes_esper() -> None:
+    config = yaml.safe_load((INFRA / "prometheus" / "prometheus.yml").read_text())
+    for rule_file in config["rule_files"]:
+        assert (INFRA / "prometheus" / rule_file).is_file(), rule_file
+    targets = {t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    assert targets == {"127.0.0.1:9464", "127.0.0.1:9091"}
+
+
+def test_compose_starts_the_stack_on_loopback_with_the_pinned_prefect() -> None:
+    compose = yaml.safe_load((INFRA / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) >= {"postgres", "prefect-server", "prometheus", "grafana"}
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (INFRA / source).exists(), f"{name} mounts missing {source}"
+    prefect = services["prefect-server"]
+    pinned = re.search(r'"prefect==([0-9.]+)"', (INFRA.parent / "pyproject.toml").read_text()).group(1)
+    assert prefect["image"].startswith(f"prefecthq/prefect:{pinned}-")
+    assert prefect["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
+    assert prefect["depends_on"]["postgres"]["condition"] == "service_healthy"
