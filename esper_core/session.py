@@ -107,6 +107,7 @@ class RunSession:
         self._decision_records: dict[str, DecisionRecord] = {}
         self.profiles = slot_profiles(config, self.trainer.data.feature_shape)
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints")
+        self.lookup_ms = 0.0
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
         jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
         self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
@@ -232,8 +233,12 @@ class RunSession:
         """Blueprints of the recipe with an active artifact for at least one slot profile."""
         env = environment_key(self.device)
         out = []
+        lookup_s, lookups = 0.0, 0
         for blueprint_id in self.config.blueprints:
+            start = time.perf_counter()
             found = {p: self.urza.store.find_active(blueprint_id, p, env) for p in self.profiles}
+            lookup_s += time.perf_counter() - start
+            lookups += len(found)
             present = {p: a for p, a in found.items() if a is not None}
             if not present:
                 continue
@@ -247,6 +252,8 @@ class RunSession:
                     param_cost=sum(p.numel() for p in module.parameters()),
                 )
             )
+        # Mean time of one registry lookup of an active artifact, reported with the decision.
+        self.lookup_ms = lookup_s * 1e3 / max(lookups, 1)
         return out
 
     def decide(self) -> AdaptationCommand:
@@ -266,7 +273,7 @@ class RunSession:
         refresh_policy(self.tamiyo, self.records, pinned=self.config.tamiyo.policy_version)
         breaker = self.tamiyo.breaker
         decision: Decision | None = None
-        metrics: list[MetricPoint] = []
+        metrics = [MetricPoint(name="urza.lookup.latency_ms", value=self.lookup_ms, unit="ms")]
         if not breaker.allow():
             # The breaker is open after repeated failures: do not ask Tamiyo this epoch.
             decision = self.tamiyo.fallback_decision(

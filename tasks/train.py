@@ -27,6 +27,7 @@ from esper_core.pipeline import find_published, plan_compile_jobs
 from esper_core.recipes import get_recipe
 from esper_core.reports import RunSummary, finish_run
 from esper_core.session import START_TAG, RunHandle, RunSession, epoch_tag
+from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
 from tasks._runtime import forget, prometheus, remember, session_for, settings
 
@@ -114,7 +115,24 @@ def start_run(recipe: str, epochs: int | None, device: str, seed: int | None, ru
     return RunStart(handle=session.handle, epochs=session.config.epochs, next_epoch=session.epoch)
 
 
-@task(name="train-epoch", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def _retry_unless_halted(task: Any, task_run: Any, state: Any) -> bool:
+    # A halt is the run's own verdict after repeated failed epochs: a retry would repeat it.
+    try:
+        state.result()
+    except TrainingHalted:
+        return False
+    except Exception:  # noqa: BLE001 - any other failure is worth the retry policy
+        return True
+    return True
+
+
+@task(
+    name="train-epoch",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=_retry_unless_halted,
+    cache_policy=NO_CACHE,
+)
 def train_epoch(handle: RunHandle, epoch: int) -> EpochReport:
     """Train epoch ``epoch`` from the commit before it, then commit it.
 
