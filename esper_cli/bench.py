@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from esper_cli.args import positive
 from esper_core._capabilities import DEVICE_CHOICES
@@ -77,6 +78,54 @@ def _cmd_bench_drill(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def _cmd_bench_compile(args: argparse.Namespace) -> int:
+    from bench.compile import CompileBenchConfig, run
+
+    result = run(
+        CompileBenchConfig(
+            blueprint=args.blueprint,
+            profile=args.profile,
+            backend=args.backend,
+            device=args.device,
+            lookups=args.lookups,
+            publishes=args.publishes,
+            load_repeats=args.load_repeats,
+            registry_url=args.registry_url,
+        )
+    )
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
+def _cmd_bench_orchestration(args: argparse.Namespace) -> int:
+    from bench.orchestration import OrchestrationConfig, run
+
+    result = run(
+        OrchestrationConfig(recipe=args.recipe, runs=args.runs, device=args.device, heartbeat=not args.no_heartbeat)
+    )
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"{result['workload']}: Prefect overhead {result['prefect_overhead_share']:.1%} of a run "
+        f"({result['overhead_s']:.2f} s of {result['wall_s']:.2f} s; {result['tasks']} tasks, "
+        f"goal {result['goal_share']:.0%}); cold registry {result['cold_registry_share']:.1%}"
+    )
+    return 0
+
+
+def _cmd_bench_policy(args: argparse.Namespace) -> int:
+    from bench.policy import cli
+
+    return cli(args)
+
+
+def _cmd_bench_growth(args: argparse.Namespace) -> int:
+    from bench.growth import cli
+
+    return cli(args)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``bench <workload>``."""
     bench = sub.add_parser("bench", help="benchmarks against bare PyTorch").add_subparsers(
@@ -121,6 +170,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     drill.add_argument("drill", choices=("timeout", "rollback"), help="which fault to inject")
     drill.add_argument("--json", action="store_true", help="print one JSON object")
     drill.set_defaults(func=_cmd_bench_drill)
+    b_compile = bench.add_parser("compile", help="Tezzeret compile cost vs Kasmina load/first use; Urza lookups")
+    b_compile.add_argument("--blueprint", default="residual_mlp", help="blueprint to compile (default: %(default)s)")
+    b_compile.add_argument("--profile", default="f64-b512", help="shape profile (default: %(default)s)")
+    b_compile.add_argument(
+        "--backend", default="aot_inductor", choices=("export", "aot_inductor"), help="Tezzeret backend"
+    )
+    b_compile.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_compile.add_argument("--lookups", type=positive, default=1000, help="timed registry lookups")
+    b_compile.add_argument("--publishes", type=positive, default=200, help="artifacts published before the lookups")
+    b_compile.add_argument("--load-repeats", type=positive, default=3, help="fresh processes timing Kasmina's load")
+    b_compile.add_argument("--registry-url", default=None, help="also measure Urza on this empty scratch database")
+    b_compile.add_argument("--json", action="store_true", help="print one JSON object on one line")
+    b_compile.set_defaults(func=_cmd_bench_compile)
+    orch = bench.add_parser("orchestration", help="Prefect's share of a default morphogenesis run")
+    orch.add_argument("--recipe", default="digits-mlp", help="recipe of the measured runs (default: %(default)s)")
+    orch.add_argument("--runs", type=positive, default=3, help="measured runs after a cold one (default: %(default)s)")
+    orch.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
+    orch.add_argument(
+        "--no-heartbeat", action="store_true", help="switch Prefect's flow-run heartbeat off (saves ~1 s per flow run)"
+    )
+    orch.add_argument("--json", action="store_true", help="print one JSON object")
+    orch.set_defaults(func=_cmd_bench_orchestration)
+    b_policy = bench.add_parser("policy", help="policy-graph: Tamiyo's GNN forward eager vs compiled vs bare PyG")
+    b_policy.add_argument("--iters", type=positive, default=300, help="timed calls per path (default: %(default)s)")
+    b_policy.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_policy.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode (default: %(default)s)")
+    b_policy.add_argument("--no-warmup-probes", action="store_true", help="skip the cold/cached warm-up processes")
+    b_policy.add_argument("--json", action="store_true", help="print one JSON object")
+    b_policy.set_defaults(func=_cmd_bench_policy)
+    b_growth = bench.add_parser("growth", help="trained GNN policy vs heuristic, random, no growth, static large host")
+    b_growth.add_argument("--recipes", nargs="+", default=["digits-mlp", "digits-cnn"], help="recipes to grow on")
+    b_growth.add_argument(
+        "--seeds", type=positive, default=3, help="evaluation seeds per recipe (default: %(default)s)"
+    )
+    b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the recipe's)")
+    b_growth.add_argument("--plan", default="default", help="Simic training plan (default: %(default)s)")
+    b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
+    b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
+    b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_growth.add_argument("--json", action="store_true", help="print one JSON object")
+    b_growth.set_defaults(func=_cmd_bench_growth)
     compare = bench.add_parser("compare", help="print two baseline files side by side")
     compare.add_argument("before", help="baseline JSON (e.g. baselines/perf/digits-mlp/before.json)")
     compare.add_argument("after", help="baseline JSON to compare against it")

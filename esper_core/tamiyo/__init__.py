@@ -1,8 +1,10 @@
 """Tamiyo: the controller that reads the run's state as a hetero graph and issues commands."""
 
-from esper_core.tamiyo.build import prepare_policy
+from esper_core.tamiyo.actions import ActionMasks, Choice, choose, legal_masks
+from esper_core.tamiyo.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from esper_core.tamiyo.build import PreparedPolicy, prepare_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tamiyo.config import POLICIES, PolicyCompileConfig, RandomPolicyConfig, TamiyoConfig
 from esper_core.tamiyo.graph import (
     BLUEPRINT_DIM,
     EDGE_TYPES,
@@ -15,6 +17,7 @@ from esper_core.tamiyo.graph import (
 )
 from esper_core.tamiyo.heuristic import HeuristicConfig, HeuristicPolicy
 from esper_core.tamiyo.model import ACTION_NAMES, ACTIONS, PolicyOutput, TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.risk import RiskConfig, RiskContext, RiskEngine, RiskVerdict
 from esper_core.tamiyo.service import Decision, TamiyoService
 
 __all__ = [
@@ -25,17 +28,32 @@ __all__ = [
     "GLOBAL_DIM",
     "LAYER_DIM",
     "NODE_TYPES",
+    "POLICIES",
     "SLOT_DIM",
+    "ActionMasks",
     "BlueprintCandidate",
+    "BreakerConfig",
+    "BreakerState",
+    "Choice",
+    "CircuitBreaker",
     "Decision",
     "HeuristicConfig",
     "HeuristicPolicy",
+    "PolicyCompileConfig",
     "PolicyOutput",
+    "PreparedPolicy",
+    "RandomPolicyConfig",
+    "RiskConfig",
+    "RiskContext",
+    "RiskEngine",
+    "RiskVerdict",
     "TamiyoConfig",
     "TamiyoGNN",
     "TamiyoGNNConfig",
     "TamiyoGraph",
     "TamiyoService",
     "build_graph",
+    "choose",
+    "legal_masks",
     "prepare_policy",
 ]

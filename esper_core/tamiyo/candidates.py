@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from esper_core.contracts import BlueprintDescriptor
 
@@ -54,3 +55,22 @@ class BlueprintCandidate:
             True if this candidate can be germinated in a slot with that profile.
         """
         return shape_profile in self.shape_profiles
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``from_dict`` reads it back to an equal candidate)."""
+        return {
+            "descriptor": self.descriptor.model_dump(mode="json"),
+            "shape_profiles": sorted(self.shape_profiles),
+            "latency_p95_ms": self.latency_p95_ms,
+            "param_cost": self.param_cost,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BlueprintCandidate:
+        """The candidate ``to_dict`` wrote."""
+        return cls(
+            descriptor=BlueprintDescriptor.model_validate(data["descriptor"]),
+            shape_profiles=frozenset(data["shape_profiles"]),
+            latency_p95_ms=float(data["latency_p95_ms"]),
+            param_cost=int(data["param_cost"]),
+        )

@@ -1,4 +1,4 @@
-"""Configuration of the Tamiyo service: policy network, heuristic thresholds, device."""
+"""Configuration of the Tamiyo service: which policy decides, its network, compile, risk, breaker."""
 
 from __future__ import annotations
 
@@ -6,8 +6,61 @@ from dataclasses import dataclass, field
 
 import torch
 
+from esper_core.tamiyo.breaker import BreakerConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tamiyo.model import TamiyoGNNConfig
+from esper_core.tamiyo.risk import RiskConfig
+
+POLICIES = ("heuristic", "gnn", "random", "none")
+"""Who decides: the rule-based heuristic, the (Simic-trained) GNN, random germination, or
+nobody (always WAIT: the host alone)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyCompileConfig:
+    """How ``prepare_policy`` compiles the GNN policy (seed 002).
+
+    Attributes:
+        enabled: Compile the policy's forward. It is compiled only when the GNN decides
+            (``TamiyoConfig.policy == "gnn"``): in the other modes it runs once per epoch for
+            telemetry, where a 16-40 s compile on a small CPU would cost more than it saves.
+        mode: ``torch.compile`` mode; ``reduce-overhead`` adds CUDA graphs on CUDA and is the
+            same as the default on CPU.
+        dynamic: Compile with dynamic shapes (graphs differ in node and edge counts).
+        background: Compile on a background thread while eager serves decisions; False
+            compiles before ``prepare_policy`` returns (benchmarks, tests).
+        max_shapes: Shape signatures compiled at most (each new one is compiled in the
+            background on first sight); later ones are served eagerly.
+    """
+
+    enabled: bool = True
+    mode: str | None = "reduce-overhead"
+    dynamic: bool = True
+    background: bool = True
+    max_shapes: int = 8
+
+    def __post_init__(self) -> None:
+        modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        if self.mode not in modes:
+            raise ValueError(f"compile mode must be one of {modes}, got {self.mode!r}")
+        if self.max_shapes < 1:
+            raise ValueError(f"max_shapes must be >= 1, got {self.max_shapes}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RandomPolicyConfig:
+    """The random-germination baseline.
+
+    Attributes:
+        germinate_prob: Chance, each epoch with a germinable dormant slot, of germinating a
+            uniformly chosen fitting blueprint into a uniformly chosen such slot.
+    """
+
+    germinate_prob: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.germinate_prob <= 1.0:
+            raise ValueError(f"germinate_prob must lie in [0, 1], got {self.germinate_prob}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -15,16 +68,42 @@ class TamiyoConfig:
     """Everything ``TamiyoService`` needs to know.
 
     Attributes:
+        policy: Who decides (see ``POLICIES``). With ``heuristic`` the GNN still runs each epoch
+            and its action probabilities are recorded next to the heuristic's command.
+        explore: With ``policy="gnn"``, sample actions from the policy's distribution instead of
+            taking the most likely one (Simic's on-policy rollouts). Sampling is seeded by run
+            and epoch, so a retried decision is the same decision.
+        policy_version: With ``policy="gnn"``, the Simic policy version to serve; None serves
+            the newest in the registry, checked between epochs (hot swap).
         gnn: Size of the policy network (used when the service builds its own model).
-        heuristic: Thresholds of the rule-based policy that decides until the GNN is trained.
+        heuristic: Thresholds of the rule-based policy.
+        random: The random-germination baseline's settings.
+        risk: Thresholds of the risk engine every proposal passes through.
+        breaker: When repeated failures stop Tamiyo from being asked at all.
+        compile: How the GNN policy is compiled.
         device: Torch device the policy runs on, e.g. ``"cpu"`` or ``"cuda:0"``.
     """
 
+    policy: str = "heuristic"
+    explore: bool = False
+    policy_version: int | None = None
     gnn: TamiyoGNNConfig = field(default_factory=TamiyoGNNConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
+    random: RandomPolicyConfig = field(default_factory=RandomPolicyConfig)
+    risk: RiskConfig = field(default_factory=RiskConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    compile: PolicyCompileConfig = field(default_factory=PolicyCompileConfig)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy_version is not None and self.policy_version < 1:
+            raise ValueError(
+                f"policy_version must be >= 1 (Simic numbers versions from 1) or None, got {self.policy_version}"
+            )
+        if self.explore and self.policy != "gnn":
+            raise ValueError(f"explore=True samples the GNN's actions: it needs policy='gnn', got {self.policy!r}")
         try:
             device = torch.device(self.device)
         except RuntimeError as e:
@@ -34,3 +113,8 @@ class TamiyoConfig:
                 f"device {self.device!r} was requested but CUDA is not available here: "
                 "set device='cpu' or run on a machine with a CUDA build of torch and a GPU"
             )
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the service compiles its policy (only when the GNN decides)."""
+        return self.compile.enabled and self.policy == "gnn"

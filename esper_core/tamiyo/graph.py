@@ -3,14 +3,18 @@
 Node types and their features (names in the ``*_FEATURES`` tuples, sizes in the ``*_DIM``
 constants, so the policy has fixed input widths):
 
-- ``global`` (1 node): losses, accuracy, val-loss trend and volatility, learning rate, latency
-  against budget, host size, epoch, active seeds.
+- ``global`` (1 node): losses, accuracy, their trends and volatility, generalisation gap,
+  learning rate, latency against budget, host size, parameters added by seeds, epoch and progress
+  through the run, active seeds.
 - ``layer`` (one per ``LayerState``, in host order): width, activation statistics, gradient
   norm, relative depth.
-- ``slot`` (one per ``SeedState``): lifecycle stage, blend alpha, ages, size, gradient norm, the
-  seed's effect on validation loss, last gate verdict.
-- ``blueprint`` (one per ``BlueprintCandidate``): tier, risk, latency, parameter cost, number of
-  shape profiles with an artifact.
+- ``slot`` (one per ``SeedState``): lifecycle stage, blend alpha, ages, size, gradient norm,
+  samples seen, the seed's effect on validation loss, last gate verdict.
+- ``blueprint`` (one per ``BlueprintCandidate``): tier, risk, Urza latency, parameter cost (absolute
+  and relative to the host), number of shape profiles with an artifact.
+
+``TamiyoGraph.coverage`` is the share of feature entries that were observed; ``missing`` names
+the features that were not (e.g. ``slot.grad_norm`` before a seed has trained).
 
 Every relation has an explicit reverse so that every node type receives messages, and every
 edge type is always present (possibly with zero edges) so the graph metadata never changes.
@@ -64,6 +68,12 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "log1p_host_params",
     "log1p_epoch",
     "active_seeds",
+    "val_accuracy_slope",  # least-squares slope per epoch over the last TREND_WINDOW epochs
+    "val_accuracy_volatility",
+    "train_loss_slope",
+    "generalisation_gap",  # val_loss - train_loss
+    "seed_param_share",  # parameters of active seeds / host parameters
+    "progress",  # epoch / (total_epochs - 1); unobserved when the run length is not given
 )
 LAYER_FEATURES: tuple[str, ...] = (
     "log_width",
@@ -79,6 +89,7 @@ SLOT_FEATURES: tuple[str, ...] = tuple(f"stage_{s.value}" for s in _SLOT_STAGES)
     "log1p_epochs_in_stage",
     "log1p_param_count",
     "log1p_grad_norm",
+    "log1p_samples",
     "val_loss_with_seed_delta",  # metrics["val_loss_with_seed"] - packet val_loss
     "val_loss_without_seed_delta",  # metrics["val_loss_without_seed"] - packet val_loss
     "gate_passed",
@@ -91,12 +102,19 @@ BLUEPRINT_FEATURES: tuple[str, ...] = tuple(f"tier_{t.value}" for t in _TIERS) +
     "log1p_latency_p95_ms",
     "log1p_param_cost",
     "num_profiles",
+    "param_cost_share",  # param_cost / host parameters
 )
 
 GLOBAL_DIM = len(GLOBAL_FEATURES)
 LAYER_DIM = len(LAYER_FEATURES)
 SLOT_DIM = len(SLOT_FEATURES)
 BLUEPRINT_DIM = len(BLUEPRINT_FEATURES)
+FEATURE_NAMES: dict[NodeType, tuple[str, ...]] = {
+    "global": GLOBAL_FEATURES,
+    "layer": LAYER_FEATURES,
+    "slot": SLOT_FEATURES,
+    "blueprint": BLUEPRINT_FEATURES,
+}
 FEATURE_DIMS: dict[NodeType, int] = {
     "global": GLOBAL_DIM,
     "layer": LAYER_DIM,
@@ -121,12 +139,14 @@ class TamiyoGraph:
         slot_ids: Slot id of each ``slot`` node, in node order.
         blueprint_ids: Blueprint id of each ``blueprint`` node, in node order.
         coverage: Share of feature entries that were observed rather than defaulted to 0.
+        missing: ``<node type>.<feature>`` names with at least one unobserved entry, sorted.
     """
 
     data: HeteroData
     slot_ids: tuple[str, ...]
     blueprint_ids: tuple[str, ...]
     coverage: float
+    missing: tuple[str, ...] = ()
 
     def inputs(self, device: torch.device) -> tuple[dict[NodeType, torch.Tensor], dict[EdgeType, torch.Tensor]]:
         """The policy's ``(x_dict, edge_index_dict)`` on ``device``.
@@ -143,13 +163,19 @@ class TamiyoGraph:
         return x_dict, edge_index_dict
 
 
-def build_graph(history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate]) -> TamiyoGraph:
+def build_graph(
+    history: Sequence[SystemStatePacket],
+    candidates: Sequence[BlueprintCandidate],
+    *,
+    total_epochs: int | None = None,
+) -> TamiyoGraph:
     """Build Tamiyo's hetero graph for the current epoch.
 
     Args:
         history: The run's packets, oldest first; ``history[-1]`` is the current epoch. Earlier
-            packets only feed the val-loss trend and volatility.
+            packets only feed the trends and volatilities (the last ``TREND_WINDOW``).
         candidates: Blueprints that can be germinated, one ``blueprint`` node each.
+        total_epochs: Length of the run, for the ``progress`` feature; None leaves it unobserved.
 
     Returns:
         The graph with every node type and every edge type in ``EDGE_TYPES`` present (possibly
@@ -162,18 +188,21 @@ def build_graph(history: Sequence[SystemStatePacket], candidates: Sequence[Bluep
         raise ValueError("history is empty: pass at least the current epoch's SystemStatePacket")
     current = history[-1]
     rows: dict[NodeType, list[_Row]] = {
-        "global": [_global_row(history)],
+        "global": [_global_row(history, total_epochs)],
         "layer": [_layer_row(layer, i, len(current.layers)) for i, layer in enumerate(current.layers)],
         "slot": [_slot_row(seed, current.val_loss) for seed in current.seeds],
-        "blueprint": [_blueprint_row(c) for c in candidates],
+        "blueprint": [_blueprint_row(c, current.host_params) for c in candidates],
     }
     data = HeteroData()
     observed = total = 0
+    missing: set[str] = set()
     for node_type, node_rows in rows.items():
-        x, n_observed = _tensorise(node_rows, FEATURE_DIMS[node_type])
+        x, unobserved = _tensorise(node_rows, FEATURE_DIMS[node_type])
         data[node_type].x = x  # (num_nodes, FEATURE_DIMS[node_type])
-        observed += n_observed
+        observed += x.numel() - len(unobserved)
         total += x.numel()
+        names = FEATURE_NAMES[node_type]
+        missing.update(f"{node_type}.{names[col]}" for col in unobserved)
     for edge_type, (src, dst) in _edges(current, candidates).items():
         data[edge_type].edge_index = torch.tensor([src, dst], dtype=torch.long)  # (2, E)
     return TamiyoGraph(
@@ -181,42 +210,57 @@ def build_graph(history: Sequence[SystemStatePacket], candidates: Sequence[Bluep
         slot_ids=tuple(s.slot_id for s in current.seeds),
         blueprint_ids=tuple(c.blueprint_id for c in candidates),
         coverage=observed / total,
+        missing=tuple(sorted(missing)),
     )
 
 
-def _tensorise(rows: list[_Row], dim: int) -> tuple[torch.Tensor, int]:
-    """Stack rows into a bounded float32 tensor; count entries that were observed and finite."""
+def _tensorise(rows: list[_Row], dim: int) -> tuple[torch.Tensor, list[int]]:
+    """Stack rows into a bounded float32 tensor; list the column of every unobserved entry."""
     values: list[list[float]] = []
-    observed = 0
+    unobserved: list[int] = []
     for row in rows:
         assert len(row) == dim, f"feature row has {len(row)} entries, expected {dim}"
         clean: list[float] = []
-        for value in row:
+        for col, value in enumerate(row):
             if value is None or not math.isfinite(value):
                 clean.append(0.0)
+                unobserved.append(col)
             else:
-                observed += 1
                 clean.append(max(-FEATURE_CLIP, min(FEATURE_CLIP, value)))
         values.append(clean)
-    return torch.tensor(values, dtype=torch.float32).reshape(len(rows), dim), observed
+    # Not ``torch.tensor(values).reshape(...)``: that is a view, and a view input makes Dynamo
+    # guard on its base as well.
+    x = torch.tensor(values, dtype=torch.float32) if values else torch.zeros(0, dim)
+    return x, unobserved
 
 
-def _global_row(history: Sequence[SystemStatePacket]) -> _Row:
+def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None) -> _Row:
     current = history[-1]
-    recent = [p.val_loss for p in history[-TREND_WINDOW:]]
-    slope = _slope(recent) if len(recent) >= 2 else None
-    volatility = statistics.pstdev(recent) if len(recent) >= 2 else None
+    window = history[-TREND_WINDOW:]
+    losses = [p.val_loss for p in window]
+    accuracies = [p.val_accuracy for p in window]
+    trended = len(window) >= 2
+    seed_params = sum(s.param_count for s in current.seeds if s.stage.is_active)
+    progress = None
+    if total_epochs is not None:
+        progress = current.epoch / (total_epochs - 1) if total_epochs > 1 else 1.0
     return [
         current.train_loss,
         current.val_loss,
         current.val_accuracy,
-        slope,
-        volatility,
+        _slope(losses) if trended else None,
+        statistics.pstdev(losses) if trended else None,
         math.log(current.learning_rate),
         current.epoch_latency_ms / current.latency_budget_ms,
         math.log1p(current.host_params),
         math.log1p(current.epoch),
         float(sum(s.stage.is_active for s in current.seeds)),
+        _slope(accuracies) if trended else None,
+        statistics.pstdev(accuracies) if trended else None,
+        _slope([p.train_loss for p in window]) if trended else None,
+        current.val_loss - current.train_loss,
+        seed_params / max(current.host_params, 1),
+        progress,
     ]
 
 
@@ -243,6 +287,7 @@ def _layer_row(layer: LayerState, index: int, num_layers: int) -> _Row:
 def _slot_row(seed: SeedState, val_loss: float) -> _Row:
     stage_onehot: _Row = [float(seed.stage is s) for s in _SLOT_STAGES]
     grad_norm = seed.metrics.get("grad_norm")
+    samples = seed.metrics.get("samples")
     with_seed = seed.metrics.get("val_loss_with_seed")
     without_seed = seed.metrics.get("val_loss_without_seed")
     gate = seed.last_gate
@@ -252,6 +297,7 @@ def _slot_row(seed: SeedState, val_loss: float) -> _Row:
         math.log1p(seed.epochs_in_stage),
         math.log1p(seed.param_count),
         None if grad_norm is None else _log1p_nonneg(grad_norm),
+        None if samples is None else _log1p_nonneg(samples),
         None if with_seed is None else with_seed - val_loss,
         None if without_seed is None else without_seed - val_loss,
         float(gate is not None and gate.passed),
@@ -260,13 +306,14 @@ def _slot_row(seed: SeedState, val_loss: float) -> _Row:
     ]
 
 
-def _blueprint_row(candidate: BlueprintCandidate) -> _Row:
+def _blueprint_row(candidate: BlueprintCandidate, host_params: int) -> _Row:
     tier_onehot: _Row = [float(candidate.descriptor.tier is t) for t in _TIERS]
     return tier_onehot + [
         candidate.descriptor.risk,
         math.log1p(candidate.latency_p95_ms),
         math.log1p(candidate.param_cost),
         float(len(candidate.shape_profiles)),
+        candidate.param_cost / max(host_params, 1),
     ]
 
 

@@ -118,11 +118,22 @@ class HeuristicPolicy:
             raise ValueError("history is empty: pass at least the current epoch's packet")
         make: _Make = functools.partial(_make_command, run_id=run_id, epoch=history[-1].epoch)
         seeds = history[-1].seeds
-        for rule in (_fossilize_on_passed_g4, _cull_on_failed_gate, self._wait_while_in_flight):
-            command = rule(seeds, make)
-            if command is not None:
-                return command
+        command = self.lifecycle_command(seeds, make) or self._wait_while_in_flight(seeds, make)
+        if command is not None:
+            return command
         return self._germinate_or_wait(history, candidates, make)
+
+    def lifecycle_command(self, seeds: Sequence[SeedState], make: _Make) -> AdaptationCommand | None:
+        """Rules 1 and 2 alone (fossilize on a passed G4, cull on a failed gate), or None.
+
+        Args:
+            seeds: The current epoch's seed states.
+            make: ``make(command_type, reason, **fields)`` builds a command for this run and epoch.
+
+        Returns:
+            The lifecycle command, or None when neither rule applies.
+        """
+        return _fossilize_on_passed_g4(seeds, make) or _cull_on_failed_gate(seeds, make)
 
     def _wait_while_in_flight(self, seeds: Sequence[SeedState], make: _Make) -> AdaptationCommand | None:
         """Rule 3: wait while ``max_active_seeds`` seeds are in flight."""

@@ -1,7 +1,19 @@
 """Tamiyo's policy: a hetero-GNN over the training-state graph built by ``graph.build_graph``.
 
-Shape legend: N_t nodes of type t; G global nodes (1 per graph); S slot nodes; B blueprint
-nodes; H = ``hidden_dim``; A = ``len(ACTIONS)``; K = ``len(BlendSchedule)``.
+Shape legend: N_t nodes of type t; E_r edges of relation r; G global nodes (1 per graph); S slot
+nodes; B blueprint nodes; H = ``hidden_dim``; A = ``len(ACTIONS)``; K = ``len(BlendSchedule)``.
+
+Each message-passing layer computes exactly what torch-geometric's
+``HeteroConv({r: SAGEConv((H, H), H) for r in relations}, aggr="sum")`` computes, in a fused
+form: for destination type t with incoming relations r_1..r_k,
+
+    h_t' = sum_r (W_r mean_r(h_src) + b_r + R_r h_t) = W_t [h_t | mean_r1 | ... | mean_rk] + b_t
+
+(the root weights R_r and biases b_r of the relations only ever appear summed). One linear per
+node type instead of two per relation, and plain ``index_select``/``scatter_add_`` instead of
+PyG's generic ``propagate``: 3-4x faster eager on the ``policy-graph`` workload, and a Dynamo
+trace of a few hundred ops instead of ~1,800, which is what made the compile warm-up cost 16-40 s.
+``tests/tamiyo/test_policy_gnn.py`` checks the equivalence against PyG with mapped weights.
 
 The module is plain eager PyTorch with fixed input widths (no lazy ``-1`` layers, so no dry
 run is needed before building an optimizer) and no data-dependent Python control flow in
@@ -11,14 +23,12 @@ precision and device placement are applied from outside, in ``build.prepare_poli
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import HeteroConv, SAGEConv
 
 from esper_core.contracts import BlendSchedule, CommandType, SeedOperation
 from esper_core.tamiyo.graph import EDGE_TYPES, FEATURE_DIMS, NODE_TYPES, EdgeType, NodeType
@@ -76,7 +86,7 @@ class PolicyOutput(NamedTuple):
 
 
 class TamiyoGNN(nn.Module):
-    """Hetero-GNN policy: input projections, residual ``HeteroConv`` layers, and heads.
+    """Hetero-GNN policy: input projections, residual hetero-SAGE layers, and heads.
 
     Args:
         config: Network size.
@@ -90,8 +100,9 @@ class TamiyoGNN(nn.Module):
             {node_type: nn.Linear(FEATURE_DIMS[node_type], hidden) for node_type in NODE_TYPES}
         )
         self.convs = nn.ModuleList(
-            _hetero_layer(hidden, last=(i == config.num_layers - 1)) for i in range(config.num_layers)
+            HeteroSAGELayer(hidden, last=(i == config.num_layers - 1)) for i in range(config.num_layers)
         )
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.action_head = _mlp(hidden, len(ACTIONS))
         self.slot_head = _mlp(hidden, 1)
         self.blueprint_head = _mlp(hidden, 1)
@@ -101,27 +112,24 @@ class TamiyoGNN(nn.Module):
         self.risk_head = _mlp(hidden, 1)
 
     def forward(self, x_dict: dict[NodeType, Tensor], edge_index_dict: dict[EdgeType, Tensor]) -> PolicyOutput:
-        """Score a training-state graph.
+        """Score a training-state graph (or a batch of graphs with G global nodes).
 
         Args:
             x_dict: Node features per node type, ``(N_t, FEATURE_DIMS[t])``; every type in
                 ``NODE_TYPES`` must be present (possibly with 0 rows).
-            edge_index_dict: int64 ``(2, E)`` indices per edge type in ``EDGE_TYPES``.
+            edge_index_dict: int64 ``(2, E_r)`` indices per edge type in ``EDGE_TYPES``.
 
         Returns:
             The policy's predictions; score tensors are empty when there are no slot or
             blueprint nodes.
         """
+        # Mean-aggregation weights depend only on the graph: computed once, shared by all layers.
+        edges = {et: _mean_edges(edge_index_dict[et], x_dict[et[2]]) for et in EDGE_TYPES}
         h_dict = {nt: self.input_proj[nt](x_dict[nt]) for nt in NODE_TYPES}  # (N_t, H)
         for conv in self.convs:
-            msg_dict = conv(h_dict, edge_index_dict)  # (N_t, H) for each destination type
+            msg_dict = conv(h_dict, edges)  # (N_t, H) for each destination type
             # Residual update; types a layer does not update (``layer`` in the last) pass through.
-            h_dict = {
-                nt: h + F.dropout(F.relu(msg_dict[nt]), p=self.config.dropout, training=self.training)
-                if nt in msg_dict
-                else h
-                for nt, h in h_dict.items()
-            }
+            h_dict = {nt: h + self.dropout(F.relu(msg_dict[nt])) if nt in msg_dict else h for nt, h in h_dict.items()}
         h_global = h_dict["global"]  # (G, H)
         return PolicyOutput(
             action_logits=self.action_head(h_global),
@@ -134,15 +142,51 @@ class TamiyoGNN(nn.Module):
         )
 
 
-def _hetero_layer(hidden: int, *, last: bool) -> HeteroConv:
-    """One message-passing layer: a mean-aggregating SAGEConv per relation, summed per type."""
-    edge_types = [et for et in EDGE_TYPES if not last or et[-1] in _HEAD_NODE_TYPES]
-    convs = {et: SAGEConv((hidden, hidden), hidden) for et in edge_types}
-    with warnings.catch_warnings():
-        # In the last layer ``layer`` nodes only send messages; HeteroConv warns about such
-        # source-only types, which is exactly what we want there (no head reads them).
-        warnings.filterwarnings("ignore", message=".*do not get updated.*")
-        return HeteroConv(convs, aggr="sum")
+# (src index (E,), dst index (E,), 1 / in-degree of each edge's destination (E, 1))
+_MeanEdges = tuple[Tensor, Tensor, Tensor]
+
+
+def _mean_edges(edge_index: Tensor, x_dst: Tensor) -> _MeanEdges:
+    src, dst = edge_index[0], edge_index[1]
+    ones = x_dst.new_ones(dst.shape[0])
+    # scatter_add_ rather than index_add_: Inductor's CPU vectoriser (torch 2.13) asserts on an
+    # index_add_ whose result feeds a pointwise op, which is exactly this degree computation.
+    degree = x_dst.new_zeros(x_dst.shape[0]).scatter_add_(0, dst, ones)  # (N_dst,)
+    return src, dst, degree.clamp(min=1.0).reciprocal().index_select(0, dst).unsqueeze(-1)
+
+
+class HeteroSAGELayer(nn.Module):
+    """One message-passing layer: SAGE (mean) per relation, summed per destination type, fused.
+
+    Equivalent to ``HeteroConv({r: SAGEConv((H, H), H)}, aggr="sum")`` (see the module docstring);
+    ``lin[t]`` reads ``[h_t | mean over relation 1 | ... ]`` in ``relations[t]`` order.
+
+    Args:
+        hidden: Width H of the node embeddings.
+        last: Update only the node types the heads read (``layer`` nodes then only send).
+    """
+
+    def __init__(self, hidden: int, *, last: bool) -> None:
+        super().__init__()
+        self.relations: dict[NodeType, tuple[EdgeType, ...]] = {
+            nt: tuple(et for et in EDGE_TYPES if et[2] == nt) for nt in NODE_TYPES if not last or nt in _HEAD_NODE_TYPES
+        }
+        self.lin = nn.ModuleDict(
+            {nt: nn.Linear((len(rels) + 1) * hidden, hidden) for nt, rels in self.relations.items()}
+        )
+
+    def forward(self, h_dict: dict[NodeType, Tensor], edges: dict[EdgeType, _MeanEdges]) -> dict[NodeType, Tensor]:
+        """Messages for each updated node type, ``(N_t, H)``."""
+        out = {}
+        for nt, rels in self.relations.items():
+            h_dst = h_dict[nt]  # (N_t, H)
+            parts = [h_dst]
+            for et in rels:
+                src, dst, inv_degree = edges[et]
+                msg = h_dict[et[0]].index_select(0, src) * inv_degree  # (E_r, H)
+                parts.append(h_dst.new_zeros(h_dst.shape).scatter_add_(0, dst.unsqueeze(-1).expand_as(msg), msg))
+            out[nt] = self.lin[nt](torch.cat(parts, dim=-1))
+        return out
 
 
 def _mlp(hidden: int, out_dim: int) -> nn.Sequential:

@@ -1,25 +1,48 @@
-"""Tamiyo's decision service: graph, policy forward, and (until Simic trains it) the heuristic."""
+"""Tamiyo's decision service: graph, policy forward, the deciding policy, the risk engine, the breaker.
+
+One call per epoch. The GNN runs on every call (its latency, action probabilities, value and
+predicted risk are always observable); who decides is ``TamiyoConfig.policy``: the heuristic
+(default until Simic has trained a policy), the GNN, random germination, or nobody. Every
+proposal then passes the risk engine. ``decide_safely`` adds the circuit breaker: an error
+counts as a failure and the epoch gets the safe command (WAIT) instead of an exception.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from esper_core.contracts import AdaptationCommand, SystemStatePacket
-from esper_core.tamiyo.build import prepare_policy
+from esper_core.contracts import (
+    AdaptationCommand,
+    CommandType,
+    FieldReport,
+    SeedOperation,
+    SystemStatePacket,
+)
+from esper_core.tamiyo.actions import Choice, choose, legal_masks
+from esper_core.tamiyo.baselines import RandomGerminationPolicy, decision_seed, no_growth
+from esper_core.tamiyo.breaker import CircuitBreaker
+from esper_core.tamiyo.build import PreparedPolicy, prepare_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.config import TamiyoConfig
-from esper_core.tamiyo.graph import build_graph
+from esper_core.tamiyo.graph import TamiyoGraph, build_graph
 from esper_core.tamiyo.heuristic import HeuristicPolicy
-from esper_core.tamiyo.model import ACTION_NAMES, TamiyoGNN
+from esper_core.tamiyo.model import ACTION_NAMES, ACTIONS, BLEND_SCHEDULES, PolicyOutput, TamiyoGNN
+from esper_core.tamiyo.risk import RiskContext, RiskEngine
 
-__all__ = ["Decision", "TamiyoConfig", "TamiyoService"]
+__all__ = ["BREAKER_ISSUER", "SHADOW_NOTE", "Decision", "TamiyoConfig", "TamiyoService"]
 
-UNTRAINED_NOTE = "(GNN untrained: heuristic decides)"
+log = logging.getLogger(__name__)
+
+SHADOW_NOTE = "(heuristic decides; GNN in shadow)"
+BREAKER_ISSUER = "tamiyo.breaker"
+BREAKER_RULE = "circuit_breaker"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,16 +50,38 @@ class Decision:
     """One epoch's decision with what the policy saw and how long it took.
 
     Attributes:
-        command: The command to carry out.
+        command: The command to carry out (after the risk engine).
+        proposal: The deciding policy's own command, before the risk engine.
+        policy: Who proposed: ``heuristic``, ``gnn``, ``random``, ``none`` or ``tamiyo.breaker``.
+        policy_version: Version of the GNN weights served, if any were loaded.
         gnn_latency_ms: Wall time of the policy forward, including reading its result back.
         coverage: Share of graph feature entries that were observed (see ``TamiyoGraph``).
+        missing: Features that were not observed (``<node type>.<feature>``).
         action_probs: The GNN's probability for each action name in ``ACTION_NAMES``.
+        value: The GNN's value estimate of the state.
+        predicted_risk: The GNN's predicted probability that the proposal regresses the run.
+        log_prob: log-probability of the GNN's proposal (GNN policy only; Simic's PPO uses it).
+        risk_rules: Risk-engine rules that vetoed or downgraded the proposal.
+        compiled: Whether this forward ran the compiled policy.
+        compile_enabled: Whether the compiled policy is ready (1) or eager serves (0).
+        compile_fallbacks: Compile fallbacks since the previous decision (a counter increment).
     """
 
     command: AdaptationCommand
-    gnn_latency_ms: float
-    coverage: float
-    action_probs: dict[str, float]
+    proposal: AdaptationCommand
+    policy: str
+    policy_version: str | None = None
+    gnn_latency_ms: float = 0.0
+    coverage: float = 0.0
+    missing: tuple[str, ...] = ()
+    action_probs: dict[str, float] | None = None
+    value: float | None = None
+    predicted_risk: float | None = None
+    log_prob: float | None = None
+    risk_rules: tuple[str, ...] = ()
+    compiled: bool = False
+    compile_enabled: bool = False
+    compile_fallbacks: int = 0
 
 
 class TamiyoService:
@@ -46,14 +91,19 @@ class TamiyoService:
         config: Service configuration.
         model: A policy network to use (e.g. trained by Simic); when None a fresh
             ``TamiyoGNN(config.gnn)`` is built. ``config.gnn`` is ignored when a model is given.
+        cache_dir: Compiler cache directory for a compiled policy (``<ESPER_HOME>/cache/inductor``).
     """
 
-    def __init__(self, config: TamiyoConfig, *, model: TamiyoGNN | None = None) -> None:
+    def __init__(self, config: TamiyoConfig, *, model: TamiyoGNN | None = None, cache_dir: Path | None = None) -> None:
         self.config = config
         self.model = model if model is not None else TamiyoGNN(config.gnn)
-        self._device = torch.device(config.device)
-        self._policy = prepare_policy(self.model, config)
+        self.policy: PreparedPolicy = prepare_policy(self.model, config, cache_dir=cache_dir)
         self.heuristic = HeuristicPolicy(config.heuristic)
+        self.random = RandomGerminationPolicy(config.random, self.heuristic)
+        self.risk = RiskEngine(config.risk)
+        self.breaker = CircuitBreaker(config.breaker)
+        self.policy_version: str | None = None
+        self._reported_fallbacks = 0
 
     def decide(
         self,
@@ -61,17 +111,17 @@ class TamiyoService:
         candidates: Sequence[BlueprintCandidate],
         *,
         run_id: str,
+        reports: Sequence[FieldReport] = (),
+        total_epochs: int | None = None,
     ) -> Decision:
-        """Decide this epoch's command.
-
-        The GNN runs on every call (so its latency and outputs are observable), but it is
-        untrained, so the heuristic's command is returned, annotated with the GNN's action
-        probabilities in ``command.scores`` under ``gnn.<action>``.
+        """Decide this epoch's command (errors propagate; see ``decide_safely``).
 
         Args:
             history: The run's packets, oldest first; ``history[-1]`` is the current epoch.
             candidates: Blueprints with active artifacts that may be germinated.
             run_id: Run the command belongs to.
+            reports: The run's field reports so far (the risk engine reads them).
+            total_epochs: Length of the run (the graph's ``progress`` feature).
 
         Returns:
             The decision.
@@ -79,31 +129,130 @@ class TamiyoService:
         Raises:
             ValueError: If ``history`` is empty.
         """
-        graph = build_graph(history, candidates)
-        x_dict, edge_index_dict = graph.inputs(self._device)
+        graph = build_graph(history, candidates, total_epochs=total_epochs)
+        x_dict, edge_index_dict = self.policy.inputs(graph)
         start = time.perf_counter()
-        with torch.inference_mode():
-            out = self._policy(x_dict, edge_index_dict)
-            # .tolist() waits for the device, so the timing covers the whole forward.
-            probs: list[float] = torch.softmax(out.action_logits[0], dim=-1).tolist()
+        out = self.policy(x_dict, edge_index_dict)
+        # .tolist() waits for the device, so the timing covers the whole forward.
+        probs: list[float] = torch.softmax(out.action_logits[0].float(), dim=-1).tolist()
         gnn_latency_ms = (time.perf_counter() - start) * 1e3
         action_probs = dict(zip(ACTION_NAMES, probs, strict=True))
-        proposal = self.heuristic.decide(history, candidates, run_id=run_id)
-        command = proposal.model_copy(
-            update={
-                "reason": f"{proposal.reason} {UNTRAINED_NOTE}",
-                "scores": {
-                    **proposal.scores,
-                    **{f"gnn.{name}": p for name, p in action_probs.items()},
-                },
-            }
+        value, predicted_risk = float(out.value[0]), float(out.risk[0])
+        log_prob = None
+        policy = self.config.policy
+        if policy == "gnn":
+            choice = choose(
+                out,
+                legal_masks(history[-1], candidates),
+                sample=self.config.explore,
+                generator=_generator(run_id, history[-1].epoch),
+            )
+            proposal = self._gnn_command(graph, choice, out, history[-1], run_id)
+            log_prob = choice.log_prob
+        elif policy == "heuristic":
+            proposal = self.heuristic.decide(history, candidates, run_id=run_id)
+            proposal = proposal.model_copy(
+                update={
+                    "reason": f"{proposal.reason} {SHADOW_NOTE}",
+                    "scores": {**proposal.scores, **{f"gnn.{n}": p for n, p in action_probs.items()}},
+                }
+            )
+        elif policy == "random":
+            proposal = self.random.decide(history, candidates, run_id=run_id)
+        else:
+            proposal = no_growth(history, run_id=run_id)
+        verdict = self.risk.review(
+            proposal,
+            RiskContext(
+                history=history,
+                candidates=candidates,
+                reports=reports,
+                predicted_risk=predicted_risk if policy == "gnn" else None,
+            ),
         )
+        fallbacks = self.policy.fallback_total - self._reported_fallbacks
+        self._reported_fallbacks = self.policy.fallback_total
         return Decision(
-            command=command,
+            command=verdict.command,
+            proposal=proposal,
+            policy=policy,
+            policy_version=self.policy_version,
             gnn_latency_ms=gnn_latency_ms,
             coverage=graph.coverage,
+            missing=graph.missing,
             action_probs=action_probs,
+            value=value,
+            predicted_risk=predicted_risk,
+            log_prob=log_prob,
+            risk_rules=verdict.rules,
+            compiled=self.policy.last_call_compiled,
+            compile_enabled=self.policy.compile_enabled,
+            compile_fallbacks=fallbacks,
         )
+
+    def decide_safely(
+        self,
+        history: Sequence[SystemStatePacket],
+        candidates: Sequence[BlueprintCandidate],
+        *,
+        run_id: str,
+        reports: Sequence[FieldReport] = (),
+        total_epochs: int | None = None,
+    ) -> Decision:
+        """``decide`` behind the circuit breaker: never raises for a failing policy.
+
+        While the breaker is open Tamiyo is not asked; an error is recorded as a failure (and
+        logged); both give ``fallback_decision``. Deadlines are the caller's: on a timeout call
+        ``breaker.record_failure(...)`` and use ``fallback_decision`` yourself.
+
+        Raises:
+            ValueError: If ``history`` is empty (a caller bug, not a policy failure).
+        """
+        if not history:
+            raise ValueError("history is empty: pass at least the current epoch's packet")
+        if not self.breaker.allow():
+            why = f"circuit breaker open ({self.breaker.consecutive_failures} consecutive failures, last: {self.breaker.last_failure})"
+            return self.fallback_decision(history, run_id=run_id, reason=why)
+        try:
+            decision = self.decide(history, candidates, run_id=run_id, reports=reports, total_epochs=total_epochs)
+        # Any failure of graph building, the policy or the risk engine must not stop training.
+        except Exception as e:  # noqa: BLE001
+            self.breaker.record_failure(f"{type(e).__name__}: {e}")
+            log.exception("Tamiyo failed to decide epoch %d of %s; waiting this epoch", history[-1].epoch, run_id)
+            return self.fallback_decision(history, run_id=run_id, reason=f"Tamiyo failed: {type(e).__name__}: {e}")
+        self.breaker.record_success()
+        return decision
+
+    def fallback_decision(self, history: Sequence[SystemStatePacket], *, run_id: str, reason: str) -> Decision:
+        """The safe decision (WAIT) used when Tamiyo errs, times out, or the breaker is open.
+
+        Args:
+            history: The run's packets (the command is for ``history[-1].epoch``).
+            run_id: Run the command belongs to.
+            reason: Why Tamiyo was not (successfully) asked.
+
+        Returns:
+            A WAIT decision with ``issued_by="tamiyo.breaker"`` and ``risk_rule="circuit_breaker"``.
+        """
+        command = AdaptationCommand(
+            run_id=run_id,
+            epoch=history[-1].epoch,
+            command_type=CommandType.WAIT,
+            issued_by=BREAKER_ISSUER,
+            reason=f"wait: {reason} (breaker {self.breaker.state.value})",
+            risk_rule=BREAKER_RULE,
+        )
+        return Decision(command=command, proposal=command, policy=BREAKER_ISSUER, risk_rules=(BREAKER_RULE,))
+
+    def swap_policy(self, state_dict: Mapping[str, Any], *, version: str) -> None:
+        """Serve new GNN weights from the next decision on (between epochs; compiled code stays valid).
+
+        Args:
+            state_dict: Weights of a ``TamiyoGNN`` of the same size.
+            version: Their version label (e.g. Simic's ``policy-v3``), reported with each decision.
+        """
+        self.policy.load_state_dict(dict(state_dict))
+        self.policy_version = version
 
     def state_dict(self) -> dict[str, Any]:
         """The policy network's weights (``TamiyoGNN.state_dict``)."""
@@ -120,3 +269,57 @@ class TamiyoService:
             ``(missing_keys, unexpected_keys)`` as from ``nn.Module.load_state_dict``.
         """
         return self.model.load_state_dict(state_dict, strict=strict)
+
+    def close(self) -> None:
+        """Stop the background compiler (its current job finishes first)."""
+        self.policy.close(timeout=60.0)
+
+    def _gnn_command(
+        self, graph: TamiyoGraph, choice: Choice, out: PolicyOutput, current: SystemStatePacket, run_id: str
+    ) -> AdaptationCommand:
+        ctype, op = ACTIONS[choice.action]
+        slot_id = graph.slot_ids[choice.slot] if choice.slot >= 0 else None
+        blueprint_id = graph.blueprint_ids[choice.blueprint] if choice.blueprint >= 0 else None
+        fields: dict[str, Any] = {}
+        what = ACTION_NAMES[choice.action]
+        if op is SeedOperation.GERMINATE:
+            schedule = BLEND_SCHEDULES[choice.blend]
+            fields = {
+                "blueprint_id": blueprint_id,
+                "blend_schedule": schedule,
+                "blend_epochs": self.heuristic.config.blend_epochs,
+            }
+            what = f"germinate {blueprint_id} into {slot_id} ({schedule.value} blend)"
+        elif op is not None:
+            what = f"{op.value} {slot_id}"
+        elif ctype is CommandType.OPTIMIZER:
+            fields = {"lr_scale": choice.lr_scale}
+            what = f"scale the learning rate by {choice.lr_scale:.3g}"
+        version = self.policy_version or "untrained"
+        mode = "sampled" if self.config.explore else "argmax"
+        return AdaptationCommand(
+            run_id=run_id,
+            epoch=current.epoch,
+            command_type=ctype,
+            seed_operation=op,
+            slot_id=slot_id,
+            issued_by=f"gnn:{version}",
+            reason=(
+                f"{what}: GNN {version} ({mode}) log-prob {choice.log_prob:.3f}, "
+                f"value {float(out.value[0]):.3g}, predicted risk {float(out.risk[0]):.2f}"
+            ),
+            scores={
+                **{
+                    f"gnn.{n}": p
+                    for n, p in zip(ACTION_NAMES, torch.softmax(out.action_logits[0].float(), -1).tolist(), strict=True)
+                },
+                "gnn.value": float(out.value[0]),
+                "gnn.risk": float(out.risk[0]),
+                "gnn.log_prob": choice.log_prob,
+            },
+            **fields,
+        )
+
+
+def _generator(run_id: str, epoch: int) -> torch.Generator:
+    return torch.Generator().manual_seed(decision_seed(run_id, epoch, "gnn"))

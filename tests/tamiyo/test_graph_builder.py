@@ -17,10 +17,12 @@ from esper_core.contracts import (
 )
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.graph import (
+    BLUEPRINT_FEATURES,
     EDGE_TYPES,
     FEATURE_CLIP,
     FEATURE_DIMS,
     FORWARD_EDGE_TYPES,
+    GLOBAL_FEATURES,
     NODE_TYPES,
     REVERSE_EDGE_TYPES,
     SLOT_FEATURES,
@@ -155,18 +157,41 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
         metrics=full,
     )
     bare = seed.model_copy(update={"metrics": {}})
-    # Two packets so the val-loss trend and volatility are observed.
-    observed = build_graph([_packet((seed,)), _packet((seed,))], [])
-    defaulted = build_graph([_packet((bare,)), _packet((bare,))], [])
-    assert observed.coverage == 1.0
-    missing = 3  # grad_norm, val_loss_with_seed delta, val_loss_without_seed delta
+    # Two packets so the trends and volatilities are observed; the run length gives progress.
+    observed = build_graph([_packet((seed,)), _packet((seed,))], [], total_epochs=5)
+    defaulted = build_graph([_packet((bare,)), _packet((bare,))], [], total_epochs=5)
+    assert observed.coverage == 1.0 and observed.missing == ()
+    # grad_norm, samples, val_loss_with_seed delta, val_loss_without_seed delta
+    assert defaulted.missing == (
+        "slot.log1p_grad_norm",
+        "slot.log1p_samples",
+        "slot.val_loss_with_seed_delta",
+        "slot.val_loss_without_seed_delta",
+    )
     total = sum(observed.data[nt].x.numel() for nt in NODE_TYPES)
-    assert defaulted.coverage == pytest.approx((total - missing) / total)
+    assert defaulted.coverage == pytest.approx((total - 4) / total)
     col = SLOT_FEATURES.index("val_loss_with_seed_delta")
     assert observed.data["slot"].x[0, col].item() == pytest.approx(-0.1)
     assert defaulted.data["slot"].x[0, col].item() == 0.0
-    # A single packet has no trend: two global entries are defaulted.
-    assert build_graph([_packet((seed,))], []).coverage == pytest.approx((total - 2) / total)
+    # A single packet of a run of unknown length has no trends (5 entries) and no progress.
+    single = build_graph([_packet((seed,))], [])
+    assert single.coverage == pytest.approx((total - 6) / total)
+    assert "global.progress" in single.missing and "global.val_accuracy_slope" in single.missing
+
+
+def test_global_features_cover_trends_gap_seed_share_and_progress() -> None:
+    history = synthetic_history(num_epochs=4, num_layers=3, num_slots=2)  # slot1 TRAINING
+    graph = build_graph(history, synthetic_candidates(2), total_epochs=9)
+    row = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    current = history[-1]
+    assert row["progress"] == pytest.approx(current.epoch / 8)
+    assert row["generalisation_gap"] == pytest.approx(current.val_loss - current.train_loss)
+    assert row["val_accuracy_slope"] == pytest.approx(0.1)  # synthetic accuracy rises 0.1 per epoch
+    assert row["train_loss_slope"] < 0 and row["val_accuracy_volatility"] > 0
+    seed_params = sum(s.param_count for s in current.seeds if s.stage.is_active)
+    assert row["seed_param_share"] == pytest.approx(seed_params / current.host_params)
+    bp = dict(zip(BLUEPRINT_FEATURES, graph.data["blueprint"].x[1].tolist(), strict=True))
+    assert bp["param_cost_share"] == pytest.approx(2000 / current.host_params)
 
 
 def test_non_finite_and_huge_values_are_bounded() -> None:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import Tensor
+from torch_geometric.nn import HeteroConv, SAGEConv
 
 from esper_core.contracts import BlendSchedule
-from esper_core.tamiyo.graph import TamiyoGraph, build_graph
-from esper_core.tamiyo.model import ACTIONS, PolicyOutput, TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype
+from esper_core.tamiyo.config import PolicyCompileConfig
+from esper_core.tamiyo.graph import EDGE_TYPES, TamiyoGraph, build_graph
+from esper_core.tamiyo.model import ACTIONS, HeteroSAGELayer, PolicyOutput, TamiyoGNN, TamiyoGNNConfig, _mean_edges
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 from tests.helpers.runif import requires_cuda
 
@@ -95,13 +99,12 @@ def _p95_ms(
     iters: int = 50,
 ) -> float:
     times = []
-    with torch.inference_mode():
-        for _ in range(iters):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            policy(x_dict, edge_index_dict)
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - start) * 1e3)
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        policy(x_dict, edge_index_dict)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
     times.sort()
     return times[int(0.95 * (len(times) - 1))]
 
@@ -110,27 +113,30 @@ def _p95_ms(
 @pytest.mark.slow
 @requires_cuda("Tamiyo compile perf budget (seed 002)")
 def test_policy_inference_perf_budget_cuda_compile() -> None:
-    """Seed 002: compiled p95 <= max(45 ms, eager p95 * 1.10) on the policy-graph workload."""
+    """Seed 002: compiled p95 <= max(45 ms, eager p95 * 1.10) on the policy-graph workload.
+
+    Both paths are Tamiyo's serving path (``PreparedPolicy``: inference mode, bf16 autocast,
+    pinned inputs); the compiled one is compiled before timing (not in the background).
+    """
     device = torch.device("cuda")
     model = _model().to(device).eval()
-    x_dict, edge_index_dict = _policy_graph().inputs(device)
-    with torch.inference_mode():
-        for _ in range(10):
-            eager_out = model(x_dict, edge_index_dict)
-    eager_p95 = _p95_ms(model, x_dict, edge_index_dict)
-
-    compiled = torch.compile(model, dynamic=True)
-    try:
-        with torch.inference_mode():
-            for _ in range(10):
-                compiled_out = compiled(x_dict, edge_index_dict)
-            torch.cuda.synchronize()
-    # Compiler failures surface as many exception types (BackendCompilerFailed, Unsupported,
-    # InductorError, ...); any of them means the compile path is unavailable, not a slow one.
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"torch.compile raised during warm-up, compile path unavailable: {e!r}")
+    dtype = autocast_dtype(device)
+    eager = PreparedPolicy(model, device=device, compile_config=None, dtype=dtype)
+    compiled = PreparedPolicy(model, device=device, compile_config=PolicyCompileConfig(background=False), dtype=dtype)
+    x_dict, edge_index_dict = eager.inputs(_policy_graph())
+    for _ in range(10):
+        eager_out = eager(x_dict, edge_index_dict)
+    eager_p95 = _p95_ms(eager, x_dict, edge_index_dict)
+    compiled.warm(x_dict, edge_index_dict)
+    if not compiled.compile_enabled:
+        pytest.skip(f"torch.compile fell back during warm-up, compile path unavailable: {compiled.fallback_reason}")
+    for _ in range(10):
+        compiled_out = compiled(x_dict, edge_index_dict)
+    torch.cuda.synchronize()
+    if not compiled.last_call_compiled:
+        pytest.skip(f"the compiled path did not serve the call: {compiled.fallback_reason or 'recompile'}")
     for a, b in zip(eager_out, compiled_out, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # bf16 autocast on both
     compiled_p95 = _p95_ms(compiled, x_dict, edge_index_dict)
 
     budget_ms = max(45.0, eager_p95 * 1.10)
@@ -138,3 +144,34 @@ def test_policy_inference_perf_budget_cuda_compile() -> None:
         f"compiled p95 {compiled_p95:.2f} ms exceeds budget {budget_ms:.2f} ms "
         f"(eager p95 {eager_p95:.2f} ms); try TORCH_LOGS=recompiles"
     )
+
+
+def test_fused_layers_compute_what_pyg_heteroconv_sage_computes() -> None:
+    """``HeteroSAGELayer`` is ``HeteroConv({r: SAGEConv((H, H), H)}, aggr="sum")`` in fused form."""
+    hidden = 8
+    graph = _small_graph()
+    torch.manual_seed(0)
+    h = {nt: torch.randn(graph.data[nt].num_nodes, hidden) for nt in graph.data.node_types}
+    edge_index_dict = graph.data.edge_index_dict
+    for last in (False, True):
+        ours = HeteroSAGELayer(hidden, last=last)
+        convs = {}
+        for nt, rels in ours.relations.items():
+            weight, bias = ours.lin[nt].weight.detach(), ours.lin[nt].bias.detach()
+            for i, et in enumerate(rels):
+                conv = SAGEConv((hidden, hidden), hidden)
+                with torch.no_grad():
+                    conv.lin_l.weight.copy_(weight[:, (i + 1) * hidden : (i + 2) * hidden])
+                    conv.lin_l.bias.copy_(bias / len(rels))
+                    conv.lin_r.weight.copy_(weight[:, :hidden] / len(rels))
+                convs[et] = conv
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*do not get updated.*")
+            pyg = HeteroConv(convs, aggr="sum")
+        edges = {et: _mean_edges(edge_index_dict[et], h[et[2]]) for et in EDGE_TYPES}
+        with torch.no_grad():
+            expected = pyg(h, {et: edge_index_dict[et] for et in convs})
+            got = ours(h, edges)
+        assert set(got) == set(expected)
+        for nt in got:
+            torch.testing.assert_close(got[nt], expected[nt], rtol=1e-5, atol=1e-5)

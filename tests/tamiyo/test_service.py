@@ -1,4 +1,4 @@
-"""TamiyoService: graph + GNN forward + heuristic decision in one call."""
+"""TamiyoService: graph + GNN forward + the deciding policy + the risk engine in one call."""
 
 from __future__ import annotations
 
@@ -6,35 +6,37 @@ import pytest
 import torch
 
 from esper_core.contracts import CommandType, SeedOperation
-from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.model import ACTION_NAMES, TamiyoGNN, TamiyoGNNConfig
-from esper_core.tamiyo.service import UNTRAINED_NOTE, TamiyoService
+from esper_core.tamiyo.risk import RiskConfig
+from esper_core.tamiyo.service import SHADOW_NOTE, TamiyoService
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+
+SMALL = TamiyoGNNConfig(hidden_dim=32)
+EAGER = PolicyCompileConfig(enabled=False)  # compiling is tested in test_build.py
 
 
 @pytest.fixture
 def service() -> TamiyoService:
     torch.manual_seed(0)
-    return TamiyoService(TamiyoConfig(gnn=TamiyoGNNConfig(hidden_dim=32)))
+    return TamiyoService(TamiyoConfig(gnn=SMALL))
 
 
 def test_decide_returns_heuristic_command_with_gnn_scores(service: TamiyoService) -> None:
     # Epoch 1 with slot0 dormant and nothing tried yet: the probe germinates.
     history = synthetic_history(num_epochs=2, num_layers=3, num_slots=1)
-    decision = service.decide(history, synthetic_candidates(3), run_id="run-1")
+    decision = service.decide(history, synthetic_candidates(3), run_id="run-1", total_epochs=10)
     command = decision.command
     assert command.issued_by == "heuristic" and command.run_id == "run-1" and command.epoch == 1
-    assert (command.command_type, command.seed_operation) == (
-        CommandType.SEED,
-        SeedOperation.GERMINATE,
-    )
+    assert (command.command_type, command.seed_operation) == (CommandType.SEED, SeedOperation.GERMINATE)
     assert (command.slot_id, command.blueprint_id) == ("slot0", "bp0")
-    assert command.reason.endswith(UNTRAINED_NOTE)
+    assert command.reason.endswith(SHADOW_NOTE) and command.risk_rule is None
     assert set(command.scores) == {f"gnn.{name}" for name in ACTION_NAMES}
     assert decision.action_probs == {name: command.scores[f"gnn.{name}"] for name in ACTION_NAMES}
     assert sum(decision.action_probs.values()) == pytest.approx(1.0, abs=1e-5)
-    assert decision.gnn_latency_ms > 0.0
-    assert 0.0 < decision.coverage <= 1.0
+    assert decision.gnn_latency_ms > 0.0 and 0.0 < decision.coverage <= 1.0
+    assert decision.policy == "heuristic" and decision.log_prob is None and decision.proposal == command
+    assert not decision.compiled and not decision.compile_enabled and decision.compile_fallbacks == 0
 
 
 def test_decide_waits_while_seed_in_flight(service: TamiyoService) -> None:
@@ -49,20 +51,71 @@ def test_empty_history_raises(service: TamiyoService) -> None:
         service.decide([], synthetic_candidates(), run_id="run-1")
 
 
-def test_state_dict_round_trip_reproduces_action_probs(service: TamiyoService) -> None:
+def test_gnn_policy_proposes_a_legal_command_with_its_log_prob() -> None:
+    torch.manual_seed(0)
+    service = TamiyoService(TamiyoConfig(policy="gnn", gnn=SMALL, compile=EAGER))
+    history, candidates = synthetic_history(num_epochs=2, num_slots=3), synthetic_candidates(3)
+    decision = service.decide(history, candidates, run_id="r")
+    proposal = decision.proposal
+    assert proposal.issued_by == "gnn:untrained" and decision.log_prob is not None and decision.log_prob <= 0
+    assert {"gnn.value", "gnn.risk", "gnn.log_prob"} <= set(proposal.scores)
+    assert decision.value is not None and 0.0 < (decision.predicted_risk or 0.0) < 1.0
+    # Same run and epoch, same decision: a retried task decides the same, sampled or not.
+    again = service.decide(history, candidates, run_id="r").proposal
+    assert (again.action, again.slot_id, again.blueprint_id) == (
+        proposal.action,
+        proposal.slot_id,
+        proposal.blueprint_id,
+    )
+
+
+def test_explore_samples_reproducibly_per_run_and_epoch() -> None:
+    torch.manual_seed(0)
+    service = TamiyoService(TamiyoConfig(policy="gnn", explore=True, gnn=SMALL, compile=EAGER))
+    history, candidates = synthetic_history(num_epochs=2, num_slots=3), synthetic_candidates(3)
+    first = [service.decide(history, candidates, run_id=f"r{i}").log_prob for i in range(8)]
+    second = [service.decide(history, candidates, run_id=f"r{i}").log_prob for i in range(8)]
+    assert first == second and len(set(first)) > 1
+
+
+def test_random_and_none_policies() -> None:
+    history, candidates = synthetic_history(num_epochs=2, num_slots=1), synthetic_candidates(3)
+    none = TamiyoService(TamiyoConfig(policy="none", gnn=SMALL)).decide(history, candidates, run_id="r")
+    assert none.command.command_type is CommandType.WAIT and none.command.issued_by == "none"
+    rand = TamiyoService(TamiyoConfig(policy="random", gnn=SMALL))
+    actions = {rand.decide(history, candidates, run_id=f"r{i}").command.action for i in range(20)}
+    assert actions == {"wait", "germinate"}
+
+
+def test_the_risk_engine_reviews_every_policy() -> None:
+    # bp2 is the HIGH_RISK candidate: the random policy may pick it, the engine downgrades it.
+    history = synthetic_history(num_epochs=2, num_slots=1)
+    service = TamiyoService(TamiyoConfig(policy="random", gnn=SMALL, risk=RiskConfig(quarantined=("bp0",))))
+    commands = [service.decide(history, synthetic_candidates(3), run_id=f"r{i}").command for i in range(30)]
+    germinations = [c for c in commands if c.action == "germinate"]
+    assert germinations and all(c.blueprint_id == "bp1" for c in germinations)
+    assert any(c.risk_rule and "blueprint" in c.risk_rule for c in germinations)
+
+
+def test_swap_policy_changes_what_is_served(service: TamiyoService) -> None:
     history, candidates = synthetic_history(), synthetic_candidates()
-    torch.manual_seed(123)  # a different initialisation
-    other = TamiyoService(TamiyoConfig(), model=TamiyoGNN(TamiyoGNNConfig(hidden_dim=32)))
+    torch.manual_seed(123)
+    other = TamiyoService(TamiyoConfig(gnn=SMALL), model=TamiyoGNN(SMALL))
     before = other.decide(history, candidates, run_id="r").action_probs
-    other.load_state_dict(service.state_dict())
-    after = other.decide(history, candidates, run_id="r").action_probs
+    other.swap_policy(service.state_dict(), version="v7")
+    after = other.decide(history, candidates, run_id="r")
     expected = service.decide(history, candidates, run_id="r").action_probs
-    assert after == pytest.approx(expected) and before != pytest.approx(expected)
+    assert after.action_probs == pytest.approx(expected) and before != pytest.approx(expected)
+    assert after.policy_version == "v7"
 
 
-def test_config_rejects_unknown_device() -> None:
+def test_config_rejects_unknown_device_policy_and_misplaced_explore() -> None:
     with pytest.raises(ValueError, match="device"):
         TamiyoConfig(device="tpu-9000")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        TamiyoConfig(policy="oracle")
+    with pytest.raises(ValueError, match="explore"):
+        TamiyoConfig(policy="heuristic", explore=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when CUDA is absent")

@@ -1,0 +1,220 @@
+"""From stored decisions and field reports to training samples: graphs, choices, rewards.
+
+Reward of the decision at epoch t of a run (``param_penalty`` = lambda):
+
+    r_t = (val_accuracy_{t+1} - val_accuracy_t) - lambda * params_added_t / host_params
+
+where ``params_added_t`` is the blueprint's parameter cost for a germination, minus the seed's
+parameters for a cull, 0 otherwise, and the last decision of a run has no accuracy term (nothing
+is trained after it). Summed over a run the accuracy terms telescope to the accuracy gained, so
+the return trades accuracy gained against parameters added, as the issue asks.
+
+Field reports label the risk head: a judged command whose outcome was a regression is a positive.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Batch, HeteroData
+
+from esper_core.contracts import AdaptationCommand, FieldReport, Outcome, SeedOperation
+from esper_core.simic.records import DecisionRecord
+from esper_core.tamiyo.actions import ACTION_INDEX, NO_CHOICE, ActionMasks, BatchChoices, legal_masks
+from esper_core.tamiyo.graph import EdgeType, NodeType, build_graph
+from esper_core.tamiyo.model import BLEND_SCHEDULES
+
+# Who proposed a decision worth learning from; breaker and safety WAITs are not a policy's choice.
+LEARNABLE_POLICIES = frozenset({"heuristic", "gnn", "random"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sample:
+    """One decision ready for training.
+
+    Attributes:
+        graph: The rebuilt state graph.
+        masks: Legal choices in that state.
+        action: Chosen action index; ``slot``, ``blueprint``, ``blend`` as in ``Choice``.
+        reward: ``r_t`` of the module docstring.
+        behaviour_log_prob: log-probability under the policy that acted (GNN decisions only).
+        behaviour_value: That policy's value estimate (GNN decisions only).
+        regressed: 1.0 / 0.0 when a field report judged the command, else None.
+        run_id: The run.
+        epoch: The decided epoch.
+        policy: Who proposed.
+    """
+
+    graph: HeteroData
+    masks: ActionMasks
+    action: int
+    slot: int
+    blueprint: int
+    blend: int
+    reward: float
+    behaviour_log_prob: float | None
+    behaviour_value: float | None
+    regressed: float | None
+    run_id: str
+    epoch: int
+    policy: str
+
+
+def choice_of(
+    command: AdaptationCommand, slot_ids: Sequence[str], blueprint_ids: Sequence[str]
+) -> tuple[int, int, int, int]:
+    """``(action, slot, blueprint, blend)`` indices of ``command`` in a graph's node order.
+
+    Raises:
+        ValueError: The command names a slot or blueprint that is not in the graph.
+    """
+    action = ACTION_INDEX[(command.command_type, command.seed_operation)]
+    slot = blueprint = blend = NO_CHOICE
+    if command.seed_operation is not None:
+        if command.slot_id not in slot_ids:
+            raise ValueError(f"command names slot {command.slot_id!r}, not among the graph's slots {list(slot_ids)}")
+        slot = list(slot_ids).index(command.slot_id)
+    if command.seed_operation is SeedOperation.GERMINATE:
+        if command.blueprint_id not in blueprint_ids:
+            raise ValueError(f"command names blueprint {command.blueprint_id!r}, not among {list(blueprint_ids)}")
+        blueprint = list(blueprint_ids).index(command.blueprint_id)
+        blend = BLEND_SCHEDULES.index(command.blend_schedule)
+    return action, slot, blueprint, blend
+
+
+def params_added(record: DecisionRecord) -> int:
+    """Parameters the executed command adds (a germination) or removes (a cull, negative)."""
+    command, current = record.command, record.state.current
+    if command.seed_operation is SeedOperation.GERMINATE:
+        return next((c.param_cost for c in record.state.candidates if c.blueprint_id == command.blueprint_id), 0)
+    if command.seed_operation is SeedOperation.CULL:
+        return -next((s.param_count for s in current.seeds if s.slot_id == command.slot_id), 0)
+    return 0
+
+
+def run_rewards(records: Sequence[DecisionRecord], *, param_penalty: float) -> list[float]:
+    """Rewards of one run's decisions, sorted by epoch (see the module docstring)."""
+    rewards = []
+    for i, record in enumerate(records):
+        current = record.state.current
+        gained = records[i + 1].state.current.val_accuracy - current.val_accuracy if i + 1 < len(records) else 0.0
+        rewards.append(gained - param_penalty * params_added(record) / max(current.host_params, 1))
+    return rewards
+
+
+def build_samples(
+    records: Sequence[DecisionRecord],
+    reports: Sequence[FieldReport],
+    *,
+    param_penalty: float,
+    policies: frozenset[str] = LEARNABLE_POLICIES,
+) -> tuple[list[Sample], int]:
+    """Samples of every learnable decision, with rewards computed per run.
+
+    Args:
+        records: Stored decisions (any order, any runs).
+        reports: Stored field reports (joined to decisions by command id).
+        param_penalty: lambda of the reward.
+        policies: Proposers whose decisions become samples.
+
+    Returns:
+        ``(samples, skipped)``: decisions whose proposal is illegal in the rebuilt state (e.g.
+        recorded before a feature or rule change) are skipped and counted.
+    """
+    outcome = {r.command.command_id: r.outcome for r in reports}
+    by_run: dict[str, list[DecisionRecord]] = defaultdict(list)
+    for record in records:
+        by_run[record.command.run_id].append(record)
+    samples: list[Sample] = []
+    skipped = 0
+    for run_records in by_run.values():
+        run_records.sort(key=lambda r: r.command.epoch)
+        for record, reward in zip(run_records, run_rewards(run_records, param_penalty=param_penalty), strict=True):
+            if record.policy not in policies:
+                continue
+            sample = _sample(record, reward, outcome.get(record.command.command_id))
+            if sample is None:
+                skipped += 1
+            else:
+                samples.append(sample)
+    return samples, skipped
+
+
+def _sample(record: DecisionRecord, reward: float, outcome: Outcome | None) -> Sample | None:
+    state = record.state
+    graph = build_graph(state.history, state.candidates, total_epochs=state.total_epochs)
+    masks = legal_masks(state.current, state.candidates)
+    try:
+        action, slot, blueprint, blend = choice_of(record.proposal, graph.slot_ids, graph.blueprint_ids)
+    except ValueError:
+        return None
+    legal = bool(masks.action[action]) and (slot < 0 or bool(masks.slot[action, slot]))
+    if not legal or (blueprint >= 0 and not bool(masks.fits[slot, blueprint])):
+        return None
+    return Sample(
+        graph=graph.data,
+        masks=masks,
+        action=action,
+        slot=slot,
+        blueprint=blueprint,
+        blend=blend,
+        reward=reward,
+        behaviour_log_prob=record.log_prob if record.policy == "gnn" else None,
+        behaviour_value=record.value if record.policy == "gnn" else None,
+        regressed=None if outcome is None else float(outcome is Outcome.REGRESSION),
+        run_id=record.command.run_id,
+        epoch=record.command.epoch,
+        policy=record.policy,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SampleBatch:
+    """G samples batched into one graph for a single forward.
+
+    Attributes:
+        x_dict: Node features of the batch.
+        edge_index_dict: Edges of the batch (indices offset per graph).
+        choices: The recorded choices with their masks.
+        regressed: ``(G,)`` risk-head labels, NaN where no field report judged the command.
+    """
+
+    x_dict: dict[NodeType, Tensor]
+    edge_index_dict: dict[EdgeType, Tensor]
+    choices: BatchChoices
+    regressed: Tensor
+
+
+def collate(samples: Sequence[Sample], device: torch.device) -> SampleBatch:
+    """Batch ``samples`` (PyG ``Batch``) with global slot and blueprint indices."""
+    batch = Batch.from_data_list([s.graph for s in samples])
+    slot_ptr, bp_ptr = batch["slot"].ptr.tolist(), batch["blueprint"].ptr.tolist()
+    slot_mask, bp_mask, slots, bps = [], [], [], []
+    for g, s in enumerate(samples):
+        num_bp = bp_ptr[g + 1] - bp_ptr[g]
+        slot_mask.append(s.masks.slot[s.action])
+        bp_mask.append(s.masks.fits[s.slot] if s.slot >= 0 else torch.zeros(num_bp, dtype=torch.bool))
+        slots.append(slot_ptr[g] + s.slot if s.slot >= 0 else NO_CHOICE)
+        bps.append(bp_ptr[g] + s.blueprint if s.blueprint >= 0 else NO_CHOICE)
+    choices = BatchChoices(
+        action=torch.tensor([s.action for s in samples]),
+        action_mask=torch.stack([s.masks.action for s in samples]),
+        slot=torch.tensor(slots),
+        slot_mask=torch.cat(slot_mask),
+        slot_batch=batch["slot"].batch,
+        blueprint=torch.tensor(bps),
+        blueprint_mask=torch.cat(bp_mask),
+        blueprint_batch=batch["blueprint"].batch,
+        blend=torch.tensor([s.blend for s in samples]),
+    )
+    regressed = torch.tensor([float("nan") if s.regressed is None else s.regressed for s in samples])
+    return SampleBatch(
+        x_dict={nt: x.to(device) for nt, x in batch.x_dict.items()},
+        edge_index_dict={et: ei.to(device) for et, ei in batch.edge_index_dict.items()},
+        choices=choices.to(device),
+        regressed=regressed.to(device),
+    )

@@ -1,0 +1,142 @@
+"""Run whole training runs in-process to produce Simic's data (and the growth benchmark's arms).
+
+An episode is a real ``RunSession`` (Tolaria trains, Tamiyo decides, Kasmina applies, every
+step committed), so its decisions and field reports reach the registry exactly as a production
+run's do. Episodes share one ``TamiyoService`` when given one (one policy load and, if
+compiled, one compile for all of them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from esper_core.contracts import new_id
+from esper_core.recipes import RunConfig, get_recipe
+from esper_core.session import START_TAG, RunSession, epoch_tag
+from esper_core.settings import EsperSettings
+from esper_core.tamiyo.config import PolicyCompileConfig
+from esper_core.tamiyo.service import TamiyoService
+from esper_core.tolaria.loop import count_parameters
+from esper_core.urza.service import Urza
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpisodeResult:
+    """What one run achieved.
+
+    Attributes:
+        run_id: The run.
+        recipe: Its recipe.
+        policy: Who decided (``TamiyoConfig.policy``).
+        seed: Its seed.
+        test_accuracy: Accuracy on the test split after the last epoch.
+        val_accuracy: Validation accuracy after the last epoch.
+        host_params: Parameters of the host alone.
+        total_params: Host plus every seed still attached.
+        wall_s: Wall time of the run (training, decisions, commits).
+        commands: Action name -> how many were issued.
+        policy_version: GNN weights served at the end, if any.
+    """
+
+    run_id: str
+    recipe: str
+    policy: str
+    seed: int
+    test_accuracy: float
+    val_accuracy: float
+    host_params: int
+    total_params: int
+    wall_s: float
+    commands: dict[str, int]
+    policy_version: str | None
+
+
+def episode_config(
+    recipe: str,
+    *,
+    seed: int,
+    policy: str,
+    epochs: int | None = None,
+    device: str = "cpu",
+    explore: bool = False,
+    policy_version: int | None = None,
+) -> RunConfig:
+    """The recipe's configuration with the deciding policy set, for an episode.
+
+    The training step is kept eager (``trainer.step.compile="off"``): episodes are short and many,
+    and a step compile (10-40 s on 2 CPU cores, decided per workload) would dominate their wall
+    time without changing what Tamiyo decides. The policy is not compiled either: ten decisions
+    of ~1 ms each do not repay a compile.
+    """
+    config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+    config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, compile="off"))
+    config.tamiyo = dataclasses.replace(
+        config.tamiyo,
+        policy=policy,
+        explore=explore,
+        policy_version=policy_version,
+        compile=PolicyCompileConfig(enabled=False),
+    )
+    return config
+
+
+def run_episode(
+    config: RunConfig,
+    *,
+    settings: EsperSettings,
+    run_id: str | None = None,
+    tamiyo: TamiyoService | None = None,
+) -> EpisodeResult:
+    """Train ``config`` for all its epochs with Tamiyo deciding after each, then test it.
+
+    Args:
+        config: The run (see ``episode_config``).
+        settings: Where the registry and run folders live.
+        run_id: The run's id; default ``<recipe>-<policy>-s<seed>-<random>``.
+        tamiyo: A running Tamiyo to share; its breaker is reset first. Its configuration must
+            be ``config.tamiyo``'s.
+
+    Returns:
+        The episode's result.
+    """
+    run_id = run_id or f"{config.recipe}-{config.tamiyo.policy}-s{config.seed}-{new_id()[:6]}"
+    (settings.runs_dir / run_id).mkdir(parents=True, exist_ok=False)
+    if tamiyo is not None:
+        tamiyo.breaker.reset()
+    start = time.perf_counter()
+    session = RunSession(
+        config=config,
+        settings=settings,
+        run_id=run_id,
+        urza=Urza.open(settings.home, settings.registry_db_url),
+        tamiyo=tamiyo,
+    )
+    try:
+        session.commit(START_TAG)
+        for epoch in range(config.epochs):
+            session.train_epoch()
+            session.commit(epoch_tag(epoch, "trained"))
+            session.apply(session.decide())
+            session.commit(epoch_tag(epoch, "applied"))
+        test = session.trainer.evaluate(session.trainer.data.test)
+        last = session.history[-1]
+        return EpisodeResult(
+            run_id=run_id,
+            recipe=config.recipe,
+            policy=config.tamiyo.policy,
+            seed=config.seed,
+            test_accuracy=test.accuracy,
+            val_accuracy=last.val_accuracy,
+            host_params=last.host_params,
+            total_params=count_parameters(session.trainer.model),
+            wall_s=time.perf_counter() - start,
+            commands=dict(Counter(c.action for c in session.commands)),
+            policy_version=session.tamiyo.policy_version,
+        )
+    finally:
+        if tamiyo is None:
+            session.tamiyo.close()
+        session.close()

@@ -1,0 +1,446 @@
+"""Durable records Simic learns from: field reports, decisions, and trained policy versions.
+
+``SimicStore`` writes into the registry database (Urza's engine: WAL, ``BEGIN IMMEDIATE`` on
+SQLite) and keeps policy weights in Urza's content-addressed blob store. Every write is one
+transaction and an upsert on the record's key (a report's ``report_id``; a decision's run and
+epoch), so a retried or replayed step rewrites its rows instead of duplicating them; a run that
+dies loses nothing that reached a commit (``RunSession.commit`` records before it checkpoints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy import Connection, Engine, func, select
+
+from esper_core.contracts import AdaptationCommand, FieldReport, SystemStatePacket
+from esper_core.simic.models import SIMIC_TABLES, DecisionRow, FieldReportRow, PolicyRow
+from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.tamiyo.graph import FEATURE_DIMS, TREND_WINDOW
+from esper_core.tamiyo.model import TamiyoGNNConfig
+from esper_core.tamiyo.service import Decision
+from esper_core.urza.blobs import BlobStore
+from esper_core.urza.errors import RegistryConflictError, RegistryError
+from esper_core.urza.service import Urza
+from esper_core.urza.sql_engine import WRITE_OPTION, create_registry_engine, translate_errors, upsert
+
+_REPORT_NAMESPACE = uuid.UUID("8f5b8f5e-3c3a-4c1e-9a53-5e51c0f1e9a1")
+_PUBLISH_ATTEMPTS = 3
+
+
+def report_id_for(command: AdaptationCommand) -> str:
+    """The id of ``command``'s field report: derived from its command id, so re-judging the same
+    command (a retried epoch) yields the same report and the same row."""
+    return uuid.uuid5(_REPORT_NAMESPACE, command.command_id).hex
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionState:
+    """What Tamiyo saw: enough to rebuild the graph with any later version of the builder.
+
+    Attributes:
+        history: The last ``TREND_WINDOW`` packets, oldest first.
+        candidates: The blueprint candidates, in node order.
+        total_epochs: Length of the run, if known.
+    """
+
+    history: tuple[SystemStatePacket, ...]
+    candidates: tuple[BlueprintCandidate, ...]
+    total_epochs: int | None
+
+    @property
+    def current(self) -> SystemStatePacket:
+        """The packet of the decided epoch."""
+        return self.history[-1]
+
+    def to_json(self) -> str:
+        """JSON text ``from_json`` reads back."""
+        return json.dumps(
+            {
+                "history": [json.loads(p.to_json()) for p in self.history],
+                "candidates": [c.to_dict() for c in self.candidates],
+                "total_epochs": self.total_epochs,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> DecisionState:
+        """The state ``to_json`` wrote."""
+        data = json.loads(text)
+        return cls(
+            history=tuple(SystemStatePacket.model_validate(p) for p in data["history"]),
+            candidates=tuple(BlueprintCandidate.from_dict(c) for c in data["candidates"]),
+            total_epochs=data["total_epochs"],
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionRecord:
+    """One applied decision as Simic stores it.
+
+    Attributes:
+        command: The executed command (after the risk engine).
+        proposal: What the deciding policy proposed.
+        policy: Who proposed (``heuristic``, ``gnn``, ``random``, ``none``, ``tamiyo.breaker``).
+        policy_version: GNN weights version served, if any.
+        state: What Tamiyo saw.
+        log_prob: log-probability of the proposal under the GNN (GNN decisions only).
+        value: The GNN's value estimate of the state.
+    """
+
+    command: AdaptationCommand
+    proposal: AdaptationCommand
+    policy: str
+    policy_version: str | None
+    state: DecisionState
+    log_prob: float | None = None
+    value: float | None = None
+
+    @classmethod
+    def from_decision(
+        cls,
+        decision: Decision,
+        history: Sequence[SystemStatePacket],
+        candidates: Sequence[BlueprintCandidate],
+        *,
+        total_epochs: int | None,
+    ) -> DecisionRecord:
+        """The record of ``decision``, made on ``history`` and ``candidates``."""
+        return cls(
+            command=decision.command,
+            proposal=decision.proposal,
+            policy=decision.policy,
+            policy_version=decision.policy_version,
+            state=DecisionState(
+                history=tuple(history[-TREND_WINDOW:]),
+                candidates=tuple(candidates),
+                total_epochs=total_epochs,
+            ),
+            log_prob=decision.log_prob,
+            value=decision.value,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyVersion:
+    """One stored policy version (weights in the blob store).
+
+    Attributes:
+        version: 1, 2, ... in publication order.
+        parent_version: The version training started from, if any.
+        method: How it was trained (``imitation``, ``ppo``, ...).
+        sha256: Blob of its ``state_dict``.
+        size_bytes: Size of that blob.
+        gnn: Network size (must match the serving ``TamiyoGNN``).
+        feature_dims: Graph feature widths it was trained on.
+        provenance: Training data, configuration and metrics.
+        created_at: Publication time (UTC).
+    """
+
+    version: int
+    parent_version: int | None
+    method: str
+    sha256: str
+    size_bytes: int
+    gnn: TamiyoGNNConfig
+    feature_dims: dict[str, int]
+    provenance: dict[str, Any]
+    created_at: dt.datetime
+
+    @property
+    def label(self) -> str:
+        """``v<version>``: how commands and telemetry name it."""
+        return f"v{self.version}"
+
+
+class SimicStore:
+    """Field reports, decisions and policy versions in the registry database.
+
+    Args:
+        engine: Engine of the registry database (Urza's engine settings).
+        blobs: Where policy weights go (Urza's blob store).
+        url: The database URL for messages (password hidden).
+        owns_engine: Dispose of ``engine`` on ``close``.
+    """
+
+    def __init__(self, engine: Engine, blobs: BlobStore, *, url: str, owns_engine: bool = False) -> None:
+        self.engine = engine
+        self.blobs = blobs
+        self.url = url
+        self._owns_engine = owns_engine
+        with self._write("create Simic's tables") as conn:
+            SIMIC_TABLES[0].metadata.create_all(conn, tables=list(SIMIC_TABLES), checkfirst=True)
+
+    @classmethod
+    def for_urza(cls, urza: Urza) -> SimicStore | None:
+        """The store in ``urza``'s database and blob store; None for a registry without SQL."""
+        engine = getattr(urza.store, "engine", None)
+        if not isinstance(engine, Engine):
+            return None
+        return cls(engine, urza.blobs, url=getattr(urza.store, "url", str(engine.url)))
+
+    @classmethod
+    def open(cls, home: Path, url: str | None = None) -> SimicStore:
+        """Open the store of the registry rooted at ``home`` (own engine; close it when done)."""
+        home = Path(home).resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        url = url or f"sqlite:///{home / 'registry.db'}"
+        engine = create_registry_engine(url)
+        return cls(
+            engine, BlobStore(home / "artifacts"), url=engine.url.render_as_string(hide_password=True), owns_engine=True
+        )
+
+    def close(self) -> None:
+        """Release the engine if this store created it."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    # ------------------------------------------------------------------ writes
+
+    def record(self, *, reports: Sequence[FieldReport] = (), decisions: Sequence[DecisionRecord] = ()) -> None:
+        """Store reports and decisions in one transaction; rows with a known id are overwritten.
+
+        Raises:
+            RegistryError: The database cannot be written (nothing was stored).
+        """
+        if not reports and not decisions:
+            return
+        dialect = self.engine.dialect.name
+        with self._write("record field reports and decisions") as conn:
+            for r in reports:
+                values = _report_values(r)
+                conn.execute(
+                    upsert(
+                        FieldReportRow.__table__,
+                        values,
+                        keys=["report_id"],
+                        update=_updatable(values, "report_id"),
+                        dialect=dialect,
+                    )
+                )
+            for d in decisions:
+                values = _decision_values(d)
+                conn.execute(
+                    upsert(
+                        DecisionRow.__table__,
+                        values,
+                        keys=["run_id", "epoch"],
+                        update=_updatable(values, "run_id", "epoch"),
+                        dialect=dialect,
+                    )
+                )
+
+    def publish_policy(
+        self,
+        state_dict: dict[str, torch.Tensor],
+        *,
+        gnn: TamiyoGNNConfig,
+        method: str,
+        provenance: dict[str, Any],
+        parent_version: int | None = None,
+    ) -> PolicyVersion:
+        """Store trained weights as the next version: blob first, then the row.
+
+        Idempotent: the same weights published again by the same method from the same parent
+        (a retried task) return the existing version.
+
+        Returns:
+            The new (or existing) version.
+        """
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, buffer)
+        data = buffer.getvalue()
+        sha = self.blobs.put(data)
+        values = {
+            "parent_version": parent_version,
+            "method": method,
+            "sha256": sha,
+            "size_bytes": len(data),
+            "gnn_config_json": json.dumps(dataclasses.asdict(gnn)),
+            "feature_dims_json": json.dumps(FEATURE_DIMS),
+            "provenance_json": json.dumps(provenance, default=str),
+            "status": "active",
+        }
+        for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            try:
+                with self._write("publish a policy version") as conn:
+                    # Training is seeded, so a retried task produces the same weights: same version.
+                    parent_match = (
+                        PolicyRow.parent_version.is_(None)
+                        if parent_version is None
+                        else PolicyRow.parent_version == parent_version
+                    )
+                    same = select(PolicyRow.version).where(
+                        PolicyRow.sha256 == sha, PolicyRow.method == method, parent_match
+                    )
+                    version = conn.execute(same).scalar()
+                    if version is None:
+                        version = (conn.execute(select(func.max(PolicyRow.version))).scalar() or 0) + 1
+                        conn.execute(PolicyRow.__table__.insert().values(version=version, **values))
+                break
+            except RegistryConflictError:
+                # Only without BEGIN IMMEDIATE (PostgreSQL): two publishers took the same number.
+                if attempt == _PUBLISH_ATTEMPTS:
+                    raise
+        return self.get_policy(version)
+
+    # ------------------------------------------------------------------ reads
+
+    def field_reports(self, run_ids: Sequence[str] | None = None) -> list[FieldReport]:
+        """Stored reports (of ``run_ids`` when given), by run and epoch."""
+        stmt = select(FieldReportRow.report_json).order_by(FieldReportRow.run_id, FieldReportRow.epoch)
+        if run_ids is not None:
+            stmt = stmt.where(FieldReportRow.run_id.in_(list(run_ids)))
+        with self._read("read field reports") as conn:
+            return [FieldReport.from_json(t) for t in conn.execute(stmt).scalars()]
+
+    def decisions(self, run_ids: Sequence[str] | None = None) -> list[DecisionRecord]:
+        """Stored decisions (of ``run_ids`` when given), by run and epoch."""
+        stmt = select(DecisionRow.__table__).order_by(DecisionRow.run_id, DecisionRow.epoch)
+        if run_ids is not None:
+            stmt = stmt.where(DecisionRow.run_id.in_(list(run_ids)))
+        with self._read("read decisions") as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            DecisionRecord(
+                command=AdaptationCommand.from_json(row.command_json),
+                proposal=AdaptationCommand.from_json(row.proposal_json),
+                policy=row.policy,
+                policy_version=row.policy_version,
+                state=DecisionState.from_json(row.state_json),
+                log_prob=row.log_prob,
+                value=row.value,
+            )
+            for row in rows
+        ]
+
+    def policies(self) -> list[PolicyVersion]:
+        """Every stored version, oldest first."""
+        with self._read("list policy versions") as conn:
+            rows = conn.execute(select(PolicyRow.__table__).order_by(PolicyRow.version)).all()
+        return [_to_policy(row) for row in rows]
+
+    def latest_policy(self) -> PolicyVersion | None:
+        """The newest active version, or None when none was trained yet."""
+        stmt = (
+            select(PolicyRow.__table__).where(PolicyRow.status == "active").order_by(PolicyRow.version.desc()).limit(1)
+        )
+        with self._read("find the latest policy") as conn:
+            row = conn.execute(stmt).first()
+        return None if row is None else _to_policy(row)
+
+    def get_policy(self, version: int) -> PolicyVersion:
+        """Version ``version``.
+
+        Raises:
+            ValueError: No such version (the message lists the stored ones).
+        """
+        with self._read("read a policy version") as conn:
+            row = conn.execute(select(PolicyRow.__table__).where(PolicyRow.version == version)).first()
+        if row is None:
+            known = [p.version for p in self.policies()]
+            raise ValueError(
+                f"no policy version {version} in {self.url}; stored versions: {known or 'none (run the train_policy flow)'}"
+            )
+        return _to_policy(row)
+
+    def load_weights(self, policy: PolicyVersion) -> dict[str, torch.Tensor]:
+        """The ``state_dict`` of ``policy`` (verified against its SHA-256 on read)."""
+        return torch.load(io.BytesIO(self.blobs.get(policy.sha256)), weights_only=True)
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _write(self, operation: str) -> Iterator[Connection]:
+        with translate_errors(self.url, operation), self.engine.connect() as conn:
+            conn.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _read(self, operation: str) -> Iterator[Connection]:
+        with translate_errors(self.url, operation), self.engine.connect() as conn:
+            yield conn
+
+
+def _updatable(values: dict[str, Any], *keys: str) -> list[str]:
+    return [c for c in values if c not in (*keys, "created_at")]
+
+
+def _report_values(r: FieldReport) -> dict[str, Any]:
+    c = r.command
+    return {
+        "report_id": r.report_id,
+        "run_id": r.run_id,
+        "command_id": c.command_id,
+        "epoch": c.epoch,
+        "action": c.action,
+        "issued_by": c.issued_by,
+        "slot_id": c.slot_id,
+        "blueprint_id": c.blueprint_id,
+        "outcome": r.outcome.value,
+        "observation_epochs": r.observation_epochs,
+        "metric_deltas_json": json.dumps(r.metric_deltas, sort_keys=True),
+        "report_json": r.to_json(),
+        "created_at": dt.datetime.now(dt.UTC),
+    }
+
+
+def _decision_values(d: DecisionRecord) -> dict[str, Any]:
+    current = d.state.current
+    return {
+        "command_id": d.command.command_id,
+        "run_id": d.command.run_id,
+        "epoch": d.command.epoch,
+        "policy": d.policy,
+        "policy_version": d.policy_version,
+        "action": d.command.action,
+        "proposal_json": d.proposal.to_json(),
+        "command_json": d.command.to_json(),
+        "state_json": d.state.to_json(),
+        "val_accuracy": current.val_accuracy,
+        "val_loss": current.val_loss,
+        "host_params": current.host_params,
+        "seed_params": sum(s.param_count for s in current.seeds if s.stage.is_active),
+        "log_prob": d.log_prob,
+        "value": d.value,
+        "created_at": dt.datetime.now(dt.UTC),
+    }
+
+
+def _to_policy(row: Any) -> PolicyVersion:  # noqa: ANN401  (a Core row of simic_policies)
+    created = row.created_at
+    if created.tzinfo is None:  # SQLite returns naive datetimes; they were written in UTC
+        created = created.replace(tzinfo=dt.UTC)
+    return PolicyVersion(
+        version=row.version,
+        parent_version=row.parent_version,
+        method=row.method,
+        sha256=row.sha256,
+        size_bytes=row.size_bytes,
+        gnn=TamiyoGNNConfig(**json.loads(row.gnn_config_json)),
+        feature_dims=json.loads(row.feature_dims_json),
+        provenance=json.loads(row.provenance_json),
+        created_at=created,
+    )
+
+
+__all__ = [
+    "DecisionRecord",
+    "DecisionState",
+    "PolicyVersion",
+    "RegistryError",
+    "SimicStore",
+    "report_id_for",
+]

@@ -1,0 +1,63 @@
+"""Serving Simic's policies: load the chosen version into a running Tamiyo between epochs."""
+
+from __future__ import annotations
+
+import logging
+
+from esper_core.simic.records import PolicyVersion, SimicStore
+from esper_core.tamiyo.service import TamiyoService
+from esper_core.urza.errors import RegistryError
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def refresh_policy(
+    service: TamiyoService, store: SimicStore | None, *, pinned: int | None = None
+) -> PolicyVersion | None:
+    """Hot-swap the GNN weights ``service`` serves to the pinned or newest stored version.
+
+    Does nothing unless the GNN decides (``policy="gnn"``). Loads weights only when the version
+    changed; a registry that cannot be read keeps the weights already served (logged).
+
+    Args:
+        service: The running Tamiyo.
+        store: Where versions live; None (a registry without SQL) keeps the current weights.
+        pinned: A version number to serve instead of the newest.
+
+    Returns:
+        The version served now, or None when no trained version is available.
+
+    Raises:
+        ValueError: The version's network size differs from the service's (the message says
+            which ``TamiyoConfig.gnn`` to use), or the pinned version does not exist.
+    """
+    if service.config.policy != "gnn" or store is None:
+        return None
+    try:
+        policy = store.get_policy(pinned) if pinned is not None else store.latest_policy()
+    except RegistryError as e:
+        log.warning(
+            "could not look up Simic's policy versions (%s); serving %s",
+            e,
+            service.policy_version or "untrained weights",
+        )
+        return None
+    if policy is None:
+        if store.url not in _warned:
+            _warned.add(store.url)
+            log.warning(
+                "no trained Tamiyo policy in %s: the GNN decides with untrained weights; run the train_policy flow",
+                store.url,
+            )
+        return None
+    if service.policy_version == policy.label:
+        return policy
+    if policy.gnn != service.model.config:
+        raise ValueError(
+            f"policy {policy.label} was trained with {policy.gnn}, but this Tamiyo runs {service.model.config}: "
+            f"set TamiyoConfig.gnn to the stored size or pin another version"
+        )
+    service.swap_policy(store.load_weights(policy), version=policy.label)
+    log.info("Tamiyo now serves policy %s (%s)", policy.label, policy.method)
+    return policy

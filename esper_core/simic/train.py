@@ -1,0 +1,225 @@
+"""Simic's training procedure: demonstrations, imitation, then PPO iterations, each a new version.
+
+``TrainingPlan`` names how much data each phase gets; ``PLANS`` holds the named plans the
+``train_policy`` flow accepts. Every phase reads its data back from the registry (what the
+episodes recorded), trains, and publishes a policy version with its provenance: the runs and
+record counts it learned from, the configuration, and the metrics it reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from esper_core.contracts import new_id
+from esper_core.recipes import RunConfig
+from esper_core.settings import EsperSettings
+from esper_core.simic.dataset import build_samples
+from esper_core.simic.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.simic.learn import SimicConfig, imitate, ppo_update
+from esper_core.simic.records import PolicyVersion, SimicStore
+from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.service import TamiyoService
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingPlan:
+    """How much experience each phase of Simic's training collects.
+
+    Attributes:
+        demonstrations: Heuristic episodes per recipe to imitate.
+        iterations: PPO iterations after imitation.
+        rollouts: Sampled GNN episodes per recipe per iteration.
+        epochs: Epochs per episode (None: the recipe's).
+        first_seed: Seed of the first training episode; later ones count up. Keep it clear of
+            evaluation seeds (the growth benchmark evaluates seeds 0, 1, 2, ...).
+        gnn: Size of the policy network.
+        simic: Learning hyperparameters.
+    """
+
+    demonstrations: int = 4
+    iterations: int = 3
+    rollouts: int = 4
+    epochs: int | None = None
+    first_seed: int = 1000
+    gnn: TamiyoGNNConfig = field(default_factory=TamiyoGNNConfig)
+    simic: SimicConfig = field(default_factory=SimicConfig)
+
+    def seeds(self, phase: str, iteration: int = 0) -> list[int]:
+        """Episode seeds of ``phase`` (``demonstrations`` or ``rollouts`` of ``iteration``): disjoint."""
+        if phase == "demonstrations":
+            return [self.first_seed + k for k in range(self.demonstrations)]
+        start = self.first_seed + self.demonstrations + iteration * self.rollouts
+        return [start + k for k in range(self.rollouts)]
+
+    def __post_init__(self) -> None:
+        if self.demonstrations < 1:
+            raise ValueError(f"demonstrations must be >= 1 (imitation needs data), got {self.demonstrations}")
+        if self.iterations < 0 or self.rollouts < 1:
+            raise ValueError(f"need iterations >= 0 and rollouts >= 1, got {self.iterations}, {self.rollouts}")
+        if self.epochs is not None and self.epochs < 2:
+            raise ValueError(f"episodes need >= 2 epochs for a reward, got {self.epochs}")
+
+
+PLANS: dict[str, TrainingPlan] = {
+    "default": TrainingPlan(),
+    # Seconds, not minutes: what the flow test runs.
+    "smoke": TrainingPlan(
+        demonstrations=1,
+        iterations=1,
+        rollouts=1,
+        epochs=3,
+        gnn=TamiyoGNNConfig(hidden_dim=16, num_layers=2),
+        simic=SimicConfig(imitation_epochs=2, ppo_epochs=1, batch_size=8),
+    ),
+}
+
+
+def get_plan(name: str) -> TrainingPlan:
+    """The named plan.
+
+    Raises:
+        ValueError: Unknown name (the message lists the known ones).
+    """
+    if name not in PLANS:
+        raise ValueError(f"unknown training plan {name!r}; choose one of {sorted(PLANS)}")
+    return PLANS[name]
+
+
+def collect_episodes(
+    settings: EsperSettings,
+    *,
+    recipe: str,
+    seeds: Sequence[int],
+    policy: str,
+    plan: TrainingPlan,
+    explore: bool = False,
+    policy_version: int | None = None,
+    device: str = "cpu",
+    label: str = "simic",
+) -> list[EpisodeResult]:
+    """Run one episode per seed with ``policy`` deciding (their records land in the registry).
+
+    Args:
+        settings: Registry and run folders.
+        recipe: Recipe of every episode.
+        seeds: One episode per seed.
+        policy: ``heuristic``, ``gnn``, ``random`` or ``none``.
+        plan: Epochs per episode and the GNN's size.
+        explore: Sample the GNN's actions (on-policy rollouts).
+        policy_version: GNN version to serve (None: the newest).
+        device: Where to train.
+        label: Prefix of the run ids.
+
+    Returns:
+        The episodes' results.
+    """
+    configs = [
+        episode_config(
+            recipe,
+            seed=seed,
+            policy=policy,
+            epochs=plan.epochs,
+            device=device,
+            explore=explore,
+            policy_version=policy_version,
+        )
+        for seed in seeds
+    ]
+    if not configs:
+        return []
+    tamiyo_config = dataclasses.replace(configs[0].tamiyo, gnn=plan.gnn)
+    for config in configs:
+        config.tamiyo = tamiyo_config
+    service = TamiyoService(tamiyo_config, model=TamiyoGNN(plan.gnn))
+    try:
+        return [
+            run_episode(config, settings=settings, tamiyo=service, run_id=_run_id(settings, label, config))
+            for config in configs
+        ]
+    finally:
+        service.close()
+
+
+def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan) -> PolicyVersion:
+    """Imitate the decisions of ``run_ids`` from scratch and publish the result.
+
+    Returns:
+        The new version (method ``imitation``).
+    """
+    records, reports = store.decisions(run_ids), store.field_reports(run_ids)
+    samples, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty)
+    torch.manual_seed(plan.simic.seed)
+    model = TamiyoGNN(plan.gnn)
+    metrics = imitate(model, samples, plan.simic)
+    return store.publish_policy(
+        model.state_dict(),
+        gnn=plan.gnn,
+        method="imitation",
+        provenance=_provenance(run_ids, len(records), len(reports), skipped, plan, metrics),
+    )
+
+
+def train_ppo(
+    store: SimicStore,
+    *,
+    version: int,
+    rollout_run_ids: Sequence[str],
+    demonstration_run_ids: Sequence[str],
+    plan: TrainingPlan,
+) -> PolicyVersion:
+    """One PPO update of ``version`` on its own rollouts; publishes the next version.
+
+    Returns:
+        The new version (method ``ppo``, parent ``version``).
+    """
+    parent = store.get_policy(version)
+    model = TamiyoGNN(parent.gnn)
+    model.load_state_dict(store.load_weights(parent))
+    records, reports = store.decisions(rollout_run_ids), store.field_reports(rollout_run_ids)
+    rollouts, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty)
+    demos, _ = build_samples(
+        store.decisions(demonstration_run_ids),
+        store.field_reports(demonstration_run_ids),
+        param_penalty=plan.simic.param_penalty,
+    )
+    metrics = ppo_update(model, rollouts, plan.simic, demonstrations=demos)
+    return store.publish_policy(
+        model.state_dict(),
+        gnn=parent.gnn,
+        method="ppo",
+        parent_version=version,
+        provenance=_provenance(rollout_run_ids, len(records), len(reports), skipped, plan, metrics)
+        | {"demonstration_runs": list(demonstration_run_ids)},
+    )
+
+
+def _run_id(settings: EsperSettings, label: str, config: RunConfig) -> str:
+    """Deterministic in a fresh registry (the GNN's sampling is seeded by run id); a suffix keeps
+    a rerun against the same registry from colliding with an earlier episode."""
+    run_id = f"{label}-{config.recipe}-{config.tamiyo.policy}-s{config.seed}"
+    if (settings.runs_dir / run_id).exists():
+        run_id = f"{run_id}-{new_id()[:6]}"
+    return run_id
+
+
+def _provenance(
+    run_ids: Sequence[str],
+    decisions: int,
+    reports: int,
+    skipped: int,
+    plan: TrainingPlan,
+    metrics: dict[str, float],
+) -> dict[str, object]:
+    return {
+        "runs": list(run_ids),
+        "decisions": decisions,
+        "field_reports": reports,
+        "skipped_decisions": skipped,
+        "simic": dataclasses.asdict(plan.simic),
+        "metrics": metrics,
+        "torch": torch.__version__,
+    }

@@ -1,0 +1,86 @@
+"""Baseline policies the learned one is measured against: random germination, and no growth.
+
+Both keep the heuristic's lifecycle rules (fossilize a seed that passed G4, cull one that failed
+a gate) so that what differs is only *when, where and what* to germinate.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import zlib
+from collections.abc import Sequence
+
+from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage, SystemStatePacket
+from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.tamiyo.config import RandomPolicyConfig
+from esper_core.tamiyo.heuristic import HeuristicPolicy, _make_command
+
+RANDOM_ISSUER = "random"
+NONE_ISSUER = "none"
+
+
+def decision_seed(run_id: str, epoch: int, salt: str = "") -> int:
+    """A seed that depends only on run and epoch, so a retried decision draws the same numbers."""
+    return zlib.crc32(f"{salt}:{run_id}:{epoch}".encode())
+
+
+class RandomGerminationPolicy:
+    """Germinates a random fitting blueprint into a random dormant slot with probability p.
+
+    Args:
+        config: Germination probability.
+        lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules.
+    """
+
+    def __init__(self, config: RandomPolicyConfig, lifecycle: HeuristicPolicy) -> None:
+        self.config = config
+        self.lifecycle = lifecycle
+
+    def decide(
+        self, history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate], *, run_id: str
+    ) -> AdaptationCommand:
+        """This epoch's command (deterministic per run and epoch).
+
+        Raises:
+            ValueError: If ``history`` is empty.
+        """
+        if not history:
+            raise ValueError("history is empty: pass at least the current epoch's packet")
+        current = history[-1]
+        make = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
+        lifecycle = self.lifecycle.lifecycle_command(current.seeds, make)
+        if lifecycle is not None:
+            return lifecycle.model_copy(update={"issued_by": RANDOM_ISSUER})
+        options = [
+            (s, c) for s in current.seeds if s.stage is SeedStage.DORMANT for c in candidates if c.fits(s.shape_profile)
+        ]
+        rng = random.Random(decision_seed(run_id, current.epoch, RANDOM_ISSUER))
+        draw = rng.random()
+        if not options or draw >= self.config.germinate_prob:
+            why = "no germinable dormant slot" if not options else f"draw {draw:.3f} >= p {self.config.germinate_prob}"
+            return make(CommandType.WAIT, f"wait (random): {why}").model_copy(update={"issued_by": RANDOM_ISSUER})
+        slot, candidate = rng.choice(options)
+        return make(
+            CommandType.SEED,
+            f"germinate (random): draw {draw:.3f} < p {self.config.germinate_prob}; "
+            f"{candidate.blueprint_id} into {slot.slot_id}, one of {len(options)} (slot, blueprint) options",
+            seed_operation=SeedOperation.GERMINATE,
+            slot_id=slot.slot_id,
+            blueprint_id=candidate.blueprint_id,
+            blend_epochs=self.lifecycle.config.blend_epochs,
+            blend_schedule=self.lifecycle.config.blend_schedule,
+        ).model_copy(update={"issued_by": RANDOM_ISSUER})
+
+
+def no_growth(history: Sequence[SystemStatePacket], *, run_id: str) -> AdaptationCommand:
+    """WAIT, always: the host trains alone."""
+    if not history:
+        raise ValueError("history is empty: pass at least the current epoch's packet")
+    return AdaptationCommand(
+        run_id=run_id,
+        epoch=history[-1].epoch,
+        command_type=CommandType.WAIT,
+        issued_by=NONE_ISSUER,
+        reason="wait: policy 'none' (no growth)",
+    )

@@ -1,0 +1,43 @@
+"""train_policy: Simic trains Tamiyo's GNN: heuristic demonstrations, imitation, then PPO."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from esper_core.simic.train import get_plan
+from tasks.policy import collect, imitate_policy, improve_policy
+
+
+@flow(name="train_policy", log_prints=True)
+def train_policy(recipes: list[str] | None = None, plan: str = "default", device: str = "cpu") -> int:
+    """Train a policy version on ``recipes`` and publish every stage to the registry.
+
+    Running Tamiyos with ``policy="gnn"`` pick the newest version up between epochs.
+
+    Args:
+        recipes: Recipes whose episodes it learns from (default: ``digits-mlp``).
+        plan: Named training plan (``default``, ``smoke``): episodes, iterations, sizes.
+        device: ``cpu`` or ``cuda`` for the episodes.
+
+    Returns:
+        The final policy version.
+    """
+    recipes = recipes or ["digits-mlp"]
+    p = get_plan(plan)
+    demonstrations = [
+        run_id
+        for recipe in recipes
+        for run_id in collect(recipe, plan, "heuristic", p.seeds("demonstrations"), device=device)
+    ]
+    version = imitate_policy(demonstrations, plan)
+    for iteration in range(p.iterations):
+        rollouts = [
+            run_id
+            for recipe in recipes
+            for run_id in collect(
+                recipe, plan, "gnn", p.seeds("rollouts", iteration), explore=True, policy_version=version, device=device
+            )
+        ]
+        version = improve_policy(version, rollouts, demonstrations, plan)
+    print(f"Tamiyo policy v{version} trained on {recipes} ({plan} plan)")
+    return version

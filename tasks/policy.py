@@ -1,0 +1,70 @@
+"""Simic tasks: collect episodes, imitate, improve with PPO. Each returns run ids or a version.
+
+``NO_CACHE`` throughout: episodes are side effects on the registry, and a policy version is
+published by the task itself (idempotently: a retried training task republishes the same
+seeded weights, which Simic maps to the existing version).
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from esper_core.simic.records import SimicStore
+from esper_core.simic.train import collect_episodes, get_plan, train_imitation, train_ppo
+from tasks._runtime import settings
+
+
+def _store() -> SimicStore:
+    s = settings()
+    return SimicStore.open(s.home, s.registry_db_url)
+
+
+@task(name="collect-episodes", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["simic"])
+def collect(
+    recipe: str,
+    plan: str,
+    policy: str,
+    seeds: list[int],
+    explore: bool = False,
+    policy_version: int | None = None,
+    device: str = "cpu",
+) -> list[str]:
+    """Run one episode per seed with ``policy`` deciding; returns their run ids."""
+    results = collect_episodes(
+        settings(),
+        recipe=recipe,
+        seeds=seeds,
+        policy=policy,
+        plan=get_plan(plan),
+        explore=explore,
+        policy_version=policy_version,
+        device=device,
+    )
+    return [r.run_id for r in results]
+
+
+@task(name="imitate-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["simic"])
+def imitate_policy(run_ids: list[str], plan: str) -> int:
+    """Imitate the decisions of ``run_ids``; returns the published version."""
+    store = _store()
+    try:
+        return train_imitation(store, run_ids, get_plan(plan)).version
+    finally:
+        store.close()
+
+
+@task(name="improve-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["simic"])
+def improve_policy(version: int, rollout_run_ids: list[str], demonstration_run_ids: list[str], plan: str) -> int:
+    """One PPO update of ``version`` on its rollouts; returns the published version."""
+    store = _store()
+    try:
+        return train_ppo(
+            store,
+            version=version,
+            rollout_run_ids=rollout_run_ids,
+            demonstration_run_ids=demonstration_run_ids,
+            plan=get_plan(plan),
+        ).version
+    finally:
+        store.close()

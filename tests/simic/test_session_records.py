@@ -1,0 +1,100 @@
+"""A real run records its decisions and field reports for Simic, serves stored policies, and
+keeps training through a failing Tamiyo (circuit breaker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from esper_core.contracts import CommandType
+from esper_core.session import START_TAG, RunSession, epoch_tag
+from esper_core.settings import EsperSettings
+from esper_core.simic.episodes import episode_config, run_episode
+from esper_core.simic.records import SimicStore, report_id_for
+from esper_core.tamiyo.breaker import BreakerState
+from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
+from esper_core.urza.service import Urza
+
+
+def _step(session: RunSession, epoch: int) -> None:
+    session.train_epoch()
+    session.commit(epoch_tag(epoch, "trained"))
+    session.apply(session.decide())
+    session.commit(epoch_tag(epoch, "applied"))
+
+
+def test_every_applied_decision_and_report_reaches_the_registry(compiled_home: EsperSettings) -> None:
+    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=5, device="cpu", run_id="rec")
+    for epoch in range(5):
+        _step(session, epoch)
+    assert session.reports, "the germination's window closed: a report is due"
+    store = SimicStore.open(compiled_home.home)
+    decisions = store.decisions(["rec"])
+    assert [d.command for d in decisions] == session.commands
+    assert all(d.policy == "heuristic" and d.state.current.epoch == d.command.epoch for d in decisions)
+    assert decisions[-1].state.total_epochs == 5 and len(decisions[-1].state.history) == 5
+    reports = store.field_reports(["rec"])
+    assert reports == session.reports and all(r.report_id == report_id_for(r.command) for r in reports)
+    assert {"val_loss", "val_accuracy", "train_loss", "params"} <= set(reports[0].metric_deltas)
+    assert reports[0].metric_deltas["params"] > 0  # the germinated seed's parameters
+    lines = (compiled_home.runs_dir / "rec" / "field_reports.jsonl").read_text().splitlines()
+    assert [json.loads(line)["report_id"] for line in lines] == [r.report_id for r in reports]
+    # A retried epoch re-judges the same commands: same ids, no new rows.
+    session.ensure_at(epoch_tag(3, "applied"))
+    _step(session, 4)
+    assert store.field_reports(["rec"]) == session.reports and len(store.decisions(["rec"])) == 5
+    store.close()
+    session.close()
+
+
+def test_a_gnn_run_hot_swaps_to_the_newest_policy_between_epochs(compiled_home: EsperSettings) -> None:
+    small = TamiyoGNNConfig(hidden_dim=8, num_layers=1)
+    config = episode_config("digits-mlp", seed=0, policy="gnn", epochs=3)
+    config.tamiyo = dataclasses.replace(config.tamiyo, gnn=small)
+    store = SimicStore.open(compiled_home.home)
+    torch.manual_seed(0)
+    store.publish_policy(TamiyoGNN(small).state_dict(), gnn=small, method="imitation", provenance={})
+    (compiled_home.runs_dir / "swap").mkdir(parents=True)
+    session = RunSession(config=config, settings=compiled_home, run_id="swap", urza=Urza.open(compiled_home.home))
+    session.commit(START_TAG)
+    _step(session, 0)
+    torch.manual_seed(1)
+    store.publish_policy(TamiyoGNN(small).state_dict(), gnn=small, method="ppo", provenance={}, parent_version=1)
+    _step(session, 1)
+    assert [c.issued_by for c in session.commands] == ["gnn:v1", "gnn:v2"]
+    assert [(d.policy, d.policy_version) for d in store.decisions(["swap"])] == [("gnn", "v1"), ("gnn", "v2")]
+    store.close()
+    session.close()
+
+
+def test_a_failing_tamiyo_opens_the_breaker_and_training_goes_on(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=3, device="cpu", run_id="brk")
+    session.train_epoch()
+    session.commit(epoch_tag(0, "trained"))
+    calls = []
+
+    def broken(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        raise RuntimeError("policy crashed")
+
+    monkeypatch.setattr(session.tamiyo, "decide", broken)
+    commands = [session.decide() for _ in range(5)]
+    assert all(c.command_type is CommandType.WAIT for c in commands)
+    threshold = session.config.tamiyo.breaker.failure_threshold
+    assert len(calls) == threshold and session.tamiyo.breaker.state is BreakerState.OPEN
+    assert [c.issued_by for c in commands[threshold:]] == ["tamiyo.breaker"] * (5 - threshold)
+    assert commands[-1].risk_rule == "circuit_breaker"
+    session.close()
+
+
+def test_episodes_report_accuracy_parameters_and_commands(compiled_home: EsperSettings) -> None:
+    result = run_episode(episode_config("seed-reference", seed=0, policy="heuristic", epochs=3), settings=compiled_home)
+    assert result.total_params > result.host_params  # the probe germinated a seed
+    assert result.commands.get("germinate") == 1 and 0.0 <= result.test_accuracy <= 1.0
+    none = run_episode(episode_config("seed-reference", seed=0, policy="none", epochs=3), settings=compiled_home)
+    assert none.total_params == none.host_params and none.commands == {"wait": 3}

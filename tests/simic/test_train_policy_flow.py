@@ -1,0 +1,35 @@
+"""The train_policy flow under the session's Prefect test harness (smoke plan, seed-reference)."""
+
+from __future__ import annotations
+
+import pytest
+
+from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.simic.train import get_plan
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+
+
+def test_train_policy_imitates_then_improves_and_publishes_each_version(compiled_home: EsperSettings) -> None:
+    from flows.train_policy import train_policy
+
+    version = train_policy(recipes=["seed-reference"], plan="smoke", device="cpu")
+    store = SimicStore.open(compiled_home.home)
+    policies = store.policies()
+    assert version == policies[-1].version == 2
+    imitation, ppo = policies
+    assert (imitation.method, ppo.method, ppo.parent_version) == ("imitation", "ppo", 1)
+    plan = get_plan("smoke")
+    assert len(imitation.provenance["runs"]) == plan.demonstrations
+    assert imitation.provenance["decisions"] == plan.demonstrations * plan.epochs
+    assert {"agreement", "loss"} <= set(imitation.provenance["metrics"])
+    assert {"approx_kl", "mean_return"} <= set(ppo.provenance["metrics"])
+    rollouts = store.decisions(ppo.provenance["runs"])
+    assert rollouts and all(d.policy == "gnn" and d.policy_version == "v1" and d.log_prob is not None for d in rollouts)
+    store.close()
+
+
+def test_an_unknown_plan_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown training plan 'huge'; choose one of \['default', 'smoke'\]"):
+        get_plan("huge")

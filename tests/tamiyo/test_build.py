@@ -1,0 +1,222 @@
+"""prepare_policy / PreparedPolicy: eager path, background compile, fallback, CUDA guards on CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype, host_to_device, prepare_policy, use_compiler_cache
+from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
+from esper_core.tamiyo.graph import build_graph
+from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+
+CPU = torch.device("cpu")
+SMALL = TamiyoGNNConfig(hidden_dim=8, num_layers=1)
+
+
+def _model() -> TamiyoGNN:
+    torch.manual_seed(0)
+    return TamiyoGNN(SMALL).eval()
+
+
+def _inputs(num_slots: int = 2) -> tuple[dict, dict]:
+    return build_graph(synthetic_history(num_slots=num_slots), synthetic_candidates(3)).inputs(CPU)
+
+
+def _fake_compile(monkeypatch: pytest.MonkeyPatch, fn: Callable[..., Any]) -> None:
+    """Make torch.compile return ``fn(model)`` (the real compiler is exercised by the slow tests)."""
+    monkeypatch.setattr(torch, "compile", lambda model, **_: fn(model))
+
+
+def test_eager_policy_serves_the_model_and_reports_compile_off() -> None:
+    model = _model()
+    policy = prepare_policy(model, TamiyoConfig(policy="heuristic", gnn=SMALL))
+    x, e = _inputs()
+    out = policy(x, e)
+    with torch.inference_mode():
+        expected = model(x, e)
+    assert torch.equal(out.action_logits, expected.action_logits)
+    assert not policy.compile_enabled and not policy.last_call_compiled and policy.fallback_total == 0
+    assert out.action_logits.is_inference()  # served under torch.inference_mode()
+
+
+def test_compile_failure_falls_back_once_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(model: TamiyoGNN) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            raise RuntimeError("inductor exploded")
+
+        return call
+
+    _fake_compile(monkeypatch, broken)
+    config = PolicyCompileConfig(background=False)
+    with caplog.at_level(logging.WARNING, logger="esper_core.tamiyo.build"):
+        policy = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+        policy.warm(*_inputs())
+        policy.warm(*_inputs(num_slots=3))  # nothing left to compile: no second warning
+        out = policy(*_inputs())
+    assert policy.fallback_total == 1 and not policy.compile_enabled
+    assert "inductor exploded" in (policy.fallback_reason or "")
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert torch.isfinite(out.action_logits).all() and policy.eager_calls == 1
+
+
+def test_a_decision_is_never_blocked_by_the_background_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    release, compiling = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow(model: TamiyoGNN) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if not release.is_set():
+                compiling.set()
+                release.wait(10)  # the "compile": holds the policy's lock meanwhile
+            calls.append("compiled")
+            return model(*args)
+
+        return call
+
+    _fake_compile(monkeypatch, slow)
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(), dtype=None)
+    assert policy.warm(*_inputs())
+    assert compiling.wait(10)
+    policy(*_inputs())  # served while compiling: eager, immediately
+    assert not policy.last_call_compiled and not policy.compile_enabled
+    release.set()
+    assert policy.wait_until_idle(10)
+    policy(*_inputs())
+    assert policy.compile_enabled and policy.last_call_compiled and calls == ["compiled", "compiled"]
+    policy.close(timeout=10)
+
+
+def test_a_shape_that_needs_a_recompile_is_served_eagerly_and_compiled_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[int] = []
+
+    def guarded(model: TamiyoGNN) -> Callable[..., Any]:
+        compiled_for: set[int] = set()
+
+        def call(x_dict: dict, edge_index_dict: dict) -> Any:
+            slots = x_dict["slot"].shape[0]
+            seen.append(slots)
+            if slots not in compiled_for:
+                # What fail_on_recompile raises when a guard fails (compiling is allowed only in
+                # the default stance, which the background job uses).
+                if torch._dynamo.eval_frame._stance.stance == "fail_on_recompile":
+                    raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'")
+                compiled_for.add(slots)
+            return model(x_dict, edge_index_dict)
+
+        return call
+
+    _fake_compile(monkeypatch, guarded)
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(background=False), dtype=None)
+    policy.warm(*_inputs(num_slots=2))
+    policy(*_inputs(num_slots=2))
+    assert policy.last_call_compiled
+    policy(*_inputs(num_slots=3))  # new shape: eager now, compiled by the (here synchronous) job
+    assert not policy.last_call_compiled and policy.fallback_total == 0
+    policy(*_inputs(num_slots=3))
+    assert policy.last_call_compiled and seen == [2, 2, 3, 3, 3]
+
+
+def test_max_shapes_caps_the_shapes_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_compile(monkeypatch, lambda model: model)
+    policy = PreparedPolicy(
+        _model(), device=CPU, compile_config=PolicyCompileConfig(background=False, max_shapes=1), dtype=None
+    )
+    assert policy.warm(*_inputs(num_slots=2))
+    assert not policy.warm(*_inputs(num_slots=2))  # seen
+    assert not policy.warm(*_inputs(num_slots=3))  # over the cap
+
+
+def test_swapping_weights_in_place_changes_the_served_outputs() -> None:
+    policy = prepare_policy(_model(), TamiyoConfig(gnn=SMALL))
+    before = policy(*_inputs()).action_logits.clone()
+    torch.manual_seed(1)
+    policy.load_state_dict(TamiyoGNN(SMALL).state_dict())
+    assert not torch.equal(before, policy(*_inputs()).action_logits)
+
+
+# ------------------------------------------------------------------ CUDA-only paths, guarded
+
+
+def test_autocast_is_off_on_cpu_and_bf16_or_fp16_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert autocast_dtype(CPU) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert autocast_dtype(torch.device("cuda")) is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert autocast_dtype(torch.device("cuda")) is torch.float16
+
+
+def test_inputs_are_neither_pinned_nor_copied_on_cpu() -> None:
+    x = torch.ones(3, 4)
+    assert host_to_device(x, CPU) is x and not x.is_pinned()
+    graph = build_graph(synthetic_history(), synthetic_candidates())
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=None, dtype=None)
+    x_dict, _ = policy.inputs(graph)
+    assert x_dict["global"] is graph.data["global"].x
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned non_blocking copies")
+def test_inputs_are_pinned_copies_on_cuda() -> None:
+    x = torch.ones(3, 4)
+    y = host_to_device(x, torch.device("cuda"))
+    assert y.device.type == "cuda" and torch.equal(y.cpu(), x)
+
+
+def test_compiler_cache_dir_is_set_for_the_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before" / "triton"))
+    cache = use_compiler_cache(tmp_path / "cache" / "inductor")
+    assert cache.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert os.environ["TRITON_CACHE_DIR"] == str(cache / "triton")
+
+
+def test_compile_is_only_configured_when_the_gnn_decides() -> None:
+    assert TamiyoConfig(policy="gnn").compiles
+    assert not TamiyoConfig(policy="heuristic").compiles
+    assert not TamiyoConfig(policy="gnn", compile=PolicyCompileConfig(enabled=False)).compiles
+
+
+def test_compile_config_rejects_unknown_modes() -> None:
+    with pytest.raises(ValueError, match="compile mode"):
+        PolicyCompileConfig(mode="turbo")
+
+
+# ------------------------------------------------------------------ the real compiler
+
+
+@pytest.mark.slow
+def test_real_compile_matches_eager_without_graph_breaks_and_never_blocks(tmp_path: Path) -> None:
+    """One small real compile: eager while compiling, then compiled == eager, no graph breaks."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    use_compiler_cache(tmp_path / "inductor")
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(), dtype=None)
+    x, e = _inputs()
+    policy.warm(x, e)
+    eager = policy(x, e)  # the compile has only just started: eager serves
+    assert not policy.last_call_compiled
+    assert policy.wait_until_idle(240), "the background compile did not finish"
+    compiled = policy(x, e)
+    assert policy.compile_enabled and policy.last_call_compiled, policy.fallback_reason
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    # A graph with one slot specialises a dimension (0/1): served eagerly, compiled in the background.
+    policy(*_inputs(num_slots=1))
+    assert not policy.last_call_compiled and policy.fallback_total == 0 and policy.compile_enabled
+    assert policy.wait_until_idle(240)
+    policy(*_inputs(num_slots=1))
+    assert policy.last_call_compiled
+    policy.close(timeout=60)
