@@ -561,6 +561,7 @@ class RunSession:
             self.restore(tag)
 
     def close(self) -> None:
-        """Release files and database connections."""
+        """Release files, database connections and Tamiyo's background compile."""
+        self.tamiyo.close()
         self.sink.close()
         self.urza.close()
