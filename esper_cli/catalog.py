@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from esper_cli.args import quiet_prefect
+from esper_cli.args import local_flow_settings, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
 from esper_core.recipes import RECIPES
@@ -63,13 +63,14 @@ def _cmd_catalog_compile(args: argparse.Namespace) -> int:
     quiet_prefect()
     from flows.compile_catalog import compile_catalog
 
-    artifacts = compile_catalog(
-        recipe=args.recipe,
-        blueprints=args.blueprints or None,
-        device=args.device,
-        backend=args.backend,
-        approve=args.approve or None,
-    )
+    with local_flow_settings():
+        artifacts = compile_catalog(
+            recipe=args.recipe,
+            blueprints=args.blueprints or None,
+            device=args.device,
+            backend=args.backend,
+            approve=args.approve or None,
+        )
     for a in artifacts:
         flag = f"FALLBACK ({a.fallback_reason})" if a.fallback else a.kind.value
         p95 = max((s.p95_ms for s in a.latency.values()), default=0.0)

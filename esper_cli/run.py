@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from esper_cli.args import positive, quiet_prefect
+from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.recipes import RECIPES
 
@@ -13,9 +13,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 
-    summary = morphogenesis(
-        recipe=args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id
-    )
+    with local_flow_settings():
+        summary = morphogenesis(
+            recipe=args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id
+        )
     print()
     print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")
     print(f"accuracy   test {summary.test_accuracy:.4f}  val {summary.val_accuracy:.4f}")
