@@ -12,7 +12,7 @@ D token width (W = T * D), K key width.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -157,37 +157,20 @@ def mlp_width(profile: ShapeProfile, blueprint_id: str) -> int:
     return profile.feature_shape[0]
 
 
-def build_residual_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``residual_mlp`` (params: ``expansion``)."""
-    return ResidualMLP(mlp_width(profile, "residual_mlp"), int(params["expansion"]))
+def mlp_builder(
+    blueprint_id: str, module: Callable[..., nn.Module], param: str | None = None
+) -> Callable[[ShapeProfile, Mapping[str, float]], nn.Module]:
+    """The builder of a MLP blueprint: ``module(size)``, or ``module(size, int(params[param]))``.
 
+    Args:
+        blueprint_id: Named in the error when a profile does not fit.
+        module: The seed module's class.
+        param: The blueprint's one integer parameter, if it has one.
+    """
 
-def build_lowrank_adapter(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``lowrank_adapter`` (params: ``rank``)."""
-    return LowRankAdapter(mlp_width(profile, "lowrank_adapter"), int(params["rank"]))
+    def build(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+        size = mlp_width(profile, blueprint_id)
+        return module(size) if param is None else module(size, int(params[param]))
 
-
-def build_norm_gate(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``norm_gate`` (no params)."""
-    del params  # norm_gate has no parameters
-    return NormGate(mlp_width(profile, "norm_gate"))
-
-
-def build_glu_block(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``glu_block`` (params: ``expansion``)."""
-    return GLUBlock(mlp_width(profile, "glu_block"), int(params["expansion"]))
-
-
-def build_wide_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``wide_mlp`` (params: ``expansion``)."""
-    return WideMLP(mlp_width(profile, "wide_mlp"), int(params["expansion"]))
-
-
-def build_bottleneck_mlp(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``bottleneck_mlp`` (params: ``reduction``)."""
-    return BottleneckMLP(mlp_width(profile, "bottleneck_mlp"), int(params["reduction"]))
-
-
-def build_token_attention(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``token_attention`` (params: ``key_dim``)."""
-    return TokenAttention(mlp_width(profile, "token_attention"), int(params["key_dim"]))
+    build.__name__ = f"build_{blueprint_id}"
+    return build

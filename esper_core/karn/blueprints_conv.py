@@ -12,7 +12,7 @@ P = H * W positions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -158,37 +158,20 @@ def conv_channels(profile: ShapeProfile, blueprint_id: str) -> int:
     return profile.feature_shape[0]
 
 
-def build_conv_residual(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``conv_residual`` (params: ``expansion``)."""
-    return ConvResidual(conv_channels(profile, "conv_residual"), int(params["expansion"]))
+def conv_builder(
+    blueprint_id: str, module: Callable[..., nn.Module], param: str | None = None
+) -> Callable[[ShapeProfile, Mapping[str, float]], nn.Module]:
+    """The builder of a conv blueprint: ``module(size)``, or ``module(size, int(params[param]))``.
 
+    Args:
+        blueprint_id: Named in the error when a profile does not fit.
+        module: The seed module's class.
+        param: The blueprint's one integer parameter, if it has one.
+    """
 
-def build_depthwise_separable(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``depthwise_separable`` (params: ``dilation``)."""
-    return DepthwiseSeparable(conv_channels(profile, "depthwise_separable"), int(params["dilation"]))
+    def build(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+        size = conv_channels(profile, blueprint_id)
+        return module(size) if param is None else module(size, int(params[param]))
 
-
-def build_pointwise_adapter(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``pointwise_adapter`` (params: ``rank``)."""
-    return PointwiseAdapter(conv_channels(profile, "pointwise_adapter"), int(params["rank"]))
-
-
-def build_squeeze_excitation(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``squeeze_excitation`` (params: ``reduction``)."""
-    return SqueezeExcitation(conv_channels(profile, "squeeze_excitation"), int(params["reduction"]))
-
-
-def build_group_norm_gate(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``group_norm_gate`` (no params)."""
-    del params  # group_norm_gate has no parameters
-    return GroupNormGate(conv_channels(profile, "group_norm_gate"))
-
-
-def build_spatial_attention(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``spatial_attention`` (params: ``key_dim``)."""
-    return SpatialAttention(conv_channels(profile, "spatial_attention"), int(params["key_dim"]))
-
-
-def build_wide_conv(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-    """Builder of ``wide_conv`` (params: ``expansion``)."""
-    return WideConv(conv_channels(profile, "wide_conv"), int(params["expansion"]))
+    build.__name__ = f"build_{blueprint_id}"
+    return build

@@ -50,7 +50,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _SAFE,
             0.2,
             vectors,
-            mlp.build_residual_mlp,
+            mlp.mlp_builder("residual_mlp", mlp.ResidualMLP, "expansion"),
             "Two-layer GELU MLP (W -> expansion*W -> W) added as a residual delta; "
             "general-purpose capacity for an under-fitting layer.",
             expansion=_int_bound(1, 4, 2),
@@ -61,7 +61,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _SAFE,
             0.1,
             vectors,
-            mlp.build_lowrank_adapter,
+            mlp.mlp_builder("lowrank_adapter", mlp.LowRankAdapter, "rank"),
             "Linear bottleneck W -> rank -> W (LoRA-style); the cheapest increment, "
             "for small corrections when the latency budget is tight.",
             rank=_int_bound(1, 32, 4),
@@ -72,7 +72,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _SAFE,
             0.15,
             ProfileRule(kind="mlp", min_features=2),
-            mlp.build_bottleneck_mlp,
+            mlp.mlp_builder("bottleneck_mlp", mlp.BottleneckMLP, "reduction"),
             "Non-linear bottleneck W -> W/reduction -> W with GELU; a low-rank adapter that can "
             "bend, for cheap non-linear corrections.",
             reduction=_int_bound(2, 8, 4),
@@ -83,7 +83,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.4,
             vectors,
-            mlp.build_norm_gate,
+            mlp.mlp_builder("norm_gate", mlp.NormGate),
             "LayerNorm, then a W x W linear map scaled per feature by a sigmoid gate; "
             "for layers whose activations drift in scale.",
         ),
@@ -93,7 +93,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.5,
             vectors,
-            mlp.build_glu_block,
+            mlp.mlp_builder("glu_block", mlp.GLUBlock, "expansion"),
             "Gated linear unit (value * sigmoid(gate)) of hidden width expansion*W; "
             "multiplicative interactions a plain MLP learns slowly.",
             expansion=_int_bound(1, 4, 2),
@@ -104,7 +104,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.55,
             ProfileRule(kind="mlp", min_features=2 * mlp.TOKEN_WIDTH, multiple_of=mlp.TOKEN_WIDTH),
-            mlp.build_token_attention,
+            mlp.mlp_builder("token_attention", mlp.TokenAttention, "key_dim"),
             f"Single-head self-attention over the W/{mlp.TOKEN_WIDTH} tokens of a feature vector; "
             "lets distant feature groups interact within one layer.",
             key_dim=_int_bound(4, 32, 8),
@@ -115,7 +115,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _HIGH_RISK,
             0.8,
             vectors,
-            mlp.build_wide_mlp,
+            mlp.mlp_builder("wide_mlp", mlp.WideMLP, "expansion"),
             "Three-layer GELU MLP with hidden width up to 8*W; large capacity jump, "
             "costly in latency and prone to over-fitting.",
             expansion=_int_bound(1, 8, 4),
@@ -132,7 +132,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _SAFE,
             0.2,
             maps,
-            conv.build_conv_residual,
+            conv.conv_builder("conv_residual", conv.ConvResidual, "expansion"),
             "Two 3x3 convolutions (C -> expansion*C -> C) with GELU, added as a residual delta; "
             "a ResNet basic block's branch for an under-fitting conv layer.",
             expansion=_int_bound(1, 4, 1),
@@ -143,7 +143,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _SAFE,
             0.15,
             maps,
-            conv.build_depthwise_separable,
+            conv.conv_builder("depthwise_separable", conv.DepthwiseSeparable, "dilation"),
             "Depthwise 3x3 convolution (optionally dilated) then a pointwise 1x1 channel mix; "
             "spatial capacity at a fraction of a full convolution's cost.",
             dilation=_int_bound(1, 3, 1),
@@ -154,7 +154,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _SAFE,
             0.1,
             maps,
-            conv.build_pointwise_adapter,
+            conv.conv_builder("pointwise_adapter", conv.PointwiseAdapter, "rank"),
             "Low-rank 1x1 bottleneck C -> rank -> C; the cheapest channel-mixing increment for "
             "feature maps, no spatial context.",
             rank=_int_bound(1, 32, 4),
@@ -165,7 +165,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.35,
             ProfileRule(kind="cnn", min_features=2),
-            conv.build_squeeze_excitation,
+            conv.conv_builder("squeeze_excitation", conv.SqueezeExcitation, "reduction"),
             "Re-weights channels from globally pooled context (squeeze -> MLP -> tanh gate); "
             "cheap, but changes every position of the map at once.",
             reduction=_int_bound(1, 16, 4),
@@ -176,7 +176,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.45,
             maps,
-            conv.build_group_norm_gate,
+            conv.conv_builder("group_norm_gate", conv.GroupNormGate),
             "GroupNorm over the map, then a 1x1 projection gated per channel and position by a "
             "sigmoid; for conv layers whose activations drift in scale.",
         ),
@@ -186,7 +186,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.6,
             ProfileRule(kind="cnn", min_features=2, max_positions=1024),
-            conv.build_spatial_attention,
+            conv.conv_builder("spatial_attention", conv.SpatialAttention, "key_dim"),
             "Single-head self-attention across the H*W positions of a map (1x1 projections); "
             "global spatial context, cost grows with (H*W)^2.",
             key_dim=_int_bound(4, 64, 16),
@@ -197,7 +197,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _HIGH_RISK,
             0.85,
             maps,
-            conv.build_wide_conv,
+            conv.conv_builder("wide_conv", conv.WideConv, "expansion"),
             "Two 3x3 convolutions through up to 8*C channels; a large capacity jump, slow and "
             "memory-hungry on big maps.",
             expansion=_int_bound(1, 8, 4),
