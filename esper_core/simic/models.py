@@ -8,15 +8,10 @@
 - ``simic_policies``: one row per trained policy version; the weights are a blob in Urza's
   content-addressed blob store, the row carries the network size and the training provenance.
 
-Why ``SimicBase`` and not ``esper_core.urza.models.Base``: Urza's schema is now versioned with
-Alembic, and ``Base.metadata`` is what its migrations must reproduce exactly. Declaring these
-tables on ``Base`` before a revision creates them would (a) fail Urza's schema test in any
-process that imports this module and (b) make ``ensure_schema`` create them in new registries
-stamped at the current head, so the later revision that adds them would fail on "table exists".
-Same naming convention, same database and engine; moving them onto ``Base`` means deriving the
-three row classes from it instead, listing this module in ``MODEL_MODULES`` and adding the
-revision (see ``MIGRATION-NOTES.md``). Until then
-``SimicStore`` creates them with ``create_all(checkfirst=True)``.
+They are part of Urza's schema: declared on ``esper_core.urza.models.Base``, listed in
+``esper_core.urza.schema.MODEL_MODULES`` and created by revision ``0003`` (which keeps the
+tables of registries where an older Simic had already created them with its own ``create_all``).
+A change here needs a new revision (see ``esper_core/urza/migrations/MIGRATION-NOTES.md``).
 """
 
 from __future__ import annotations
@@ -30,15 +25,14 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
-    MetaData,
     String,
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
 from esper_core.contracts import Outcome
-from esper_core.urza.models import NAMING_CONVENTION
+from esper_core.urza.models import Base
 
 POLICY_STATUSES = ("active", "retired")
 
@@ -51,13 +45,7 @@ def _one_of(column: str, values: list[str] | tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
-class SimicBase(DeclarativeBase):
-    """Declarative base of Simic's tables (Urza's naming convention; see the module docstring)."""
-
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-
-class FieldReportRow(SimicBase):
+class FieldReportRow(Base):
     """The outcome of one command after its observation window."""
 
     __tablename__ = "simic_field_reports"
@@ -82,7 +70,7 @@ class FieldReportRow(SimicBase):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
 
-class DecisionRow(SimicBase):
+class DecisionRow(Base):
     """One applied decision with the state it was made in."""
 
     __tablename__ = "simic_decisions"
@@ -107,7 +95,7 @@ class DecisionRow(SimicBase):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
 
-class PolicyRow(SimicBase):
+class PolicyRow(Base):
     """One trained version of Tamiyo's GNN policy."""
 
     __tablename__ = "simic_policies"
@@ -126,6 +114,3 @@ class PolicyRow(SimicBase):
     provenance_json: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default="active")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
-
-
-SIMIC_TABLES = (FieldReportRow.__table__, DecisionRow.__table__, PolicyRow.__table__)

@@ -24,15 +24,17 @@ import torch
 from sqlalchemy import Connection, Engine, func, select
 
 from esper_core.contracts import AdaptationCommand, FieldReport, SystemStatePacket
-from esper_core.simic.models import SIMIC_TABLES, DecisionRow, FieldReportRow, PolicyRow
+from esper_core.simic.models import DecisionRow, FieldReportRow, PolicyRow
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.graph import FEATURE_DIMS, TREND_WINDOW
 from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.service import Decision
+from esper_core.urza import schema
 from esper_core.urza.blobs import BlobStore
 from esper_core.urza.errors import RegistryConflictError, RegistryError
-from esper_core.urza.service import Urza
-from esper_core.urza.sql_engine import WRITE_OPTION, create_registry_engine, translate_errors, upsert
+from esper_core.urza.service import BLOB_DIR_NAME, REGISTRY_DB_NAME, Urza
+from esper_core.urza.sql import SqlRegistry
+from esper_core.urza.sql_engine import WRITE_OPTION, translate_errors, upsert
 
 _REPORT_NAMESPACE = uuid.UUID("8f5b8f5e-3c3a-4c1e-9a53-5e51c0f1e9a1")
 _PUBLISH_ATTEMPTS = 3
@@ -167,11 +169,19 @@ class PolicyVersion:
 class SimicStore:
     """Field reports, decisions and policy versions in the registry database.
 
+    The tables are part of Urza's schema (revision ``0003``): Urza creates or upgrades the
+    database when it opens it, so build the store from an opened registry (``for_urza``) or let
+    ``open`` open it.
+
     Args:
-        engine: Engine of the registry database (Urza's engine settings).
+        engine: Engine of a registry database Urza has opened (Urza's engine settings).
         blobs: Where policy weights go (Urza's blob store).
         url: The database URL for messages (password hidden).
         owns_engine: Dispose of ``engine`` on ``close``.
+
+    Raises:
+        RegistryError: The database is not at the schema revision this code needs (it was not
+            opened by Urza, or another Esper version changed it), or cannot be read.
     """
 
     def __init__(self, engine: Engine, blobs: BlobStore, *, url: str, owns_engine: bool = False) -> None:
@@ -179,8 +189,16 @@ class SimicStore:
         self.blobs = blobs
         self.url = url
         self._owns_engine = owns_engine
-        with self._write("create Simic's tables") as conn:
-            SIMIC_TABLES[0].metadata.create_all(conn, tables=list(SIMIC_TABLES), checkfirst=True)
+        # One SELECT: writing into a registry Urza never prepared would otherwise fail later with
+        # "no such table" in the middle of a training run.
+        with self._read("check the registry's schema revision") as conn:
+            found = schema.read_revision(conn)
+        if found != schema.head_revision():
+            raise RegistryError(
+                f"registry {url} is at schema revision {found or 'none (empty or pre-Alembic)'}, Simic "
+                f"needs {schema.head_revision()}: open it with Urza.open (or SimicStore.open), which "
+                "creates or upgrades the schema, before building a SimicStore on its engine"
+            )
 
     @classmethod
     def for_urza(cls, urza: Urza) -> SimicStore | None:
@@ -192,14 +210,20 @@ class SimicStore:
 
     @classmethod
     def open(cls, home: Path, url: str | None = None) -> SimicStore:
-        """Open the store of the registry rooted at ``home`` (own engine; close it when done)."""
+        """Open the store of the registry rooted at ``home`` (own engine; close it when done).
+
+        The database is opened the way ``Urza.open`` opens it, so a fresh one gets the whole
+        schema and an older SQLite one is upgraded (an older PostgreSQL one is refused with
+        ``SchemaOutdatedError`` until ``esper registry upgrade``).
+        """
         home = Path(home).resolve()
         home.mkdir(parents=True, exist_ok=True)
-        url = url or f"sqlite:///{home / 'registry.db'}"
-        engine = create_registry_engine(url)
-        return cls(
-            engine, BlobStore(home / "artifacts"), url=engine.url.render_as_string(hide_password=True), owns_engine=True
-        )
+        registry = SqlRegistry(url or f"sqlite:///{home / REGISTRY_DB_NAME}")
+        try:
+            return cls(registry.engine, BlobStore(home / BLOB_DIR_NAME), url=registry.url, owns_engine=True)
+        except BaseException:
+            registry.close()
+            raise
 
     def close(self) -> None:
         """Release the engine if this store created it."""

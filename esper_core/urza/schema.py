@@ -27,7 +27,7 @@ from sqlalchemy import Column, Connection, MetaData, PrimaryKeyConstraint, Strin
 from esper_core.urza.errors import RegistryError
 from esper_core.urza.models import Base
 
-MODEL_MODULES: tuple[str, ...] = ("esper_core.urza.models",)
+MODEL_MODULES: tuple[str, ...] = ("esper_core.urza.models", "esper_core.simic.models")
 """Modules declaring tables on ``Base``; add yours (and a revision) to put a table in Urza's DB."""
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from sqlalchemy import func, inspect, select
@@ -11,10 +13,12 @@ from esper_core.simic.models import DecisionRow, FieldReportRow
 from esper_core.simic.records import DecisionRecord, DecisionState, SimicStore, report_id_for
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+from esper_core.urza import schema
 from esper_core.urza.blobs import BlobStore
 from esper_core.urza.errors import RegistryError
 from esper_core.urza.memory import InMemoryRegistry
 from esper_core.urza.service import Urza
+from esper_core.urza.sql_engine import create_registry_engine
 
 SMALL = TamiyoGNNConfig(hidden_dim=8, num_layers=1)
 
@@ -119,9 +123,32 @@ def test_policy_versions_store_weights_and_provenance(store: SimicStore) -> None
         store.get_policy(9)
 
 
-def test_an_unwritable_database_raises_a_registry_error(tmp_path) -> None:
-    from sqlalchemy import create_engine
+def test_open_prepares_a_fresh_database_through_urza(tmp_path: Path) -> None:
+    store = SimicStore.open(tmp_path / "home")  # no Urza.open before: the store opens it alike
+    try:
+        with store.engine.connect() as conn:
+            assert schema.read_revision(conn) == schema.head_revision()
+        command = _command()
+        report = _report(command)
+        store.record(reports=[report], decisions=[_decision(command)])
+        assert store.field_reports() == [report]
+    finally:
+        store.close()
 
-    engine = create_engine(f"sqlite:///{tmp_path / 'missing-dir' / 'registry.db'}")
-    with pytest.raises(RegistryError, match="could not create Simic's tables"):
-        SimicStore(engine, BlobStore(tmp_path / "blobs"), url="sqlite:///missing")
+
+def test_a_database_urza_never_opened_is_refused(tmp_path: Path) -> None:
+    engine = create_registry_engine(f"sqlite:///{tmp_path / 'registry.db'}")
+    try:
+        with pytest.raises(RegistryError, match=r"schema revision none .* open it with Urza.open"):
+            SimicStore(engine, BlobStore(tmp_path / "blobs"), url="sqlite:///registry.db")
+    finally:
+        engine.dispose()
+
+
+def test_an_unreachable_database_raises_a_registry_error(tmp_path: Path) -> None:
+    engine = create_registry_engine(f"sqlite:///{tmp_path / 'missing-dir' / 'registry.db'}")
+    try:
+        with pytest.raises(RegistryError, match="could not check the registry's schema revision"):
+            SimicStore(engine, BlobStore(tmp_path / "blobs"), url="sqlite:///missing")
+    finally:
+        engine.dispose()

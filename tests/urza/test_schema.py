@@ -22,6 +22,7 @@ from esper_core.urza import schema
 from esper_core.urza.schema import SchemaOutdatedError, SchemaTooNewError
 from esper_core.urza.sql import SqlRegistry, upgrade_schema
 from esper_core.urza.sql_engine import create_registry_engine
+from tests.urza.revisions import migrate
 
 _ARTIFACT_ROW = {
     "blueprint_id": "residual_mlp",
@@ -43,16 +44,6 @@ _ARTIFACT_ROW = {
     "status_reason": "G4 regression",
     "compile_ms": 1.0,
 }
-
-
-def _migrate(url: str, target: str, *, pre_alembic: bool = False) -> None:
-    """Build a database at ``target`` with the migrations; ``pre_alembic`` drops the version table."""
-    engine = create_registry_engine(url)
-    with engine.connect() as conn, conn.begin():
-        schema.upgrade(conn, None, target)
-        if pre_alembic:
-            conn.execute(text("DROP TABLE alembic_version"))
-    engine.dispose()
 
 
 def _insert_old_rows(url: str) -> None:
@@ -95,7 +86,7 @@ def test_revision_chain_matches_alembic() -> None:
 
 
 def test_migrations_build_exactly_the_models_schema(registry_url: str) -> None:
-    _migrate(registry_url, "head")
+    migrate(registry_url, "head")
     engine = create_registry_engine(registry_url)
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), schema.target_metadata())
@@ -117,6 +108,9 @@ def test_a_fresh_registry_is_created_at_head(registry_url: str) -> None:
             "artifact_tags",
             "compile_runs",
             "artifact_lineage",
+            "simic_field_reports",
+            "simic_decisions",
+            "simic_policies",
             "alembic_version",
         }
     registry.close()
@@ -124,7 +118,7 @@ def test_a_fresh_registry_is_created_at_head(registry_url: str) -> None:
 
 def test_a_pre_alembic_sqlite_registry_is_upgraded_in_place(tmp_path: object) -> None:
     url = f"sqlite:///{tmp_path}/old.db"
-    _migrate(url, schema.BASELINE_REVISION, pre_alembic=True)
+    migrate(url, schema.BASELINE_REVISION, pre_alembic=True)
     _insert_old_rows(url)
     registry = SqlRegistry(url)  # SQLite: upgraded automatically
     assert registry.revision() == schema.head_revision()
@@ -136,7 +130,7 @@ def test_a_pre_alembic_sqlite_registry_is_upgraded_in_place(tmp_path: object) ->
 
 
 def test_an_outdated_registry_is_refused_until_upgraded(registry_url: str) -> None:
-    _migrate(registry_url, schema.BASELINE_REVISION)
+    migrate(registry_url, schema.BASELINE_REVISION)
     _insert_old_rows(registry_url)
     # PostgreSQL never upgrades on open; SQLite does unless told not to.
     with pytest.raises(SchemaOutdatedError, match=r"revision 0001, this Esper needs .*esper registry upgrade"):
@@ -149,7 +143,7 @@ def test_an_outdated_registry_is_refused_until_upgraded(registry_url: str) -> No
 
 
 def test_open_upgrades_sqlite_but_never_postgresql(registry_url: str) -> None:
-    _migrate(registry_url, schema.BASELINE_REVISION)
+    migrate(registry_url, schema.BASELINE_REVISION)
     if registry_url.startswith("sqlite"):
         registry = SqlRegistry(registry_url)
         assert registry.revision() == schema.head_revision()
