@@ -267,6 +267,9 @@ class RunSession:
         """
         if not self.history:
             raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
+        # Its telemetry waits in the outbox for the next commit: until then the live state is not
+        # the committed one, and a retry that lands here again must restore rather than emit twice.
+        self.dirty = True
         history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
         epoch = history[-1].epoch
         # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.

@@ -2,7 +2,8 @@
 
 Read from ``ESPER_*`` environment variables, e.g. ``ESPER_HOME=/data/esper``,
 ``ESPER_REGISTRY_URL=postgresql+psycopg://...``, ``ESPER_PROMETHEUS_PORT=9464``,
-``ESPER_PUSHGATEWAY_URL=http://127.0.0.1:9091``, ``ESPER_DASK_ADDRESS=tcp://127.0.0.1:8786``.
+``ESPER_PUSHGATEWAY_URL=http://127.0.0.1:9091``, ``ESPER_DASK_ADDRESS=tcp://127.0.0.1:8786``,
+``ESPER_GROW_TASK_SECONDS=10``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ class EsperSettings(BaseSettings):
         default=None,
         description="Dask scheduler (tcp://host:8786) the distributed deployments fan out on; "
         "unset: each such flow run starts a temporary local Dask cluster.",
+    )
+
+    grow_task_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long one `grow` task of a morphogenesis flow trains before handing back to "
+        "the flow (it finishes the epoch it is in); 0: a task per epoch. Groups epochs into Prefect "
+        "task runs without changing the run: every epoch is committed either way.",
     )
 
     @field_validator("home")

@@ -1,4 +1,4 @@
-"""morphogenesis: the main job. Compile kernels, then train, decide and apply every epoch."""
+"""morphogenesis: the main job. Compile kernels, then grow the network epoch by epoch."""
 
 from __future__ import annotations
 
@@ -6,16 +6,9 @@ from prefect import flow
 
 from esper_core.reports import RunSummary
 from flows.compile_catalog import compile_catalog
+from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
-from tasks.train import (
-    apply_command,
-    evaluate_epoch,
-    finish,
-    kernels_ready,
-    run_history,
-    start_run,
-    train_epoch,
-)
+from tasks.train import finish, grow, kernels_ready, start_run
 
 
 @flow(name="morphogenesis", log_prints=True)
@@ -35,17 +28,21 @@ def morphogenesis(
         seed: Override the recipe's random seed.
         run_id: Resume this run from its last committed epoch instead of starting a new one;
             default: named after the flow run, so a re-executed flow run resumes its own run.
+
+    Epochs run in ``grow`` tasks of about ``ESPER_GROW_TASK_SECONDS`` each (default 10 s): long
+    enough that Prefect's ~5 ms a task run is lost in the work, short enough that a long run shows
+    its progress task by task.
     """
+    task_seconds = settings().grow_task_seconds
     if not kernels_ready(recipe, device):
         compile_catalog(recipe=recipe, device=device)
     start = start_run(recipe, epochs, device, seed, run_id)
-    for epoch in range(start.next_epoch, start.epochs):
-        train_epoch(start.handle, epoch)
-        command = evaluate_epoch(start.handle, epoch)
-        apply_command(start.handle, epoch, command)
-    history = run_history(start.handle)
-    summary = finish(start.handle)
-    publish_run_artifacts(summary, history)
+    epoch = start.next_epoch
+    while epoch < start.epochs:
+        epoch = grow(start.handle, epoch, start.epochs, task_seconds).next_epoch
+    result = finish(start.handle)
+    publish_run_artifacts(result.summary, result.history)
+    summary = result.summary
     print(
         f"run {summary.run_id}: test accuracy {summary.test_accuracy:.4f}; "
         f"seeds {summary.seeds}; outputs in {summary.run_dir}"

@@ -1,17 +1,22 @@
 """Tolaria, Tamiyo and Kasmina tasks of a morphogenesis run.
 
-Every task takes the run's ``RunHandle`` and the epoch it works on, and first brings the live
-session to the commit that step starts from; a retry therefore restores and reproduces the
-original exactly. Training is never cached (``NO_CACHE``): an epoch is a side effect on the run.
+Every task takes the run's ``RunHandle`` and first brings the live session to the commit its
+work starts from; a retry therefore restores and reproduces the original exactly. Training is
+never cached (``NO_CACHE``): an epoch is a side effect on the run.
+
+Granularity: one ``grow`` task runs whole epochs (train, decide, apply, each committed) until it
+has worked ``task_seconds``, then hands back to the flow. Prefect costs ~5 ms and three events a
+task run here (``esper bench orchestration``), so a task per step on a 50 ms epoch would spend a
+quarter of the run on orchestration, while a long epoch still gets a task of its own. Commits stay
+per epoch: how epochs are grouped into tasks never changes what a retry or a resume restores.
 
 No tags: Prefect 3.8 makes one concurrency-slot API call for every run of a task that has tags
-(limits or not), which cost 0.4-0.9 s a task against the temporary server on our 2 busy cores
-(``esper bench orchestration``: 79-89 % overhead with tags, 41-55 % without). Per-epoch tasks
-run 30 times a run, so they carry none; the task names say which subsystem works.
+(limits or not), which cost 0.4-0.9 s a task against the temporary server on our 2 busy cores.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
-from esper_core.contracts import AdaptationCommand
+from esper_core.contracts import SystemStatePacket
 from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import find_published, plan_compile_jobs
@@ -43,7 +48,7 @@ class RunStart:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EpochReport:
-    """Headline numbers of one trained epoch."""
+    """Headline numbers of one epoch and the command that followed it."""
 
     epoch: int
     train_loss: float
@@ -51,6 +56,24 @@ class EpochReport:
     val_accuracy: float
     train_ms: float
     seeds: dict[str, str]
+    action: str
+    outcome: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Growth:
+    """What one ``grow`` task did: the epochs it completed and where the run goes on."""
+
+    epochs: tuple[EpochReport, ...]
+    next_epoch: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunResult:
+    """A finished run: its summary and one row per epoch for the artifacts."""
+
+    summary: RunSummary
+    history: list[dict[str, Any]]
 
 
 def _before(epoch: int) -> str:
@@ -126,28 +149,28 @@ def _retry_unless_halted(task: Any, task_run: Any, state: Any) -> bool:
     return True
 
 
-@task(
-    name="train-epoch",
-    retries=2,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_halted,
-    cache_policy=NO_CACHE,
-)
-def train_epoch(handle: RunHandle, epoch: int) -> EpochReport:
-    """Train epoch ``epoch`` from the commit before it, then commit it.
+def _trained(session: RunSession, epoch: int) -> SystemStatePacket:
+    """Epoch ``epoch`` trained and committed as ``trained``.
 
     An epoch already committed (by an execution that died before its decision was applied) is
     restored, not trained again, so its telemetry and field reports are not written twice.
     """
-    session = session_for(handle)
     trained = epoch_tag(epoch, "trained")
     if session.checkpoints.path(trained).exists():
         session.ensure_at(trained)
-        packet = session.history[-1]
-    else:
-        session.ensure_at(_before(epoch))
-        packet = session.train_epoch()
-        session.commit(trained)
+        return session.history[-1]
+    session.ensure_at(_before(epoch))
+    packet = session.train_epoch()
+    session.commit(trained)
+    return packet
+
+
+def grow_epoch(session: RunSession, epoch: int) -> EpochReport:
+    """Train epoch ``epoch``, ask Tamiyo, have Kasmina apply her command; commit after each half."""
+    packet = _trained(session, epoch)
+    command = session.decide()
+    outcome = session.apply(command)
+    session.commit(epoch_tag(epoch, "applied"))
     return EpochReport(
         epoch=packet.epoch,
         train_loss=packet.train_loss,
@@ -155,32 +178,55 @@ def train_epoch(handle: RunHandle, epoch: int) -> EpochReport:
         val_accuracy=packet.val_accuracy,
         train_ms=packet.epoch_latency_ms,
         seeds={s.slot_id: s.stage.value for s in packet.seeds},
+        action=command.action,
+        outcome=outcome,
     )
 
 
-@task(name="evaluate-epoch", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def evaluate_epoch(handle: RunHandle, epoch: int) -> AdaptationCommand:
-    """Tamiyo's decision on the state after epoch ``epoch``."""
+@task(
+    name="grow",
+    task_run_name="grow-from-epoch-{first}",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=_retry_unless_halted,
+    cache_policy=NO_CACHE,
+)
+def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growth:
+    """Run epochs ``first``, ``first + 1``, ... before ``stop`` until this task has worked ``task_seconds``.
+
+    Each epoch trains, decides and applies, with a commit after training and after applying. A
+    retry starts again at ``first``: epochs already applied are skipped, a trained one resumes at
+    its decision, so nothing is trained twice.
+    """
+    log = get_run_logger()
     session = session_for(handle)
-    session.ensure_at(epoch_tag(epoch, "trained"))
-    return session.decide()
+    start = time.perf_counter()
+    reports = []
+    epoch = first
+    while epoch < stop:
+        if session.checkpoints.path(epoch_tag(epoch, "applied")).exists():
+            epoch += 1  # done by an earlier attempt of this task
+            continue
+        report = grow_epoch(session, epoch)
+        reports.append(report)
+        log.info(
+            "epoch %d: train loss %.4f, val loss %.4f, val accuracy %.4f; %s (%s); seeds %s",
+            report.epoch,
+            report.train_loss,
+            report.val_loss,
+            report.val_accuracy,
+            report.action,
+            report.outcome,
+            report.seeds,
+        )
+        epoch += 1
+        if time.perf_counter() - start >= task_seconds:
+            break
+    return Growth(epochs=tuple(reports), next_epoch=epoch)
 
 
-@task(name="apply-command", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def apply_command(handle: RunHandle, epoch: int, command: AdaptationCommand) -> str:
-    """Carry out Tamiyo's command and commit the result."""
-    session = session_for(handle)
-    session.ensure_at(epoch_tag(epoch, "trained"))
-    outcome = session.apply(command)
-    session.commit(epoch_tag(epoch, "applied"))
-    return outcome
-
-
-@task(name="run-history", retries=1, cache_policy=NO_CACHE)
-def run_history(handle: RunHandle) -> list[dict[str, Any]]:
+def history_rows(session: RunSession) -> list[dict[str, Any]]:
     """One row per committed epoch (all of them, also those before a resume): curves, command, seeds."""
-    session = session_for(handle)
-    session.ensure_at(session.checkpoints.latest() or START_TAG)
     commands = {c.epoch: c for c in session.commands}
     rows = []
     for packet in session.history:
@@ -201,10 +247,11 @@ def run_history(handle: RunHandle) -> list[dict[str, Any]]:
 
 
 @task(name="finish-run", retries=1, cache_policy=NO_CACHE)
-def finish(handle: RunHandle) -> RunSummary:
-    """Test accuracy, summary, baseline and report; closes the live session."""
+def finish(handle: RunHandle) -> RunResult:
+    """Test accuracy, summary, baseline, report and the per-epoch history; closes the live session."""
     session = session_for(handle)
     session.ensure_at(session.checkpoints.latest() or START_TAG)
+    history = history_rows(session)
     summary = finish_run(session)
     forget(handle)
-    return summary
+    return RunResult(summary=summary, history=history)

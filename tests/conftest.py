@@ -46,6 +46,7 @@ def esper_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EsperSettings
     monkeypatch.delenv("ESPER_PROMETHEUS_PORT", raising=False)
     monkeypatch.delenv("ESPER_PUSHGATEWAY_URL", raising=False)
     monkeypatch.delenv("ESPER_DASK_ADDRESS", raising=False)
+    monkeypatch.delenv("ESPER_GROW_TASK_SECONDS", raising=False)
     return EsperSettings()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_run_artifacts_show_curves_with_seed_events_and_a_seed_table(compiled_ho
     assert [r["slot"] for r in rows] == list(summary.seeds) and all(r["stages"] for r in rows), rows
 
 
-def test_retried_epoch_task_reproduces_the_run(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retried_grow_task_reproduces_the_run(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.morphogenesis import morphogenesis
 
     clean = morphogenesis(recipe="seed-reference", epochs=3, device="cpu", seed=1, run_id="clean")
@@ -69,6 +70,83 @@ def test_retried_epoch_task_reproduces_the_run(compiled_home: EsperSettings, mon
     assert retried.test_loss == clean.test_loss and retried.seeds == clean.seeds
     packets = read_jsonl(compiled_home.runs_dir / "retried" / "telemetry.jsonl")
     assert [p.epoch for p in packets if p.source == "tolaria"] == [0, 1, 2]
+
+
+def _grow_task_runs(flow_run_id: object, expected: int) -> int:
+    """How many ``grow`` task runs the server recorded for a flow run (recorded from events, so it may lag)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + 30
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            grows = sum(1 for r in runs if r.name.startswith("grow-from-epoch-"))
+            if grows >= expected or time.monotonic() > deadline:
+                return grows
+            time.sleep(0.2)
+
+
+def test_grow_tasks_group_epochs_without_changing_the_run(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.morphogenesis import morphogenesis
+
+    args = {"recipe": "seed-reference", "epochs": 3, "device": "cpu", "seed": 2}
+    monkeypatch.setenv("ESPER_GROW_TASK_SECONDS", "0")
+    each = morphogenesis(**args, run_id="each", return_state=True)
+    monkeypatch.setenv("ESPER_GROW_TASK_SECONDS", "3600")
+    grouped = morphogenesis(**args, run_id="grouped", return_state=True)
+    assert _grow_task_runs(each.state_details.flow_run_id, 3) == 3  # one task per epoch
+    assert _grow_task_runs(grouped.state_details.flow_run_id, 1) == 1  # one task for the run
+    a, b = each.result(), grouped.result()
+    assert (a.test_loss, a.seeds) == (b.test_loss, b.seeds)
+
+
+def test_retried_grow_task_skips_the_epochs_it_applied(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.morphogenesis import morphogenesis
+
+    monkeypatch.setenv("ESPER_GROW_TASK_SECONDS", "3600")  # one task runs all three epochs
+    args = {"recipe": "seed-reference", "epochs": 3, "device": "cpu", "seed": 1}
+    clean = morphogenesis(**args, run_id="clean")
+
+    trained: list[int] = []
+    fired: list[bool] = []
+    train, apply = RunSession.train_epoch, RunSession.apply
+
+    def counted(self: RunSession):
+        trained.append(self.epoch)
+        return train(self)
+
+    def flaky(self: RunSession, command):
+        if self.epoch == 3 and not fired:  # epoch 2 trained and committed, its command not applied yet
+            fired.append(True)
+            raise RuntimeError("injected worker failure")
+        return apply(self, command)
+
+    monkeypatch.setattr(RunSession, "train_epoch", counted)
+    monkeypatch.setattr(RunSession, "apply", flaky)
+    retried = morphogenesis(**args, run_id="retried")
+    assert fired, "the injected failure never fired"
+    assert trained == [0, 1, 2], "the retry trained an epoch again"
+    assert (retried.test_loss, retried.seeds) == (clean.test_loss, clean.seeds)
+    packets = read_jsonl(compiled_home.runs_dir / "retried" / "telemetry.jsonl")
+    for source in ("tolaria", "tamiyo"):
+        assert [p.epoch for p in packets if p.source == source] == [0, 1, 2], source
+
+
+def test_negative_grow_task_seconds_is_refused_naming_the_setting(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import ValidationError
+
+    from flows.morphogenesis import morphogenesis
+
+    monkeypatch.setenv("ESPER_GROW_TASK_SECONDS", "-1")
+    with pytest.raises(ValidationError, match="grow_task_seconds"):
+        morphogenesis(recipe="seed-reference", epochs=1, device="cpu")
 
 
 def test_compile_catalog_reuses_published_kernels(compiled_home: EsperSettings) -> None:
