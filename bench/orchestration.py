@@ -10,15 +10,23 @@ What counts:
 - **Esper's work**: the time inside the task bodies (the library calls: compile or look up
   kernels, train, decide, apply, finish, render the plot), measured by wrapping each task's
   function, minus the Prefect artifact API calls made inside a task body.
-- **Prefect overhead** = wall - work: task orchestration (state changes, concurrency-slot calls
-  for tagged tasks), the ``compile_catalog`` subflow (cold registry only), the join of the
-  flow-run heartbeat thread on exit (up to 1 s a flow run; ``--no-heartbeat`` switches the
-  heartbeat off in-process), logging.
+- **Prefect overhead** = wall - work: the flow run's own API calls (create, Running, Completed),
+  task orchestration (~5 ms and three events a task run), the ``compile_catalog`` subflow (cold
+  registry only), the artifact API calls, logging.
+
+Settings are those of ``esper run``: against the temporary server the flow-run heartbeat is off
+(``esper_cli.args.local_flow_settings``). ``--heartbeat`` keeps it, as a deployment run does;
+Prefect then joins the heartbeat thread when the flow returns, which waits up to 1 s after the
+run is already Completed.
 
 Runs use a temporary ``ESPER_HOME``. The first run compiles the kernels (``cold``); the headline
 ``prefect_overhead_share`` is the median over the following runs, whose kernels are already in
 Urza: the steady state of a deployment run again and again, and the least favourable case for
-the share, since compilation is Esper's work.
+the share, since compilation is Esper's work. Between runs the benchmark waits until the server
+has recorded the previous run's task runs: a flow run created while the server's SQLite database
+is busy recording them gets a 503 and Prefect's client sleeps ~2 s before retrying, a stall that
+back-to-back runs in one process provoke and a user's runs, seconds apart, do not.
+``empty_flow_s`` is the same flow machinery with no work at all: the floor of any flow run here.
 """
 
 from __future__ import annotations
@@ -46,8 +54,8 @@ class OrchestrationConfig:
     runs: int = 3
     """Measured runs after the cold one (median reported)."""
     device: str = "cpu"
-    heartbeat: bool = True
-    """Keep Prefect's flow-run heartbeat (the default); off removes its ~1 s join per flow run."""
+    heartbeat: bool = False
+    """Keep Prefect's flow-run heartbeat, which ``esper run`` switches off on the temporary server."""
 
     def __post_init__(self) -> None:
         if self.runs < 1:
@@ -118,14 +126,30 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
             setattr(owner, attribute, original)
 
 
+def _settle(flow_run_id: Any, tasks: int, timeout_s: float = 30.0) -> None:
+    """Wait until the server has recorded ``tasks`` task runs of ``flow_run_id`` (from their events)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if len(runs) >= tasks and all(r.state is not None and r.state.is_final() for r in runs):
+                return
+            time.sleep(0.1)
+
+
 def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfig) -> dict[str, Any]:
     clock.reset()
     start = time.perf_counter()
-    flow(recipe=config.recipe, device=config.device)
+    state = flow(recipe=config.recipe, device=config.device, return_state=True)
     wall = time.perf_counter() - start
+    state.result()  # a failed run raises here rather than being timed as a fast one
     task_s = sum(s for name, s in clock.seconds.items() if name.startswith("task:"))
     work = task_s - clock.seconds.get("prefect:artifacts", 0.0)
     tasks = sum(n for name, n in clock.calls.items() if name.startswith("task:"))
+    _settle(state.state_details.flow_run_id, tasks)
     return {
         "wall_s": wall,
         "esper_work_s": work,
@@ -143,20 +167,29 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
         from prefect import flow
         from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
+        from esper_cli.args import local_flow_settings
         from flows.morphogenesis import morphogenesis
 
-        @flow(name="orchestration-warm-up")
-        def warm_up() -> None:
-            """Brings up the temporary API server (not counted)."""
+        @flow(name="orchestration-empty")
+        def empty() -> None:
+            """No work: the first call brings up the temporary API server, later ones time the floor."""
 
         start = time.perf_counter()
-        warm_up()
+        empty()
         startup = time.perf_counter() - start
         clock = _Clock()
-        # The heartbeat can only be switched off in-process (its setting takes None, not "").
-        heartbeat = {} if config.heartbeat else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-        with _instrumented(clock), temporary_settings(updates=heartbeat):
+        settings = (
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30})
+            if config.heartbeat
+            else local_flow_settings()
+        )
+        with _instrumented(clock), settings:
             frequency = get_current_settings().flows.heartbeat_frequency
+            floor = []
+            for _ in range(3):
+                start = time.perf_counter()
+                empty()
+                floor.append(time.perf_counter() - start)
             cold = _measure(clock, morphogenesis, config)
             warm = [_measure(clock, morphogenesis, config) for _ in range(config.runs)]
         median = statistics.median(r["share"] for r in warm)
@@ -171,9 +204,11 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
             "overhead_s": round(typical["overhead_s"], 3),
             "tasks": typical["tasks"],
             "overhead_per_task_ms": round(1e3 * typical["overhead_s"] / typical["tasks"], 2),
+            "empty_flow_s": round(statistics.median(floor), 3),
             "shares": [round(r["share"], 4) for r in warm],
             "cold_registry_share": round(cold["share"], 4),
             "cold_registry_wall_s": round(cold["wall_s"], 3),
+            "cold_registry_work_by_task_s": cold["work_by_task_s"],
             "server_startup_s": round(startup, 3),
             "heartbeat_frequency_s": frequency,
             "work_by_task_s": typical["work_by_task_s"],

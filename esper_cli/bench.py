@@ -100,9 +100,7 @@ def _cmd_bench_compile(args: argparse.Namespace) -> int:
 def _cmd_bench_orchestration(args: argparse.Namespace) -> int:
     from bench.orchestration import OrchestrationConfig, run
 
-    result = run(
-        OrchestrationConfig(recipe=args.recipe, runs=args.runs, device=args.device, heartbeat=not args.no_heartbeat)
-    )
+    result = run(OrchestrationConfig(recipe=args.recipe, runs=args.runs, device=args.device, heartbeat=args.heartbeat))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -188,7 +186,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     orch.add_argument("--runs", type=positive, default=3, help="measured runs after a cold one (default: %(default)s)")
     orch.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
     orch.add_argument(
-        "--no-heartbeat", action="store_true", help="switch Prefect's flow-run heartbeat off (saves ~1 s per flow run)"
+        "--heartbeat",
+        action="store_true",
+        help="keep Prefect's flow-run heartbeat, as deployment runs do (its thread's join adds up to 1 s a flow run)",
     )
     orch.add_argument("--json", action="store_true", help="print one JSON object")
     orch.set_defaults(func=_cmd_bench_orchestration)
