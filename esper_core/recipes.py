@@ -54,10 +54,15 @@ class RunConfig:
 
 
 def digits_mlp() -> RunConfig:
-    """The default: a 64-64 MLP on the bundled 8x8 digits with two seed slots."""
+    """The default: a 64-64 MLP on the bundled 8x8 digits with two seed slots.
+
+    40 epochs: the host has converged by then (test accuracy over 5 seeds, host alone: 95.4 % at
+    10 epochs, 96.4 % at 20, 96.8 % at 40, 97.0-97.2 % at 60-80), and with the heuristic both slots
+    go through a whole seed lifecycle; at 10 only the first seed does.
+    """
     return RunConfig(
         recipe="digits-mlp",
-        epochs=10,
+        epochs=40,
         data=DataConfig(name="digits", batch_size=64),
         host=HostConfig(kind="mlp", hidden=(64, 64), slot_inputs=(1, 2)),
         trainer=TrainerConfig(lr=0.05, momentum=0.9),
