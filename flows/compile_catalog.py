@@ -14,7 +14,8 @@ from tasks.plan import plan_compiles
 COMPILE_CONCURRENCY = 2
 """Tasks of one flow run in flight at once. Exports inside one process take turns anyway
 (torch.export is not thread-safe); the limit keeps a large catalogue from starting every compile
-at once. Across workers, cap the ``tezzeret`` tag with a Prefect concurrency limit."""
+at once. Across workers, the deployment's ``concurrency_limit`` caps how many catalogue compiles
+run at once."""
 
 
 @flow(name="compile_catalog", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=COMPILE_CONCURRENCY))

@@ -1,5 +1,11 @@
 """Tezzeret and Urza tasks: start a compile run, compile a blueprint kernel, publish it, finish.
 
+No tags: Prefect 3.8 acquires a concurrency slot through the API for every run of a tagged task,
+limit or not, and on the SQLite-backed local server that write collides with the server recording
+task events (503, then a ~2 s client back-off; two or three of them on a cold ``esper run``).
+Compiles are capped per flow run by the task runner and across workers by the deployment's
+``concurrency_limit`` (README, Scale-out).
+
 Retries: a task is retried on transient failures (a locked or unreachable database, a full or
 flaky filesystem), never on a ``ValueError``: bad input (an unapproved blueprint, a refused
 status) fails the same way every time, so it fails at once with its message.
@@ -77,7 +83,6 @@ def begin_compile_run(recipe: str, jobs: list[CompileJob], device: str = "auto",
     retry_delay_seconds=2,
     retry_condition_fn=transient,
     cache_policy=NO_CACHE,
-    tags=["tezzeret"],
 )
 def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
     """Compile ``job`` unless Urza already holds its artifact here; stage the blob."""
@@ -126,7 +131,6 @@ def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
     retry_delay_seconds=1,
     retry_condition_fn=transient,
     cache_policy=NO_CACHE,
-    tags=["urza"],
 )
 def publish_artifact(staged: StagedKernel, compile_run_id: str | None = None) -> KernelArtifact:
     """Record a staged kernel in Urza (idempotent, one transaction); returns the stored descriptor."""

@@ -11,8 +11,8 @@ from esper_core.pipeline import CompileJob, plan_compile_jobs
 from esper_core.recipes import get_recipe
 
 
-# NO_CACHE: planning is cheap and must see the current catalogue.
-@task(name="plan-compiles", cache_policy=NO_CACHE, tags=["karn"])
+# NO_CACHE: planning is cheap and must see the current catalogue. No tags (see tasks.compile).
+@task(name="plan-compiles", cache_policy=NO_CACHE)
 def plan_compiles(
     recipe: str,
     blueprints: list[str] | None = None,

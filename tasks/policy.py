@@ -20,7 +20,7 @@ def _store() -> SimicStore:
     return SimicStore.open(s.home, s.registry_db_url)
 
 
-@task(name="collect-episodes", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["simic"])
+@task(name="collect-episodes", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def collect(
     recipe: str,
     plan: str,
@@ -44,7 +44,7 @@ def collect(
     return [r.run_id for r in results]
 
 
-@task(name="imitate-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["simic"])
+@task(name="imitate-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def imitate_policy(run_ids: list[str], plan: str) -> int:
     """Imitate the decisions of ``run_ids``; returns the published version."""
     store = _store()
@@ -54,7 +54,7 @@ def imitate_policy(run_ids: list[str], plan: str) -> int:
         store.close()
 
 
-@task(name="improve-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, tags=["simic"])
+@task(name="improve-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def improve_policy(version: int, rollout_run_ids: list[str], demonstration_run_ids: list[str], plan: str) -> int:
     """One PPO update of ``version`` on its rollouts; returns the published version."""
     store = _store()
