@@ -7,14 +7,15 @@ What counts:
   flow of a process (``esper run``); its start-up (4-8 s here) is a one-off per process that a
   deployment against a long-lived server never pays, so a warm-up flow absorbs it and it is
   reported apart as ``server_startup_s``.
-- **Esper's work**: the time inside the task bodies (the library calls: compile or look up
-  kernels, train, decide, apply, finish, render the plot), measured by wrapping each task's
-  function, minus the Prefect artifact API calls made inside a task body.
+- **Esper's work**: the wall time during which a task body ran (the library calls: compile or
+  look up kernels, train, decide, apply, finish, render the plot), measured by wrapping each
+  task's function, minus the Prefect artifact API calls made inside a task body. Task bodies
+  running side by side (the cold run's compiles) count once.
 - **Prefect overhead** = wall - work: the flow run's own API calls (create, Running, Completed),
   task orchestration (~5 ms and three events a task run), the ``compile_catalog`` subflow (cold
   registry only), the artifact API calls, logging.
 
-Settings are those of ``esper run``: against the temporary server the flow-run heartbeat is off
+The flow-run heartbeat is off, as ``esper run`` has it on the temporary server
 (``esper_cli.args.local_flow_settings``). ``--heartbeat`` keeps it, as a deployment run does;
 Prefect then joins the heartbeat thread when the flow returns, which waits up to 1 s after the
 run is already Completed.
@@ -76,12 +77,23 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def covered(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals: time during which any of them ran."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 class _Clock:
-    """Accumulates the time spent inside wrapped callables, per name."""
+    """Accumulates the time spent inside wrapped callables, per name, and when each call ran."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         # functools.wraps keeps the signature: Prefect binds task parameters by inspecting it.
@@ -91,14 +103,26 @@ class _Clock:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[name] += time.perf_counter() - start
+                end = time.perf_counter()
+                self.seconds[name] += end - start
                 self.calls[name] += 1
+                self.intervals[name].append((start, end))
 
         return timed
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
+        self.intervals.clear()
+
+    def work_s(self) -> float:
+        """Wall time during which any task body ran, less the artifact API calls inside them.
+
+        A union, not a sum: a cold run compiles on two threads at once, and two tasks working
+        side by side do not make the flow's wall time any longer.
+        """
+        tasks = [i for name, spans in self.intervals.items() if name.startswith("task:") for i in spans]
+        return covered(tasks) - covered(self.intervals.get("prefect:artifacts", []))
 
 
 @contextlib.contextmanager
@@ -146,8 +170,7 @@ def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfi
     state = flow(recipe=config.recipe, device=config.device, return_state=True)
     wall = time.perf_counter() - start
     state.result()  # a failed run raises here rather than being timed as a fast one
-    task_s = sum(s for name, s in clock.seconds.items() if name.startswith("task:"))
-    work = task_s - clock.seconds.get("prefect:artifacts", 0.0)
+    work = clock.work_s()
     tasks = sum(n for name, n in clock.calls.items() if name.startswith("task:"))
     _settle(state.state_details.flow_run_id, tasks)
     return {
@@ -167,7 +190,6 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
         from prefect import flow
         from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
-        from esper_cli.args import local_flow_settings
         from flows.morphogenesis import morphogenesis
 
         @flow(name="orchestration-empty")
@@ -178,12 +200,9 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
         empty()
         startup = time.perf_counter() - start
         clock = _Clock()
-        settings = (
-            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30})
-            if config.heartbeat
-            else local_flow_settings()
-        )
-        with _instrumented(clock), settings:
+        # The heartbeat can only be switched off in-process (its setting takes None, not "").
+        heartbeat = {} if config.heartbeat else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        with _instrumented(clock), temporary_settings(updates=heartbeat):
             frequency = get_current_settings().flows.heartbeat_frequency
             floor = []
             for _ in range(3):

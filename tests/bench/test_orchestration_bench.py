@@ -1,0 +1,31 @@
+"""The orchestration benchmark's accounting, and one real measurement on the smallest recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.orchestration import OrchestrationConfig, covered, run
+
+
+def test_covered_counts_overlapping_work_once() -> None:
+    assert covered([]) == 0.0
+    assert covered([(0.0, 1.0), (2.0, 3.0)]) == pytest.approx(2.0)
+    assert covered([(0.0, 2.0), (1.0, 3.0), (1.5, 1.8)]) == pytest.approx(3.0)  # two threads at once
+    assert covered([(5.0, 6.0), (0.0, 1.0), (0.5, 5.5)]) == pytest.approx(6.0)
+
+
+def test_config_refuses_zero_runs() -> None:
+    with pytest.raises(ValueError, match="runs must be >= 1"):
+        OrchestrationConfig(runs=0)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_benchmark_splits_a_real_run_into_work_and_overhead() -> None:
+    result = run(OrchestrationConfig(recipe="seed-reference", runs=1))
+    assert result["tasks"] == 5  # kernels-ready, start-run, one grow, finish-run, publish-run-artifacts
+    assert 0.0 < result["esper_work_s"] < result["wall_s"]
+    assert 0.0 < result["prefect_overhead_share"] < 1.0
+    assert 0.0 < result["cold_registry_share"] < 1.0  # concurrent compiles are not counted twice
+    assert result["empty_flow_s"] > 0.0 and result["heartbeat_frequency_s"] is None
+    assert {"grow", "finish-run", "publish-run-artifacts"} <= set(result["work_by_task_s"])
