@@ -28,6 +28,8 @@ has recorded the previous run's task runs: a flow run created while the server's
 is busy recording them gets a 503 and Prefect's client sleeps ~2 s before retrying, a stall that
 back-to-back runs in one process provoke and a user's runs, seconds apart, do not.
 ``empty_flow_s`` is the same flow machinery with no work at all: the floor of any flow run here.
+``run_time_share`` is the same split of the run time Prefect records (Running to Completed, the
+duration the UI shows), which leaves out creating the flow run and the heartbeat's join.
 """
 
 from __future__ import annotations
@@ -150,8 +152,12 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
             setattr(owner, attribute, original)
 
 
-def _settle(flow_run_id: Any, tasks: int, timeout_s: float = 30.0) -> None:
-    """Wait until the server has recorded ``tasks`` task runs of ``flow_run_id`` (from their events)."""
+def _settle(flow_run_id: Any, tasks: int, timeout_s: float = 30.0) -> float:
+    """Wait until the server has recorded ``tasks`` task runs of ``flow_run_id`` (from their events).
+
+    Returns:
+        The flow run's run time as Prefect records it (Running to Completed; what the UI shows).
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -160,8 +166,9 @@ def _settle(flow_run_id: Any, tasks: int, timeout_s: float = 30.0) -> None:
         while time.monotonic() < deadline:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
             if len(runs) >= tasks and all(r.state is not None and r.state.is_final() for r in runs):
-                return
+                break
             time.sleep(0.1)
+        return client.read_flow_run(flow_run_id).total_run_time.total_seconds()
 
 
 def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfig) -> dict[str, Any]:
@@ -172,8 +179,10 @@ def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfi
     state.result()  # a failed run raises here rather than being timed as a fast one
     work = clock.work_s()
     tasks = sum(n for name, n in clock.calls.items() if name.startswith("task:"))
-    _settle(state.state_details.flow_run_id, tasks)
+    run_time = _settle(state.state_details.flow_run_id, tasks)
     return {
+        "run_time_s": run_time,
+        "run_time_share": (run_time - work) / run_time,
         "wall_s": wall,
         "esper_work_s": work,
         "overhead_s": wall - work,
@@ -225,6 +234,8 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
             "overhead_per_task_ms": round(1e3 * typical["overhead_s"] / typical["tasks"], 2),
             "empty_flow_s": round(statistics.median(floor), 3),
             "shares": [round(r["share"], 4) for r in warm],
+            "run_time_s": round(typical["run_time_s"], 3),
+            "run_time_share": round(statistics.median(r["run_time_share"] for r in warm), 4),
             "cold_registry_share": round(cold["share"], 4),
             "cold_registry_wall_s": round(cold["wall_s"], 3),
             "cold_registry_work_by_task_s": cold["work_by_task_s"],
