@@ -16,6 +16,8 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from uuid import UUID
 
 import pytest
 
@@ -60,6 +62,17 @@ def worker(local: LocalPrefect) -> Iterator[list[subprocess.Popen]]:
     current = [local.start_worker()]
     yield current
     stop(current[0])
+
+
+def _flow_run_logs(client: Any, flow_run_id: UUID) -> list[str]:
+    """Every log message of one flow run, page by page (the API returns at most 200 at a time)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    messages: list[str] = []
+    while page := client.read_logs(log_filter=log_filter, limit=200, offset=len(messages)):
+        messages += [log.message for log in page]
+    return messages
 
 
 def _client_call(local: LocalPrefect, fn):  # noqa: ANN001, ANN202 - a small helper for sync client calls
@@ -148,7 +161,7 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     final = _client_call(local, lambda c: c.read_flow_run(flow_run.id))
     assert final.state.type is StateType.COMPLETED, final.state.message
     assert final.run_count >= 2
-    logs = _client_call(local, lambda c: [log.message for log in c.read_logs()])
+    logs = _client_call(local, lambda c: _flow_run_logs(c, flow_run.id))
     resumed = [m for m in logs if m.startswith("resuming run") and run_key in m]
     assert resumed and int(resumed[0].split(" at epoch ")[1].split()[0]) >= 3, resumed
 
