@@ -12,8 +12,6 @@ D token width (W = T * D), K key width.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -155,22 +153,3 @@ def mlp_width(profile: ShapeProfile, blueprint_id: str) -> int:
             "layer's output or flatten the activation first"
         )
     return profile.feature_shape[0]
-
-
-def mlp_builder(
-    blueprint_id: str, module: Callable[..., nn.Module], param: str | None = None
-) -> Callable[[ShapeProfile, Mapping[str, float]], nn.Module]:
-    """The builder of a MLP blueprint: ``module(size)``, or ``module(size, int(params[param]))``.
-
-    Args:
-        blueprint_id: Named in the error when a profile does not fit.
-        module: The seed module's class.
-        param: The blueprint's one integer parameter, if it has one.
-    """
-
-    def build(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
-        size = mlp_width(profile, blueprint_id)
-        return module(size) if param is None else module(size, int(params[param]))
-
-    build.__name__ = f"build_{blueprint_id}"
-    return build

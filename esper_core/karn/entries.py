@@ -6,10 +6,15 @@ experimental ones sit between 0.3 and 0.6, high-risk ones at 0.75 or above (test
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
+from torch import nn
+
 from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
 from esper_core.karn import blueprints as mlp
 from esper_core.karn import blueprints_conv as conv
 from esper_core.karn.catalog import Blueprint, BlueprintBuilder
+from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.rules import ProfileRule
 
 _SAFE, _EXPERIMENTAL, _HIGH_RISK = BlueprintTier.SAFE, BlueprintTier.EXPERIMENTAL, BlueprintTier.HIGH_RISK
@@ -19,16 +24,36 @@ def _int_bound(low: int, high: int, default: int) -> ParamBound:
     return ParamBound(low=low, high=high, default=default, integer=True)
 
 
+_SIZE_OF: dict[str, Callable[[ShapeProfile, str], int]] = {"mlp": mlp.mlp_width, "cnn": conv.conv_channels}
+"""The slot size a seed module takes, per host kind: an MLP's width, a conv layer's channels."""
+
+
+def _builder(blueprint_id: str, kind: str, module: Callable[..., nn.Module], param: str | None) -> BlueprintBuilder:
+    """``module(size)``, or ``module(size, int(params[param]))`` for a blueprint with a parameter."""
+    size_of = _SIZE_OF[kind]
+
+    def build(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
+        size = size_of(profile, blueprint_id)
+        return module(size) if param is None else module(size, int(params[param]))
+
+    build.__name__ = f"build_{blueprint_id}"
+    return build
+
+
 def _entry(
     blueprint_id: str,
     name: str,
     tier: BlueprintTier,
     risk: float,
     rule: ProfileRule,
-    build: BlueprintBuilder,
+    module: Callable[..., nn.Module],
     description: str,
     **bounds: ParamBound,
 ) -> Blueprint:
+    """A catalogue entry; ``module`` takes the slot size, then its one integer parameter if any."""
+    if len(bounds) > 1:
+        raise ValueError(f"blueprint {blueprint_id!r}: a seed module takes at most one parameter, got {sorted(bounds)}")
+    build = _builder(blueprint_id, rule.kind, module, next(iter(bounds), None))
     descriptor = BlueprintDescriptor(
         blueprint_id=blueprint_id,
         name=name,
@@ -50,7 +75,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _SAFE,
             0.2,
             vectors,
-            mlp.mlp_builder("residual_mlp", mlp.ResidualMLP, "expansion"),
+            mlp.ResidualMLP,
             "Two-layer GELU MLP (W -> expansion*W -> W) added as a residual delta; "
             "general-purpose capacity for an under-fitting layer.",
             expansion=_int_bound(1, 4, 2),
@@ -61,7 +86,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _SAFE,
             0.1,
             vectors,
-            mlp.mlp_builder("lowrank_adapter", mlp.LowRankAdapter, "rank"),
+            mlp.LowRankAdapter,
             "Linear bottleneck W -> rank -> W (LoRA-style); the cheapest increment, "
             "for small corrections when the latency budget is tight.",
             rank=_int_bound(1, 32, 4),
@@ -72,7 +97,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _SAFE,
             0.15,
             ProfileRule(kind="mlp", min_features=2),
-            mlp.mlp_builder("bottleneck_mlp", mlp.BottleneckMLP, "reduction"),
+            mlp.BottleneckMLP,
             "Non-linear bottleneck W -> W/reduction -> W with GELU; a low-rank adapter that can "
             "bend, for cheap non-linear corrections.",
             reduction=_int_bound(2, 8, 4),
@@ -83,7 +108,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.4,
             vectors,
-            mlp.mlp_builder("norm_gate", mlp.NormGate),
+            mlp.NormGate,
             "LayerNorm, then a W x W linear map scaled per feature by a sigmoid gate; "
             "for layers whose activations drift in scale.",
         ),
@@ -93,7 +118,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.5,
             vectors,
-            mlp.mlp_builder("glu_block", mlp.GLUBlock, "expansion"),
+            mlp.GLUBlock,
             "Gated linear unit (value * sigmoid(gate)) of hidden width expansion*W; "
             "multiplicative interactions a plain MLP learns slowly.",
             expansion=_int_bound(1, 4, 2),
@@ -104,7 +129,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.55,
             ProfileRule(kind="mlp", min_features=2 * mlp.TOKEN_WIDTH, multiple_of=mlp.TOKEN_WIDTH),
-            mlp.mlp_builder("token_attention", mlp.TokenAttention, "key_dim"),
+            mlp.TokenAttention,
             f"Single-head self-attention over the W/{mlp.TOKEN_WIDTH} tokens of a feature vector; "
             "lets distant feature groups interact within one layer.",
             key_dim=_int_bound(4, 32, 8),
@@ -115,7 +140,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             _HIGH_RISK,
             0.8,
             vectors,
-            mlp.mlp_builder("wide_mlp", mlp.WideMLP, "expansion"),
+            mlp.WideMLP,
             "Three-layer GELU MLP with hidden width up to 8*W; large capacity jump, "
             "costly in latency and prone to over-fitting.",
             expansion=_int_bound(1, 8, 4),
@@ -132,7 +157,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _SAFE,
             0.2,
             maps,
-            conv.conv_builder("conv_residual", conv.ConvResidual, "expansion"),
+            conv.ConvResidual,
             "Two 3x3 convolutions (C -> expansion*C -> C) with GELU, added as a residual delta; "
             "a ResNet basic block's branch for an under-fitting conv layer.",
             expansion=_int_bound(1, 4, 1),
@@ -143,7 +168,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _SAFE,
             0.15,
             maps,
-            conv.conv_builder("depthwise_separable", conv.DepthwiseSeparable, "dilation"),
+            conv.DepthwiseSeparable,
             "Depthwise 3x3 convolution (optionally dilated) then a pointwise 1x1 channel mix; "
             "spatial capacity at a fraction of a full convolution's cost.",
             dilation=_int_bound(1, 3, 1),
@@ -154,7 +179,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _SAFE,
             0.1,
             maps,
-            conv.conv_builder("pointwise_adapter", conv.PointwiseAdapter, "rank"),
+            conv.PointwiseAdapter,
             "Low-rank 1x1 bottleneck C -> rank -> C; the cheapest channel-mixing increment for "
             "feature maps, no spatial context.",
             rank=_int_bound(1, 32, 4),
@@ -165,7 +190,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.35,
             ProfileRule(kind="cnn", min_features=2),
-            conv.conv_builder("squeeze_excitation", conv.SqueezeExcitation, "reduction"),
+            conv.SqueezeExcitation,
             "Re-weights channels from globally pooled context (squeeze -> MLP -> tanh gate); "
             "cheap, but changes every position of the map at once.",
             reduction=_int_bound(1, 16, 4),
@@ -176,7 +201,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.45,
             maps,
-            conv.conv_builder("group_norm_gate", conv.GroupNormGate),
+            conv.GroupNormGate,
             "GroupNorm over the map, then a 1x1 projection gated per channel and position by a "
             "sigmoid; for conv layers whose activations drift in scale.",
         ),
@@ -186,7 +211,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _EXPERIMENTAL,
             0.6,
             ProfileRule(kind="cnn", min_features=2, max_positions=1024),
-            conv.conv_builder("spatial_attention", conv.SpatialAttention, "key_dim"),
+            conv.SpatialAttention,
             "Single-head self-attention across the H*W positions of a map (1x1 projections); "
             "global spatial context, cost grows with (H*W)^2.",
             key_dim=_int_bound(4, 64, 16),
@@ -197,7 +222,7 @@ def _conv_blueprints() -> list[Blueprint]:
             _HIGH_RISK,
             0.85,
             maps,
-            conv.conv_builder("wide_conv", conv.WideConv, "expansion"),
+            conv.WideConv,
             "Two 3x3 convolutions through up to 8*C channels; a large capacity jump, slow and "
             "memory-hungry on big maps.",
             expansion=_int_bound(1, 8, 4),
