@@ -32,7 +32,7 @@ from torch_geometric.nn import HeteroConv, SAGEConv
 from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype, policy_graph, use_compiler_cache
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.graph import EDGE_TYPES
-from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.model import HeteroSAGELayer, TamiyoGNN, TamiyoGNNConfig
 from esper_core.telemetry import latency_stats
 
 
@@ -52,29 +52,35 @@ class PolicyBenchConfig:
             raise ValueError(f"iters must be >= 20 for a p95 to mean anything, got {self.iters}")
 
 
+def pyg_layer(layer: HeteroSAGELayer, hidden: int) -> HeteroConv:
+    """``layer``'s function written with torch-geometric: one ``SAGEConv`` per relation, summed.
+
+    The fused layer's weight for a node type stacks [root | relation 1 | relation 2 | ...]; each
+    ``SAGEConv`` takes its relation's block, and an equal share of the root weight and the bias.
+    """
+    convs = {}
+    for nt, rels in layer.relations.items():
+        weight, bias = layer.lin[nt].weight.detach(), layer.lin[nt].bias.detach()
+        for i, et in enumerate(rels):
+            conv = SAGEConv((hidden, hidden), hidden)
+            with torch.no_grad():
+                conv.lin_l.weight.copy_(weight[:, (i + 1) * hidden : (i + 2) * hidden])
+                conv.lin_l.bias.copy_(bias / len(rels))
+                conv.lin_r.weight.copy_(weight[:, :hidden] / len(rels))
+            convs[et] = conv
+    with warnings.catch_warnings():
+        # The last layer leaves ``layer`` nodes un-updated on purpose (no head reads them).
+        warnings.filterwarnings("ignore", message=".*do not get updated.*")
+        return HeteroConv(convs, aggr="sum")
+
+
 class BarePyG(nn.Module):
     """``TamiyoGNN``'s function written with torch-geometric's ``HeteroConv`` + ``SAGEConv``."""
 
     def __init__(self, fused: TamiyoGNN) -> None:
         super().__init__()
         self.fused = fused
-        hidden = fused.config.hidden_dim
-        self.convs = nn.ModuleList()
-        for layer in fused.convs:
-            convs = {}
-            for nt, rels in layer.relations.items():
-                weight, bias = layer.lin[nt].weight.detach(), layer.lin[nt].bias.detach()
-                for i, et in enumerate(rels):
-                    conv = SAGEConv((hidden, hidden), hidden)
-                    with torch.no_grad():
-                        conv.lin_l.weight.copy_(weight[:, (i + 1) * hidden : (i + 2) * hidden])
-                        conv.lin_l.bias.copy_(bias / len(rels))
-                        conv.lin_r.weight.copy_(weight[:, :hidden] / len(rels))
-                    convs[et] = conv
-            with warnings.catch_warnings():
-                # The last layer leaves ``layer`` nodes un-updated on purpose (no head reads them).
-                warnings.filterwarnings("ignore", message=".*do not get updated.*")
-                self.convs.append(HeteroConv(convs, aggr="sum"))
+        self.convs = nn.ModuleList(pyg_layer(layer, fused.config.hidden_dim) for layer in fused.convs)
 
     def forward(
         self, x_dict: dict[str, torch.Tensor], edge_index_dict: dict[tuple[str, str, str], torch.Tensor]

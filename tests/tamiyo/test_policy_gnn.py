@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import Tensor
-from torch_geometric.nn import HeteroConv, SAGEConv
 
+from bench.policy import pyg_layer
 from esper_core.contracts import BlendSchedule
 from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype
 from esper_core.tamiyo.config import PolicyCompileConfig
@@ -155,22 +154,10 @@ def test_fused_layers_compute_what_pyg_heteroconv_sage_computes() -> None:
     edge_index_dict = graph.data.edge_index_dict
     for last in (False, True):
         ours = HeteroSAGELayer(hidden, last=last)
-        convs = {}
-        for nt, rels in ours.relations.items():
-            weight, bias = ours.lin[nt].weight.detach(), ours.lin[nt].bias.detach()
-            for i, et in enumerate(rels):
-                conv = SAGEConv((hidden, hidden), hidden)
-                with torch.no_grad():
-                    conv.lin_l.weight.copy_(weight[:, (i + 1) * hidden : (i + 2) * hidden])
-                    conv.lin_l.bias.copy_(bias / len(rels))
-                    conv.lin_r.weight.copy_(weight[:, :hidden] / len(rels))
-                convs[et] = conv
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*do not get updated.*")
-            pyg = HeteroConv(convs, aggr="sum")
+        pyg = pyg_layer(ours, hidden)
         edges = {et: _mean_edges(edge_index_dict[et], h[et[2]]) for et in EDGE_TYPES}
         with torch.no_grad():
-            expected = pyg(h, {et: edge_index_dict[et] for et in convs})
+            expected = pyg(h, {et: edge_index_dict[et] for rels in ours.relations.values() for et in rels})
             got = ours(h, edges)
         assert set(got) == set(expected)
         for nt in got:
