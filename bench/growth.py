@@ -32,14 +32,16 @@ from typing import Any
 import torch
 
 from esper_core.data import load_dataset
-from esper_core.hosts import HostConfig, build_host
+from esper_core.hosts import HostConfig, build_host_from_config
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import compile_job, find_published, plan_compile_jobs, publish_kernel
-from esper_core.recipes import RunConfig, get_recipe
+from esper_core.pipeline import compile_job, find_published, publish_kernel
+from esper_core.run.config import RunConfig
+from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.run.plan import plan_compile_jobs
+from esper_core.run.recipes import get_recipe
+from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.settings import EsperSettings
-from esper_core.simic.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.simic.records import SimicStore
-from esper_core.simic.train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.urza.service import Urza
 
 GROWING_ARMS = ("random", "heuristic", "gnn")
@@ -57,7 +59,7 @@ class GrowthBenchConfig:
     epochs: int | None = None
     """Epochs per run (None: each recipe's own, 10)."""
     plan: str = "default"
-    """Simic training plan for the GNN arm (see ``esper_core.simic.train.PLANS``)."""
+    """Simic training plan for the GNN arm (see ``esper_core.run.simic_train.PLANS``)."""
     policy_version: int | None = None
     """Evaluate this stored policy version instead of training one (needs ``home``)."""
     home: Path | None = None
@@ -171,7 +173,7 @@ def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan
 def host_params(host: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> int:
     """Parameters of ``host`` for data of this shape (built on the meta device: no memory)."""
     with torch.device("meta"):
-        model = build_host(host, feature_shape=feature_shape, num_classes=num_classes)
+        model = build_host_from_config(host, feature_shape=feature_shape, num_classes=num_classes)
     return sum(p.numel() for p in model.host_parameters())
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from bench.common import BareLoop, BenchConfig, bare_twin, germinate_one
 from esper_core.karn.catalog import default_catalog
-from esper_core.recipes import get_recipe
+from esper_core.run.build import build_trainer
+from esper_core.run.recipes import get_recipe
 from esper_core.telemetry import latency_stats
-from esper_core.tolaria.build import build_trainer
 from esper_core.tolaria.loop import Trainer
 
 # Keeps the benchmark seed in TRAINING, so every timed epoch does the same work.

@@ -65,7 +65,7 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_drill(args: argparse.Namespace) -> int:
-    from esper_core.tolaria.drills import DRILLS
+    from esper_core.run.drills import DRILLS
 
     result = DRILLS[args.drill](None)
     if args.json:

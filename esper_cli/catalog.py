@@ -8,7 +8,7 @@ import json
 from esper_cli.args import local_flow_settings, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
-from esper_core.recipes import RECIPES
+from esper_core.run.recipes import RECIPES
 
 BACKENDS = ("export", "aot_inductor")
 _POLICY = {

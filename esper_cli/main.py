@@ -11,9 +11,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from esper_cli import bench, catalog, registry, run, server
+from esper_cli import bench, catalog, recipes, registry, run, server
 
-COMMAND_GROUPS = (run, catalog, registry, bench, server)
+COMMAND_GROUPS = (run, recipes, catalog, registry, bench, server)
 
 
 def build_parser() -> argparse.ArgumentParser:

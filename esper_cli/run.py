@@ -6,10 +6,13 @@ import argparse
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.recipes import RECIPES
+from esper_core.run.recipes import RECIPES, get_recipe
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # A bad recipe (unknown name, bad import path, wrong return type) fails here, before Prefect
+    # starts a server or a flow run, with the message that says what was expected.
+    get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed)
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 
@@ -24,6 +27,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")
     print(f"commands   {summary.commands}")
+    mib = summary.checkpoints["bytes"] / 2**20
+    print(f"checkpoints {summary.checkpoints['files']} kept, {mib:.1f} MiB")
     print(f"outputs    {summary.run_dir}/ (summary.json, telemetry.jsonl, baseline.json, report.md)")
     return 0
 
@@ -32,7 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``run`` to the top-level subcommands."""
     run = sub.add_parser("run", help="run the morphogenesis flow (compile, train, grow)")
     run.add_argument(
-        "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="named recipe (default: %(default)s)"
+        "--recipe",
+        default="digits-mlp",
+        metavar="RECIPE",
+        help=f"a built-in recipe ({', '.join(sorted(RECIPES))}; `esper recipes list`) or your own as "
+        "package.module:function, imported from the working directory (default: %(default)s)",
     )
     run.add_argument("--epochs", type=positive, default=None, help="override the recipe's epoch count")
     run.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to train (default: %(default)s)")

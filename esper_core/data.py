@@ -1,16 +1,20 @@
-"""Bundled data sets and a deterministic in-memory batcher.
+"""Data sets of a run: the bundled ones (in memory) and a user's own (any map-style Dataset).
 
-The reference workloads fit in memory, so batches are slices of device-resident tensors taken in
-an order derived from ``(seed, epoch)``: the data position of any epoch can be reproduced
-exactly, which is what makes a retried epoch identical to the original.
+The bundled workloads fit in memory, so their batches are slices of device-resident tensors
+(``Split``). A user's data set is read through a DataLoader (``DatasetSplit``), so it need not fit
+in memory. Either way the sample order of an epoch derives from ``(seed, epoch)`` alone: the data
+position of any epoch can be reproduced exactly, which is what makes a retried epoch identical to
+the original.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
 
 DATASETS = ("digits", "seed-reference")
 
@@ -53,6 +57,10 @@ class Split:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    def head(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` samples as one batch."""
+        return self.x[:n], self.y[:n]
+
     def to(self, device: torch.device) -> Split:
         """This split on ``device`` (pinned and copied asynchronously when moving to CUDA)."""
         if self.x.device == device:
@@ -66,15 +74,100 @@ class Split:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DatasetSplit:
+    """A split held by a map-style ``torch.utils.data.Dataset`` whose items are ``(x, y)``.
+
+    It stays where it is (e.g. on disk): Tolaria reads it through a DataLoader, batch by batch.
+    """
+
+    dataset: TorchDataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def to(self, device: torch.device) -> DatasetSplit:
+        """Itself: batches move to the device as they are read."""
+        del device
+        return self
+
+    def head(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` samples, collated into one batch on the CPU."""
+        loader = DataLoader(self.dataset, batch_size=min(n, len(self)), shuffle=False, generator=torch.Generator())
+        return next(iter(loader))
+
+
+AnySplit = Split | DatasetSplit
+"""A split in memory (``Split``) or behind a ``torch.utils.data.Dataset`` (``DatasetSplit``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataSplits:
+    """A user's data: three map-style data sets whose items are ``(input, target)`` pairs.
+
+    Attributes:
+        train: Training samples (shuffled per epoch by Esper, reproducibly from the run's seed).
+        val: Validation samples: Tamiyo's signal and the gates' yardstick.
+        test: Test samples, evaluated once at the end of the run.
+        num_classes: Number of classes, when the targets are class indices (informational).
+    """
+
+    train: TorchDataset
+    val: TorchDataset
+    test: TorchDataset
+    num_classes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("train", "val", "test"):
+            split = getattr(self, name)
+            if isinstance(split, DataLoader):
+                raise ValueError(
+                    f"{name} is a DataLoader; pass its data set ({name}=loader.dataset): Esper orders the "
+                    "batches itself so that a retried epoch sees the same ones (loader settings go in "
+                    "TrainerConfig.loader)"
+                )
+            if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
+                raise ValueError(
+                    f"{name} must be a map-style torch.utils.data.Dataset (with __getitem__ and __len__), "
+                    f"got {type(split).__name__}"
+                )
+            if len(split) == 0:
+                raise ValueError(f"the {name} data set is empty")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataSpec:
+    """A user's data for a run: a function that builds the splits, and the batch size.
+
+    ``load`` is called once when a run is built (in each process that builds it), so it should
+    open files or generate data, not train anything.
+    """
+
+    load: Callable[[], DataSplits]
+    """Returns the three splits."""
+    batch_size: int = 64
+    """Training batch size; validation uses ``TrainerConfig.val_batch_size``."""
+    name: str = "custom"
+    """Shown in reports and baselines."""
+    seed: int = 0
+    """Seed of the per-epoch shuffle (a recipe's ``seed`` override sets it)."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.load):
+            raise ValueError(f"DataSpec.load must be a function returning DataSplits, got {type(self.load).__name__}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Dataset:
     """Train / validation / test splits and their shapes."""
 
     name: str
-    train: Split
-    val: Split
-    test: Split
+    train: AnySplit
+    val: AnySplit
+    test: AnySplit
     feature_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int | None
 
     def to(self, device: torch.device) -> Dataset:
         """All splits on ``device``."""
@@ -88,18 +181,47 @@ class Dataset:
         )
 
 
-def load_dataset(config: DataConfig) -> Dataset:
-    """Load the configured data set on the CPU.
+def load_dataset(config: DataConfig | DataSpec) -> Dataset:
+    """Load the configured data set (a bundled one on the CPU, or a user's through its ``load``).
 
     Args:
-        config: which data set, split fractions and seed.
+        config: A bundled data set's configuration, or a user's ``DataSpec``.
 
     Returns:
         The three splits, deterministic for a given config.
+
+    Raises:
+        ValueError: a user's ``load`` returned something other than ``DataSplits``, or samples
+            that are not ``(input tensor, target)`` pairs.
     """
+    if isinstance(config, DataSpec):
+        return _user_data(config)
     if config.name == "seed-reference":
         return _seed_reference(config.seed)
     return _digits(config)
+
+
+def _user_data(spec: DataSpec) -> Dataset:
+    splits = spec.load()
+    if not isinstance(splits, DataSplits):
+        raise ValueError(
+            f"DataSpec.load must return esper_core.data.DataSplits(train=..., val=..., test=...), "
+            f"got {type(splits).__name__}"
+        )
+    sample = splits.train[0]
+    if not (isinstance(sample, tuple | list) and len(sample) == 2 and isinstance(sample[0], torch.Tensor)):
+        raise ValueError(
+            f"each sample of the train data set must be an (input tensor, target) pair, got {type(sample).__name__}"
+            + (f" of {len(sample)}" if isinstance(sample, tuple | list) else "")
+        )
+    return Dataset(
+        name=spec.name,
+        train=DatasetSplit(dataset=splits.train),
+        val=DatasetSplit(dataset=splits.val),
+        test=DatasetSplit(dataset=splits.test),
+        feature_shape=tuple(sample[0].shape),
+        num_classes=splits.num_classes,
+    )
 
 
 def _digits(config: DataConfig) -> Dataset:

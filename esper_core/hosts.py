@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.slot import SeedSlot
 
 HOST_KINDS = ("mlp", "cnn")
@@ -151,11 +152,13 @@ class CNNHost(nn.Module):
         return list(self.layers.parameters())
 
 
-Host = MLPHost | CNNHost
-"""Any host network built by ``build_host``."""
+Host = MLPHost | CNNHost | GrowableModel
+"""Any host network: a built-in one (``build_host_from_config``) or a user's model with grafted slots."""
 
 
-def build_host(config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> Host:
+def build_host_from_config(
+    config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int
+) -> MLPHost | CNNHost:
     """Build the host network described by ``config`` for the data's shapes."""
     if config.kind == "cnn":
         return CNNHost(config, feature_shape=feature_shape, num_classes=num_classes)

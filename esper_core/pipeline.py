@@ -19,11 +19,9 @@ from pathlib import Path
 import torch
 
 from esper_core.contracts import ArtifactStatus, KernelArtifact
-from esper_core.hosts import build_host
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.policy import approval_tags, require_approval
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.recipes import RunConfig
 from esper_core.tezzeret.compiler import CompiledKernel, compile_blueprint
 from esper_core.tezzeret.config import Backend, TezzeretConfig, environment_key
 from esper_core.urza.errors import MissingBlobError
@@ -75,62 +73,6 @@ class PublishPlan:
     compile_run_id: str | None = None
     actor: str = "tezzeret"
     extra_tags: tuple[str, ...] = field(default_factory=tuple)
-
-
-def slot_profiles(config: RunConfig, feature_shape: tuple[int, ...]) -> list[str]:
-    """Distinct shape profiles of the seed slots of the run's host, in slot order."""
-    # Built on the meta device: only the slots' shapes are needed, not weights.
-    with torch.device("meta"):
-        host = build_host(config.host, feature_shape=feature_shape, num_classes=2)
-    return list(dict.fromkeys(slot.profile.name for slot in host.slots().values()))
-
-
-def plan_compile_jobs(
-    config: RunConfig,
-    *,
-    feature_shape: tuple[int, ...],
-    catalog: KarnCatalog,
-    backend: Backend | str = Backend.EXPORT,
-    approved: Collection[str] = (),
-) -> list[CompileJob]:
-    """Every (blueprint, slot profile) kernel the run may germinate: each recipe blueprint for
-    each distinct slot profile it supports (activation kind and its profile rule).
-
-    Args:
-        config: The run's configuration (host and blueprints).
-        feature_shape: The data's per-sample shape.
-        catalog: The Karn catalogue.
-        backend: Tezzeret backend of every job.
-        approved: Experimental / high-risk blueprint ids explicitly approved for compiling.
-
-    Raises:
-        ValueError: when the recipe names a blueprint Karn does not know, or one that fits none
-            of the host's slots (the message names it and the fix).
-        ApprovalRequiredError: a non-safe blueprint that ``approved`` does not name.
-    """
-    profiles = [ShapeProfile.parse(p) for p in slot_profiles(config, feature_shape)]
-    jobs = []
-    for blueprint_id in config.blueprints:
-        entry = catalog.get(blueprint_id)
-        require_approval(entry.descriptor, approved, action="compile")
-        fitting = [p for p in profiles if entry.supports(p)]
-        if not fitting:
-            raise ValueError(
-                f"recipe {config.recipe} lists {blueprint_id}, which supports {entry.describe_profiles()}, "
-                f"but its slots are {[p.name for p in profiles]}: remove it from the recipe"
-            )
-        params = tuple(sorted(catalog.resolve_params(blueprint_id).items()))
-        jobs.extend(
-            CompileJob(
-                blueprint_id=blueprint_id,
-                profile=p.name,
-                params=params,
-                backend=Backend(backend).value,
-                approved=blueprint_id in approved,
-            )
-            for p in fitting
-        )
-    return jobs
 
 
 def job_for(

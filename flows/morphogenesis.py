@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from esper_core.reports import RunSummary
+from esper_core.run.recipes import get_recipe
+from esper_core.run.reports import RunSummary
 from flows.compile_catalog import compile_catalog
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
@@ -22,7 +23,8 @@ def morphogenesis(
     """Grow a network: compile its seed kernels (unless published), then train / decide / apply per epoch.
 
     Args:
-        recipe: Named recipe (``digits-mlp``, ``seed-reference``).
+        recipe: A built-in recipe (``esper recipes list``) or your own as
+            ``package.module:function``, imported from the working directory.
         epochs: Override the recipe's epoch count.
         device: ``auto``, ``cpu`` or ``cuda``.
         seed: Override the recipe's random seed.
@@ -33,6 +35,9 @@ def morphogenesis(
     enough that Prefect's ~5 ms a task run is lost in the work, short enough that a long run shows
     its progress task by task.
     """
+    # A bad recipe (unknown name, bad import path, wrong return type) fails the run here, before
+    # any task, with the message that says what was expected.
+    get_recipe(recipe, epochs=epochs, device=device, seed=seed)
     task_seconds = settings().grow_task_seconds
     if not kernels_ready(recipe, device):
         compile_catalog(recipe=recipe, device=device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from esper_core.simic.train import get_plan
+from esper_core.run.simic_train import get_plan
 from tasks.policy import collect, imitate_policy, improve_policy
 
 

@@ -13,7 +13,7 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from esper_core.session import RunHandle, RunSession
+from esper_core.run.session import RunHandle, RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import FanoutSink, JsonlSink, PrometheusSink, TelemetrySink, serve
 from esper_core.telemetry.catalog import help_text

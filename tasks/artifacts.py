@@ -15,7 +15,7 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 from prefect.cache_policies import NO_CACHE
 
 from bench.sweep import SweepReport, render_markdown
-from esper_core.reports import RunSummary
+from esper_core.run.reports import RunSummary
 from esper_core.telemetry.plots import EpochPoint, SeedMark, data_uri, latency_png, run_curves_png
 
 _QUIET_ACTIONS = frozenset({"wait", "pause"})

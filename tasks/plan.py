@@ -5,10 +5,10 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import CompileJob, plan_compile_jobs
-from esper_core.recipes import get_recipe
+from esper_core.pipeline import CompileJob
+from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
+from esper_core.run.recipes import get_recipe
 
 
 # NO_CACHE: planning is cheap and must see the current catalogue. No tags (see tasks.compile).
@@ -26,10 +26,9 @@ def plan_compiles(
     config = get_recipe(recipe)
     if blueprints:
         config.blueprints = tuple(blueprints)
-    data = load_dataset(config.data)
     return plan_compile_jobs(
         config,
-        feature_shape=data.feature_shape,
+        feature_shape=recipe_feature_shape(recipe),
         catalog=default_catalog(),
         backend=backend,
         approved=tuple(approve or ()),

@@ -10,8 +10,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from esper_core.run.simic_train import collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.simic.records import SimicStore
-from esper_core.simic.train import collect_episodes, get_plan, train_imitation, train_ppo
 from tasks._runtime import settings
 
 

@@ -26,12 +26,12 @@ from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
 from esper_core.contracts import SystemStatePacket
-from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import find_published, plan_compile_jobs
-from esper_core.recipes import get_recipe
-from esper_core.reports import RunSummary, finish_run
-from esper_core.session import START_TAG, RunHandle, RunSession, epoch_tag
+from esper_core.pipeline import find_published
+from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
+from esper_core.run.recipes import get_recipe
+from esper_core.run.reports import RunSummary, finish_run
+from esper_core.run.session import START_TAG, RunHandle, RunSession, epoch_tag, epochs_applied
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
 from tasks._runtime import forget, prometheus, remember, session_for, settings
@@ -103,7 +103,7 @@ def kernels_ready(recipe: str, device: str) -> bool:
     confirm what is published at the cost of a whole flow run (~1-5 s of Prefect overhead here).
     """
     config = get_recipe(recipe)
-    jobs = plan_compile_jobs(config, feature_shape=load_dataset(config.data).feature_shape, catalog=default_catalog())
+    jobs = plan_compile_jobs(config, feature_shape=recipe_feature_shape(recipe), catalog=default_catalog())
     s = settings()
     urza = Urza.open(s.home, s.registry_db_url)
     try:
@@ -156,7 +156,7 @@ def _trained(session: RunSession, epoch: int) -> SystemStatePacket:
     restored, not trained again, so its telemetry and field reports are not written twice.
     """
     trained = epoch_tag(epoch, "trained")
-    if session.checkpoints.path(trained).exists():
+    if session.checkpoints.latest() == trained:
         session.ensure_at(trained)
         return session.history[-1]
     session.ensure_at(_before(epoch))
@@ -203,10 +203,10 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
     start = time.perf_counter()
     reports = []
     epoch = first
+    # Epochs an earlier attempt of this task already applied are skipped (the last commit says
+    # how far the run got; older checkpoints may have been pruned).
+    epoch = max(epoch, epochs_applied(session.checkpoints.latest()))
     while epoch < stop:
-        if session.checkpoints.path(epoch_tag(epoch, "applied")).exists():
-            epoch += 1  # done by an earlier attempt of this task
-            continue
         report = grow_epoch(session, epoch)
         reports.append(report)
         log.info(

@@ -11,8 +11,9 @@ import pytest
 
 from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import compile_job, plan_compile_jobs, publish_kernel
-from esper_core.recipes import get_recipe
+from esper_core.pipeline import compile_job, publish_kernel
+from esper_core.run.plan import plan_compile_jobs
+from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
 

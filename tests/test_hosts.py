@@ -6,23 +6,23 @@ import pytest
 import torch
 
 from esper_core.contracts import BlendSchedule
-from esper_core.hosts import CNNHost, HostConfig, MLPHost, build_host
+from esper_core.hosts import CNNHost, HostConfig, MLPHost, build_host_from_config
 from esper_core.karn.catalog import default_catalog
+from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from esper_core.tolaria.build import build_trainer
 from tests.helpers.kernels import kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
 def test_mlp_host_places_slots_on_layer_inputs() -> None:
-    host = build_host(HostConfig(hidden=(32, 16), slot_inputs=(0, 2)), feature_shape=(8,), num_classes=3)
+    host = build_host_from_config(HostConfig(hidden=(32, 16), slot_inputs=(0, 2)), feature_shape=(8,), num_classes=3)
     assert isinstance(host, MLPHost)
     assert {k: s.profile.name for k, s in host.slots().items()} == {"slot0": "f8-b512", "slot2": "f16-b512"}
     assert host(torch.randn(5, 8)).shape == (5, 3)
 
 
 def test_cnn_host_exposes_map_and_vector_slots() -> None:
-    host = build_host(
+    host = build_host_from_config(
         HostConfig(kind="cnn", hidden=(4, 8), slot_inputs=(1, 2)), feature_shape=(1, 8, 8), num_classes=10
     )
     assert isinstance(host, CNNHost)
@@ -36,7 +36,7 @@ def test_host_config_errors_name_the_fix() -> None:
     with pytest.raises(ValueError, match="slot_inputs \\[5\\] out of range"):
         HostConfig(hidden=(4,), slot_inputs=(5,))
     with pytest.raises(ValueError, match="load the data with image=True"):
-        build_host(HostConfig(kind="cnn", hidden=(4,), slot_inputs=()), feature_shape=(64,), num_classes=10)
+        build_host_from_config(HostConfig(kind="cnn", hidden=(4,), slot_inputs=()), feature_shape=(64,), num_classes=10)
     with pytest.raises(ValueError, match="host kind must be one of"):
         HostConfig(kind="transformer")
 

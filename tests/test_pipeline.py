@@ -23,11 +23,11 @@ from esper_core.pipeline import (
     find_published,
     job_for,
     new_compile_run,
-    plan_compile_jobs,
     publish_kernel,
     publish_staged,
 )
-from esper_core.recipes import get_recipe
+from esper_core.run.plan import plan_compile_jobs
+from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.tezzeret.compiler import CompiledKernel, TezzeretConfig, compile_blueprint
 from esper_core.tezzeret.formats import encode_eager

@@ -1,16 +1,50 @@
 """Committed training state on disk: one file per tag, written atomically, plus a LATEST pointer.
 
 A retried Prefect task restores the last committed tag, so nothing half-done is ever read back.
+Only a few commits stay on disk (``CheckpointConfig``): the last ``keep_last`` and the best one;
+a 200-epoch run of a large model would otherwise keep hundreds of full copies of its weights.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """Which committed checkpoints a run keeps on disk.
+
+    Every step commits a checkpoint (that is what makes retries exact); only the last
+    ``keep_last`` and, with ``keep_best``, the one after the epoch of the best validation loss
+    stay on disk. The one ``LATEST`` points to is never deleted, nor a file being written.
+    """
+
+    keep_last: int = 3
+    """Most recent commits kept. At least 2: resuming a run whose last commit is a trained but
+    not yet applied epoch goes back to the commit before it."""
+    keep_best: bool = True
+    """Also keep the commit after the epoch with the lowest validation loss."""
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 2:
+            raise ValueError(
+                f"keep_last must be >= 2 (a resume may go back one commit before the latest), got {self.keep_last}"
+            )
+
+
+def retained(
+    tags: Collection[str], *, latest: str | None, best: str | None, keep_last: int, order: Callable[[str], int]
+) -> set[str]:
+    """The tags to keep: the ``keep_last`` newest by ``order``, LATEST, and ``best``."""
+    newest = sorted(tags, key=order)[-keep_last:]
+    return {*newest, *(t for t in (latest, best) if t is not None)}
 
 
 class CheckpointNotFoundError(FileNotFoundError):
@@ -20,9 +54,43 @@ class CheckpointNotFoundError(FileNotFoundError):
 class CheckpointStore:
     """Checkpoints of one run under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, retention: CheckpointConfig | None = None) -> None:
+        """``retention``: which commits to keep when ``prune`` runs; None keeps every one."""
         self.root = root
+        self.retention = retention
         root.mkdir(parents=True, exist_ok=True)
+
+    def tags(self) -> list[str]:
+        """Tags of the checkpoints on disk (complete files only; never one being written)."""
+        return [p.stem for p in self.root.glob("*.pt")]
+
+    def prune(self, *, best: str | None, order: Callable[[str], int]) -> list[str]:
+        """Delete the checkpoints the retention policy does not keep.
+
+        Args:
+            best: The tag of the best commit so far (kept when ``keep_best``).
+            order: Sort key of tags in commit order.
+
+        Returns:
+            The deleted tags.
+        """
+        if self.retention is None:
+            return []
+        keep = retained(
+            self.tags(),
+            latest=self.latest(),
+            best=best if self.retention.keep_best else None,
+            keep_last=self.retention.keep_last,
+            order=order,
+        )
+        dropped = sorted(set(self.tags()) - keep, key=order)
+        for tag in dropped:
+            self.path(tag).unlink(missing_ok=True)
+        return dropped
+
+    def size_bytes(self) -> int:
+        """Bytes of the checkpoints on disk."""
+        return sum(p.stat().st_size for p in self.root.glob("*.pt"))
 
     def path(self, tag: str) -> Path:
         """File of checkpoint ``tag``."""

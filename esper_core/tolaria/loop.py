@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+from torch.utils.data import DataLoader
 
 from esper_core.contracts import (
     KernelArtifact,
@@ -23,7 +23,7 @@ from esper_core.contracts import (
     SystemStatePacket,
     TelemetryEvent,
 )
-from esper_core.data import Dataset, Split
+from esper_core.data import AnySplit, Dataset, Split
 from esper_core.determinism import capture_rng, restore_rng
 from esper_core.hosts import Host
 from esper_core.kasmina.loader import LoadedKernel
@@ -58,8 +58,11 @@ class EpochResult:
     total_ms: float
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 class Trainer:
-    """Trains one host model with its seed manager on an in-memory data set."""
+    """Trains one host model with its seed manager on a data set (in memory or a user's Dataset)."""
 
     def __init__(
         self,
@@ -68,6 +71,7 @@ class Trainer:
         manager: SeedManager,
         data: Dataset,
         config: TrainerConfig,
+        loss_fn: LossFn,
         batch_size: int,
         data_seed: int,
         device: torch.device,
@@ -90,6 +94,7 @@ class Trainer:
             self.data.train, device=device, batch_size=batch_size, seed=data_seed, config=config.loader
         )
         self.config = config
+        self.loss_fn = loss_fn
         self.batch_size = batch_size
         self.data_seed = data_seed
         self.device = device
@@ -120,7 +125,8 @@ class Trainer:
         self.grad_agg_stats = AggregationStats()
         self.layer_stats = LayerStats(model.layer_names, list(model.layers), model.layer_widths)
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
-        self._probe_batch = (self.data.train.x[:batch_size].to(device), self.data.train.y[:batch_size].to(device))
+        x0, y0 = self.data.train.head(batch_size)
+        self._probe_batch = (x0.to(device), y0.to(device))
 
     # ------------------------------------------------------------------ training
 
@@ -129,7 +135,7 @@ class Trainer:
         precision policy, loss, backward. Returns the detached loss sum of the batch."""
         with self.precision.autocast():
             logits = self.model(x)
-            loss = F.cross_entropy(logits, y)
+            loss = self.loss_fn(logits, y)
         self.precision.backward(loss)
         return loss.detach().float() * y.shape[0]
 
@@ -149,7 +155,7 @@ class Trainer:
                 for sid in trainable:
                     if sid != keep:
                         stack.enter_context(self.manager.without_seed(sid))
-                loss = F.cross_entropy(self.model(x), y)
+                loss = self.loss_fn(self.model(x), y)
             raw.append(loss.detach().float())
             # Each task's loss is divided by k so the combined step stays near a plain step's size.
             losses.append(self.precision.scale(loss / k))
@@ -279,22 +285,39 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, split: Split) -> EvalResult:
-        """Mean cross-entropy and accuracy on ``split`` under ``torch.inference_mode()``."""
+    def evaluate(self, split: AnySplit) -> EvalResult:
+        """Mean loss and accuracy on ``split`` under ``torch.inference_mode()``.
+
+        Accuracy counts argmax hits when the targets are class indices; it is 0 otherwise.
+        """
         was_training = self.model.training
         self.model.eval()
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
         with torch.inference_mode():
-            for start in range(0, len(split), self.config.val_batch_size):
-                x = split.x[start : start + self.config.val_batch_size]
-                y = split.y[start : start + self.config.val_batch_size]
+            for x, y in self._eval_batches(split):
                 logits = self.model(x)
-                loss_sum += F.cross_entropy(logits, y, reduction="sum")
-                correct += (logits.argmax(dim=1) == y).sum()
+                loss_sum += self.loss_fn(logits, y).float() * y.shape[0]
+                if not y.dtype.is_floating_point and logits.dim() == 2:
+                    correct += (logits.argmax(dim=1) == y).sum()
         self.model.train(was_training)
         n = len(split)
         return EvalResult(loss=loss_sum.item() / n, accuracy=correct.item() / n)
+
+    def _eval_batches(self, split: AnySplit) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        size = self.config.val_batch_size
+        if isinstance(split, Split):
+            for start in range(0, len(split), size):
+                yield split.x[start : start + size], split.y[start : start + size]
+            return
+        # A user's data set, read in order; the loader's workers are the training loader's.
+        workers = self.config.loader.num_workers
+        # Its own generator: starting a loader draws a seed, which must not come from the global RNG.
+        loader = DataLoader(
+            split.dataset, batch_size=size, shuffle=False, num_workers=workers, generator=torch.Generator()
+        )
+        for x, y in loader:
+            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def _probe_loss(self, slot_id: str, alpha: float) -> float:
         with self.manager.probe(slot_id, alpha):
@@ -306,7 +329,7 @@ class Trainer:
         params = self.model.host_parameters()
 
         def host_grads() -> list[torch.Tensor]:
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.loss_fn(self.model(x), y)
             return list(torch.autograd.grad(loss, params))
 
         with_seed = host_grads()

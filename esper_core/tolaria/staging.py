@@ -8,6 +8,11 @@ Three paths, all yielding the same batches in the same order for a given ``(seed
   CUDA stream while the current one trains, and the copy time is reported as ``h2d_copy_ms``;
 - DataLoader workers (``num_workers > 0``) with ``persistent_workers``, ``prefetch_factor`` and
   ``pin_memory_device``, fed by a batch sampler that reproduces the resident order exactly.
+
+A user's data set (``DatasetSplit``, any map-style ``torch.utils.data.Dataset``) always takes the
+DataLoader path (in the main process when ``num_workers`` is 0): it need not fit in memory, and
+the batch sampler gives it the same ``(seed, epoch)`` order, so a retried or resumed epoch sees
+exactly the same batches.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from esper_core.contracts import TelemetryEvent, TelemetryLevel
-from esper_core.data import Split, epoch_order
+from esper_core.data import AnySplit, DatasetSplit, Split, epoch_order
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -70,7 +75,9 @@ class _EpochBatchSampler(Sampler[list[int]]):
 class BatchSource:
     """Yields an epoch's training batches on ``device`` by the configured path."""
 
-    def __init__(self, split: Split, *, device: torch.device, batch_size: int, seed: int, config: LoaderConfig) -> None:
+    def __init__(
+        self, split: AnySplit, *, device: torch.device, batch_size: int, seed: int, config: LoaderConfig
+    ) -> None:
         self.device = device
         self.batch_size = batch_size
         self.seed = seed
@@ -80,22 +87,31 @@ class BatchSource:
         cuda = device.type == "cuda"
         if not cuda and (config.enable_gpu_prefetch or config.pin_memory_device):
             self._event("GPU prefetch and pinned-memory staging need CUDA; batches come from host memory directly")
-        self.resident = config.gpu_dataset or not cuda
-        self.prefetch = cuda and not self.resident and config.enable_gpu_prefetch and config.num_workers == 0
-        # Host-resident data is pinned so that the per-batch copies can overlap compute.
-        self.split = split.to(device) if self.resident else Split(x=split.x.pin_memory(), y=split.y.pin_memory())
+        streamed = isinstance(split, DatasetSplit)
+        self.resident = not streamed and (config.gpu_dataset or not cuda)
+        self.prefetch = (
+            cuda and not streamed and not self.resident and config.enable_gpu_prefetch and config.num_workers == 0
+        )
+        self.split: Split | None = None
+        if isinstance(split, Split):
+            # Host-resident data is pinned so that the per-batch copies can overlap compute.
+            self.split = split.to(device) if self.resident else Split(x=split.x.pin_memory(), y=split.y.pin_memory())
         self.loader: DataLoader | None = None
         self._sampler: _EpochBatchSampler | None = None
-        if config.num_workers > 0:
+        # The loader's own generator, re-seeded per epoch: creating an iterator draws the workers'
+        # base seed from it, never from the global RNG that dropout and initialisation use.
+        self._generator = torch.Generator()
+        if config.num_workers > 0 or streamed:
             self._sampler = _EpochBatchSampler(len(split), batch_size=batch_size, seed=seed)
             self.loader = DataLoader(
-                TensorDataset(split.x, split.y),
+                split.dataset if isinstance(split, DatasetSplit) else TensorDataset(split.x, split.y),
                 batch_sampler=self._sampler,
                 num_workers=config.num_workers,
                 persistent_workers=config.persistent_workers,
                 prefetch_factor=config.prefetch_factor,
                 pin_memory=cuda,
                 pin_memory_device=(config.pin_memory_device or str(device)) if cuda else "",
+                generator=self._generator,
             )
         self._stream = torch.cuda.Stream(device) if self.prefetch else None
 
@@ -104,6 +120,9 @@ class BatchSource:
         if self.loader is not None:
             assert self._sampler is not None
             self._sampler.epoch = epoch
+            # Workers draw their seeds from this when the epoch's iterator starts (every epoch
+            # unless persistent_workers: then a resumed run's workers are seeded at the resume).
+            self._generator.manual_seed(self.seed * 1_000_003 + epoch)
             return (self._to_device(x, y) for x, y in self.loader)
         if self.resident:
             return self._slices(epoch)
@@ -112,6 +131,7 @@ class BatchSource:
         return (self._to_device(x, y) for x, y in self._slices(epoch))
 
     def _slices(self, epoch: int) -> Iterator[Batch]:
+        assert self.split is not None, "in-memory splits only; a user's data set is read by the loader"
         order = epoch_order(len(self.split), seed=self.seed, epoch=epoch).to(self.split.x.device)
         for start in range(0, len(self.split), self.batch_size):
             index = order[start : start + self.batch_size]

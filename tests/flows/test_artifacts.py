@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from esper_core.reports import RunSummary
+from esper_core.run.reports import RunSummary
 from tasks.artifacts import seed_marks, seed_table
 
 
@@ -51,6 +51,7 @@ def test_seed_table_has_each_slots_stage_history() -> None:
         commands={},
         field_reports={},
         run_dir="/tmp/r",
+        checkpoints={"files": 3, "bytes": 1000},
     )
     rows = {r["slot"]: r for r in seed_table(summary, HISTORY)}
     assert rows["slot1"]["stages"] == "germinated@1 -> training@2 -> blending@3"

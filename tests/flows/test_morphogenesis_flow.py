@@ -8,7 +8,7 @@ import time
 import pytest
 
 from esper_core.contracts import ArtifactKind
-from esper_core.session import RunSession
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 from esper_core.urza.service import Urza

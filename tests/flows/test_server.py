@@ -22,8 +22,8 @@ from uuid import UUID
 import pytest
 
 from esper_cli.local_prefect import LocalPrefect, stop
-from esper_core.reports import finish_run
-from esper_core.session import RunSession
+from esper_core.run.reports import finish_run
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from esper_core.recipes import RunConfig, get_recipe
+from esper_core.run.config import RunConfig
+from esper_core.run.recipes import get_recipe
 
 
 def eager_recipe(name: str, **overrides: object) -> RunConfig:

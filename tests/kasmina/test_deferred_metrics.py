@@ -11,8 +11,8 @@ import torch
 from esper_core.contracts import BlendMode, BlendSchedule, SeedStage
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.manager import KasminaConfig
+from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from esper_core.tolaria.build import build_trainer
 from tests.helpers.kernels import kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 

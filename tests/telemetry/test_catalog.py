@@ -8,9 +8,9 @@ from prometheus_client import CollectorRegistry
 from esper_core.contracts import AdaptationCommand, CommandType, MetricPoint, SeedOperation, TelemetryPacket
 from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import plan_compile_jobs
-from esper_core.recipes import get_recipe
-from esper_core.session import RunSession
+from esper_core.run.plan import plan_compile_jobs
+from esper_core.run.recipes import get_recipe
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import PrometheusSink, exposition, read_jsonl
 from esper_core.telemetry.catalog import CATALOG, Kind, TelemetryName, exposed_series, help_text, lookup

@@ -11,8 +11,8 @@ import torch
 from torch._dynamo import register_backend
 
 from esper_core.karn.catalog import default_catalog
-from esper_core.recipes import get_recipe
-from esper_core.tolaria.build import build_trainer
+from esper_core.run.build import build_trainer
+from esper_core.run.recipes import get_recipe
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.step import StepEngineConfig

@@ -8,8 +8,8 @@ import torch
 from esper_core.contracts import BlendSchedule
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.loader import load_kernel
+from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from esper_core.tolaria.build import build_trainer
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer

@@ -29,11 +29,14 @@ from esper_core.contracts import (
     TelemetryPacket,
     new_id,
 )
+from esper_core.data import load_dataset
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
-from esper_core.pipeline import slot_profiles
-from esper_core.recipes import RunConfig, get_recipe
+from esper_core.run.build import build_trainer
+from esper_core.run.config import RunConfig
+from esper_core.run.plan import RunPlan, plan_run
+from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import DecisionRecord, SimicStore, report_id_for
 from esper_core.simic.serving import refresh_policy
@@ -42,7 +45,6 @@ from esper_core.tamiyo.reporting import command_attributes, decision_metrics
 from esper_core.tamiyo.service import Decision, TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
 from esper_core.tezzeret.compiler import environment_key
-from esper_core.tolaria.build import build_trainer
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
@@ -74,6 +76,22 @@ def epoch_tag(epoch: int, phase: str) -> str:
     return f"epoch-{epoch:04d}-{phase}"
 
 
+_PHASES = ("trained", "applied")
+
+
+def tag_order(tag: str) -> int:
+    """Position of a commit in a run: ``start`` first, then each epoch's trained and applied."""
+    if tag == START_TAG:
+        return -1
+    _, epoch, phase = tag.split("-")
+    return 2 * int(epoch) + _PHASES.index(phase)
+
+
+def epochs_applied(tag: str | None) -> int:
+    """How many epochs are fully done (trained, decided, applied) at commit ``tag``."""
+    return 0 if tag is None else (tag_order(tag) + 1) // 2
+
+
 class RunSession:
     """One training run: host, seeds, controller, checkpoints and telemetry."""
 
@@ -96,7 +114,9 @@ class RunSession:
         self.run_dir = settings.runs_dir / run_id
         self.urza = urza
         self.catalog = catalog or default_catalog()
-        self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id, home=settings.home)
+        data = load_dataset(config.data)
+        self.plan: RunPlan = plan_run(config, catalog=self.catalog, data=data, approved=config.approved_blueprints)
+        self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id, home=settings.home, data=data)
         self.manager = self.trainer.manager
         self.device = self.trainer.device
         if tamiyo is None:
@@ -105,8 +125,9 @@ class RunSession:
         # Field reports and decisions for Simic, in the registry database (None without SQL).
         self.records = SimicStore.for_urza(urza)
         self._decision_records: dict[str, DecisionRecord] = {}
-        self.profiles = slot_profiles(config, self.trainer.data.feature_shape)
-        self.checkpoints = CheckpointStore(self.run_dir / "checkpoints")
+        self.profiles = self.plan.profiles
+        self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)
+        self._candidates: list[BlueprintCandidate] | None = None
         self.lookup_ms = 0.0
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
         jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
@@ -230,7 +251,16 @@ class RunSession:
         return packet
 
     def candidates(self) -> list[BlueprintCandidate]:
-        """Blueprints of the recipe with an active artifact for at least one slot profile."""
+        """Blueprints of the recipe with an active artifact for at least one slot profile.
+
+        Looked up once per live session (and again after a germination is rejected): a kernel
+        quarantined in the meantime is still refused when Kasmina loads it.
+        """
+        if self._candidates is None:
+            self._candidates = self._lookup_candidates()
+        return self._candidates
+
+    def _lookup_candidates(self) -> list[BlueprintCandidate]:
         env = environment_key(self.device)
         out = []
         lookup_s, lookups = 0.0, 0
@@ -243,13 +273,12 @@ class RunSession:
             if not present:
                 continue
             p95 = max((s.p95_ms for a in present.values() for s in a.latency.values()), default=0.0)
-            module = self.catalog.build(blueprint_id, ShapeProfile.parse(next(iter(present))))
             out.append(
                 BlueprintCandidate(
                     descriptor=self.catalog.get(blueprint_id).descriptor,
                     shape_profiles=frozenset(present),
                     latency_p95_ms=p95,
-                    param_cost=sum(p.numel() for p in module.parameters()),
+                    param_cost=self.plan.param_costs[(blueprint_id, next(iter(present)))],
                 )
             )
         # Mean time of one registry lookup of an active artifact, reported with the decision.
@@ -351,6 +380,7 @@ class RunSession:
             # A command that cannot be carried out (unknown slot, no kernel, a corrupt blob, a
             # refused gate) is rejected and reported; the run goes on without it.
             outcome = f"rejected: {e}"
+            self._candidates = None  # the registry may have changed under the run: look again
             events.append(
                 TelemetryEvent(
                     name="kasmina.command.rejected",
@@ -476,6 +506,7 @@ class RunSession:
         self.rails.tiers.commit(tag, state)
         self.committed_tag = tag
         self.dirty = False
+        self.checkpoints.prune(best=self._best_tag(), order=tag_order)
         for packet in self._outbox:
             self.sink.emit(packet)
         if self._report_outbox:
@@ -483,6 +514,13 @@ class RunSession:
                 f.writelines(r.to_json() + "\n" for r in self._report_outbox)
         self._outbox.clear()
         self._report_outbox.clear()
+
+    def _best_tag(self) -> str | None:
+        """The applied commit of the epoch with the lowest validation loss so far."""
+        applied = [p for p in self.history if p.epoch < epochs_applied(self.committed_tag)]
+        if not applied:
+            return None
+        return epoch_tag(min(applied, key=lambda p: p.val_loss).epoch, "applied")
 
     def _record_for_simic(self) -> None:
         applied = {c.command_id for c in self.commands}

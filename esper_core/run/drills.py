@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from esper_core.contracts import TelemetryPacket
-from esper_core.recipes import RunConfig, get_recipe
-from esper_core.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.config import RunConfig
+from esper_core.run.recipes import get_recipe
+from esper_core.run.session import START_TAG, RunSession, epoch_tag
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import read_jsonl
@@ -30,27 +31,35 @@ _DRILL_SAFETY = SafetyConfig(tamiyo_deadline_ms=200.0, kasmina_deadline_ms=10_00
 
 
 class _SlowTamiyo:
-    """Tamiyo that answers correctly, but only after ``delay_s`` (the injected fault)."""
+    """Tamiyo that answers correctly, but ``delay_s`` late for the decisions of ``slow_epochs``
+    (the injected fault)."""
 
-    def __init__(self, inner: TamiyoService, delay_s: float) -> None:
+    def __init__(self, inner: TamiyoService, *, delay_s: float, slow_epochs: frozenset[int]) -> None:
         self.inner = inner
         self.delay_s = delay_s
+        self.slow_epochs = slow_epochs
 
-    def decide(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self.delay_s)
-        return self.inner.decide(*args, **kwargs)
+    def decide(self, history: Any, *args: Any, **kwargs: Any) -> Any:
+        if history[-1].epoch in self.slow_epochs:
+            time.sleep(self.delay_s)
+        return self.inner.decide(history, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # Everything but the slow decision is the real service (config, breaker, policy swap).
         return getattr(self.inner, name)
 
 
-def _session(home: Path, run_id: str, *, safety: SafetyConfig) -> RunSession:
+def _config(safety: SafetyConfig) -> RunConfig:
     config: RunConfig = get_recipe("seed-reference", device="cpu")
     step = dataclasses.replace(config.trainer.step, compile="off")
     config.trainer = dataclasses.replace(config.trainer, safety=safety, step=step)
+    return config
+
+
+def _session(home: Path, run_id: str, *, config: RunConfig, tamiyo: Any = None) -> RunSession:
+    """A drill's run; faults come in through the collaborators it is built with."""
     settings = EsperSettings(home=home)
-    session = RunSession(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home))
+    session = RunSession(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home), tamiyo=tamiyo)
     session.commit(START_TAG)
     return session
 
@@ -82,12 +91,13 @@ def run_timeout_drill(home: Path | None = None) -> dict[str, Any]:
     """Tamiyo misses its deadline once, then Kasmina overruns its budget once."""
 
     def body(root: Path) -> dict[str, Any]:
-        session = _session(root, "drill-timeout", safety=_DRILL_SAFETY)
+        config = _config(_DRILL_SAFETY)
+        tamiyo = TamiyoService(config.tamiyo, cache_dir=root / "cache" / "inductor")
+        slow = _SlowTamiyo(tamiyo, delay_s=0.6, slow_epochs=frozenset({1}))
+        session = _session(root, "drill-timeout", config=config, tamiyo=slow)
         _epoch(session)
-        session.tamiyo = _SlowTamiyo(session.tamiyo, delay_s=0.6)  # type: ignore[assignment]
-        _epoch(session)
+        _epoch(session)  # the decision after epoch 1 misses its deadline
         held = session.commands[-1]
-        session.tamiyo = session.tamiyo.inner  # type: ignore[attr-defined]
         # Kasmina: any command that calls it now overruns a 1 us budget and is undone.
         session.config.trainer.safety = dataclasses.replace(_DRILL_SAFETY, kasmina_deadline_ms=0.001)
         session.train_epoch()
@@ -127,7 +137,7 @@ def run_rollback_drill(home: Path | None = None) -> dict[str, Any]:
     """NaN weights roll back to the last commit and recover; a diverging setup halts."""
 
     def body(root: Path) -> dict[str, Any]:
-        session = _session(root, "drill-rollback", safety=_DRILL_SAFETY)
+        session = _session(root, "drill-rollback", config=_config(_DRILL_SAFETY))
         _epoch(session)
         with torch.no_grad():
             session.trainer.model.layers[0].weight.fill_(float("nan"))  # the injected fault
@@ -138,7 +148,7 @@ def run_rollback_drill(home: Path | None = None) -> dict[str, Any]:
             session.trainer.model.layers[0].weight.fill_(float("nan"))
         _epoch(session)
         session.close()
-        halting = _session(root, "drill-halt", safety=_DRILL_SAFETY)
+        halting = _session(root, "drill-halt", config=_config(_DRILL_SAFETY))
         halting.trainer.data.train.x[0, 0] = float("nan")  # corrupt data survives every rollback
         halted = ""
         try:

@@ -14,8 +14,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from esper_core.contracts import new_id
-from esper_core.recipes import RunConfig, get_recipe
-from esper_core.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.config import RunConfig
+from esper_core.run.recipes import get_recipe
+from esper_core.run.session import START_TAG, RunSession, epoch_tag
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.service import TamiyoService

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from esper_core.contracts import new_id
-from esper_core.recipes import RunConfig
+from esper_core.run.config import RunConfig
+from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import build_samples
-from esper_core.simic.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.simic.learn import SimicConfig, imitate, ppo_update
 from esper_core.simic.records import PolicyVersion, SimicStore
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig

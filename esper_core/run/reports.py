@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_core.contracts import SeedStage
-from esper_core.session import RunSession
+from esper_core.run.session import RunSession
 from esper_core.telemetry import write_baseline
 from esper_core.tolaria.loop import count_parameters
 
@@ -33,6 +33,8 @@ class RunSummary:
     """Action name -> how many times Tamiyo issued it."""
     field_reports: dict[str, int]
     run_dir: str
+    checkpoints: dict[str, int]
+    """What the run keeps on disk: ``files`` (committed checkpoints) and their ``bytes``."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -58,6 +60,7 @@ def finish_run(session: RunSession) -> RunSummary:
         commands=dict(Counter(c.action for c in session.commands)),
         field_reports=dict(Counter(r.outcome.value for r in session.reports)),
         run_dir=str(session.run_dir),
+        checkpoints={"files": len(session.checkpoints.tags()), "bytes": session.checkpoints.size_bytes()},
     )
     run_dir = Path(session.run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))

@@ -1,0 +1,255 @@
+"""Seed slots grafted onto any ``nn.Module``, by module name.
+
+A user names the places where seeds may grow (``"layer1"``, ``"blocks.2.mlp"``); each named
+module's **output** passes through a ``SeedSlot`` (a forward hook returns ``slot(output)``), so a
+seed learns a delta of that output and, once blended, the rest of the network reads
+``output + alpha * seed(output)``. The user's module is not modified apart from the hooks.
+
+Slot shapes are discovered, never written by hand: one dry forward of the model on the meta
+device (no memory, no compute) with two batch sizes records each named module's output. A name
+that does not exist, a module that is never called or called more than once per forward, an
+output that is not a floating tensor with a leading batch dimension, or a per-sample shape that
+changes with the batch, is refused with the reason before any work starts.
+
+Shapes: ``x`` is the model's input (B, *sample_shape); a slot's activation is (B, *feature_shape).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.slot import SeedSlot
+
+log = logging.getLogger(__name__)
+
+_PROBE_BATCHES = (2, 3)
+"""Two batch sizes: an output whose leading dimension follows both is batched per sample."""
+_LISTED_NAMES = 40
+"""How many module names an unknown-name error lists."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlotSite:
+    """Where a slot sits and what it sees, as discovered by the dry forward.
+
+    Attributes:
+        module: Dotted name of the module whose output the slot takes.
+        feature_shape: Per-sample shape of that output.
+        layer: The weight layer the slot belongs to in Tamiyo's graph: the last layer with a
+            weight that finished its forward at or before the slot's module.
+    """
+
+    module: str
+    feature_shape: tuple[int, ...]
+    layer: str
+
+
+def weight_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules that own a weight matrix or kernel (``Linear``, ``Conv*``, ...) by name.
+
+    These are the host's layers in Tamiyo's view: their gradient norms and activations are
+    tracked, and their output width (``weight.shape[0]``) describes the layer.
+    """
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() >= 2
+    }
+
+
+def discover_slot_sites(model: nn.Module, slots: Sequence[str], sample_shape: tuple[int, ...]) -> list[SlotSite]:
+    """Run the model dry on the meta device and describe the output of each named module.
+
+    Args:
+        model: The user's model (its weights are not read or changed).
+        slots: Dotted module names, e.g. ``("layer1", "blocks.2.mlp")``.
+        sample_shape: Shape of one input sample, without the batch dimension.
+
+    Returns:
+        One ``SlotSite`` per name, in the order given.
+
+    Raises:
+        ValueError: an unknown or duplicate name (the message lists the names that exist), or a
+            module whose output a seed cannot take (the message says why).
+    """
+    modules = dict(model.named_modules())
+    _check_names(slots, modules)
+    layers = weight_layers(model)
+    # Forward-completion order of the weight layers and slot modules, and every slot output.
+    outputs: dict[str, list[object]] = {name: [] for name in slots}
+    finished: list[str] = []
+
+    def record(name: str) -> Callable[[nn.Module, object, object], None]:
+        def hook(_m: nn.Module, _args: object, out: object) -> None:
+            finished.append(name)
+            if name in outputs:
+                outputs[name].append(out)
+
+        return hook
+
+    watched = dict.fromkeys([*layers, *slots])
+    handles = [modules[name].register_forward_hook(record(name)) for name in watched]
+    try:
+        per_batch = []
+        for batch in _PROBE_BATCHES:
+            for v in outputs.values():
+                v.clear()
+            finished.clear()
+            _dry_forward(model, (batch, *sample_shape))
+            per_batch.append(({k: list(v) for k, v in outputs.items()}, list(finished)))
+    finally:
+        for h in handles:
+            h.remove()
+    order = per_batch[0][1]
+    return [
+        SlotSite(
+            module=name,
+            feature_shape=_feature_shape(name, [o[name] for o, _ in per_batch]),
+            layer=_owning_layer(name, order, layers),
+        )
+        for name in slots
+    ]
+
+
+def _check_names(slots: Sequence[str], modules: dict[str, nn.Module]) -> None:
+    if not slots:
+        raise ValueError("name at least one module to grow seeds on, e.g. slots=('layer1',)")
+    dupes = sorted({s for s in slots if list(slots).count(s) > 1})
+    if dupes:
+        raise ValueError(f"slot modules {dupes} are named twice; name each module once")
+    unknown = [s for s in slots if s not in modules or s == ""]
+    if unknown:
+        names = [n for n in modules if n]
+        shown = ", ".join(names[:_LISTED_NAMES]) + (
+            f", ... ({len(names)} in all)" if len(names) > _LISTED_NAMES else ""
+        )
+        raise ValueError(
+            f"the model has no module named {unknown}; seed slots take a module's dotted name from "
+            f"model.named_modules(): {shown}"
+        )
+
+
+def _dry_forward(model: nn.Module, input_shape: tuple[int, ...]) -> None:
+    """One forward with meta parameters, buffers and input: shapes only, nothing allocated."""
+    dtype = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(())).dtype
+    state = {
+        k: torch.empty_like(v, device="meta")
+        for k, v in itertools.chain(model.named_parameters(), model.named_buffers())
+    }
+    x = torch.empty(input_shape, dtype=dtype if dtype.is_floating_point else torch.float32, device="meta")
+    with torch.no_grad():
+        functional_call(model, state, (x,), strict=False)
+
+
+def _feature_shape(name: str, outputs_per_batch: list[list[object]]) -> tuple[int, ...]:
+    shapes = []
+    for batch, outs in zip(_PROBE_BATCHES, outputs_per_batch, strict=True):
+        if not outs:
+            raise ValueError(
+                f"module {name!r} is never called in the model's forward: a seed slot needs a module that runs; "
+                "name one that forward() calls"
+            )
+        if len(outs) > 1:
+            raise ValueError(
+                f"module {name!r} runs {len(outs)} times in one forward (a shared module): a seed slot needs one "
+                "call per forward; name a module that runs once"
+            )
+        out = outs[0]
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(
+                f"module {name!r} returns {type(out).__name__}, not a tensor: a seed can only grow on a tensor "
+                "output; name a submodule that returns one"
+            )
+        if not out.dtype.is_floating_point:
+            raise ValueError(f"module {name!r} returns {out.dtype} values; a seed needs a floating-point activation")
+        if out.dim() < 2 or out.shape[0] != batch:
+            raise ValueError(
+                f"module {name!r} returns shape {tuple(out.shape)} for a batch of {batch}: a seed slot needs a "
+                "leading batch dimension followed by a per-sample shape"
+            )
+        shapes.append(tuple(out.shape[1:]))
+    if len(set(shapes)) != 1:
+        raise ValueError(
+            f"module {name!r}'s per-sample output shape changes with the input ({shapes[0]} vs {shapes[1]}): "
+            "a seed is compiled for one shape; name a module whose output shape is fixed"
+        )
+    return shapes[0]
+
+
+def _owning_layer(name: str, order: list[str], layers: dict[str, nn.Module]) -> str:
+    if name in layers:
+        return name
+    if not layers:
+        return name
+    done = order[: order.index(name) + 1] if name in order else order
+    before = [n for n in done if n in layers]
+    # A slot ahead of every weight layer (e.g. on the input embedding) belongs to the first one.
+    return before[-1] if before else next(n for n in order if n in layers)
+
+
+class GrowableModel(nn.Module):
+    """A user's model with seed slots on the outputs of named modules.
+
+    It offers what Tolaria and Kasmina read from a host: ``slots()``, ``host_parameters()`` and
+    the weight layers (``layer_names``, ``layers``, ``layer_widths``) that Tamiyo's graph shows.
+
+    Args:
+        model: Any ``nn.Module`` taking one input tensor (B, *sample_shape).
+        slots: Dotted names of the modules whose output a seed may grow on.
+        sample_shape: Shape of one input sample, without the batch dimension.
+        batch_max: The largest batch a slot must accept (seed kernels are compiled for it).
+    """
+
+    def __init__(
+        self, model: nn.Module, *, slots: Sequence[str], sample_shape: tuple[int, ...], batch_max: int
+    ) -> None:
+        super().__init__()
+        sites = discover_slot_sites(model, slots, sample_shape)
+        self.model = model
+        self.kind = "custom"
+        self.sites = tuple(sites)
+        # ModuleDict keys cannot hold dots; the slot id (what commands and packets carry) keeps them.
+        self.seed_slots = nn.ModuleDict(
+            {
+                site.module.replace(".", "-"): SeedSlot(
+                    slot_id=site.module,
+                    layer=site.layer,
+                    profile=ShapeProfile(feature_shape=site.feature_shape, batch_max=batch_max),
+                )
+                for site in sites
+            }
+        )
+        modules = dict(model.named_modules())
+        for slot in self.seed_slots.values():
+            modules[slot.slot_id].register_forward_hook(_graft(slot))
+        layers = weight_layers(model)
+        # A plain list, not a ModuleList: these modules are registered once, under `model`.
+        self.layers: list[nn.Module] = list(layers.values())
+        self.layer_names = tuple(layers)
+        self.layer_widths = tuple(int(m.weight.shape[0]) for m in layers.values())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def slots(self) -> dict[str, SeedSlot]:
+        """The seed slots by id (the module name), in the order they were named."""
+        return {slot.slot_id: slot for slot in self.seed_slots.values()}
+
+    def host_parameters(self) -> list[nn.Parameter]:
+        """The user model's trainable parameters, excluding any seed."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def _graft(slot: SeedSlot) -> Callable[[nn.Module, object, torch.Tensor], torch.Tensor]:
+    def hook(_module: nn.Module, _args: object, output: torch.Tensor) -> torch.Tensor:
+        return slot(output)
+
+    return hook

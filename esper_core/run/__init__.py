@@ -1,0 +1,39 @@
+"""The run layer, and Esper's public API for growing your own model.
+
+One place composes a run from the subsystems: ``config`` (what a run is), ``recipes`` (built-in
+and import-path recipes), ``plan`` (shapes, slots and kernels, computed once), ``build`` (data,
+host, seed manager, trainer), ``session`` (the committed steps a Prefect task retries exactly).
+
+Growing your own model takes a recipe function returning a ``RunConfig``::
+
+    from esper_core.run import DataSpec, DataSplits, ModelSpec, RunConfig
+
+    def recipe() -> RunConfig:
+        return RunConfig(
+            epochs=20,
+            host=ModelSpec(build=MyNet, slots=("body.1", "head")),
+            data=DataSpec(load=my_splits, batch_size=64),
+        )
+
+and ``esper run --recipe mypackage.mymodule:recipe`` (see ``examples/grow_your_own.py``).
+"""
+
+from esper_core.data import DataSpec, DataSplits
+from esper_core.kasmina.manager import KasminaConfig
+from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tamiyo.heuristic import HeuristicConfig
+from esper_core.tolaria.checkpoint import CheckpointConfig
+from esper_core.tolaria.config import TrainerConfig
+
+__all__ = [
+    "CheckpointConfig",
+    "DataSpec",
+    "DataSplits",
+    "HeuristicConfig",
+    "KasminaConfig",
+    "ModelSpec",
+    "RunConfig",
+    "TamiyoConfig",
+    "TrainerConfig",
+]

@@ -1,0 +1,106 @@
+"""The complete configuration of one morphogenesis run, and the specs of a user's model and data.
+
+A recipe (built in, or a user's function found by import path) returns a ``RunConfig``. Its host
+is either one of Esper's built-in hosts (``HostConfig``) or the user's own ``nn.Module``
+(``ModelSpec``: a function that builds it and the names of the modules seeds may grow on); its
+data is a bundled data set (``DataConfig``) or the user's (``DataSpec``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from esper_core.data import DataConfig, DataSpec
+from esper_core.hosts import HostConfig
+from esper_core.kasmina.manager import KasminaConfig
+from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tolaria.checkpoint import CheckpointConfig
+from esper_core.tolaria.config import TrainerConfig
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss(outputs, targets)`` -> the batch's mean loss (a 0-d tensor)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSpec:
+    """A user's own network as the host of a run.
+
+    Example::
+
+        ModelSpec(build=lambda: MyNet(width=32), slots=("body.1", "head.0"))
+
+    A seed slot sits on the **output** of each named module: a seed learns a delta of that
+    output, blended in as ``output + alpha * seed(output)``. Slot shapes are discovered by a dry
+    forward on the meta device (see ``esper_core.kasmina.graft``).
+    """
+
+    build: Callable[[], nn.Module]
+    """Returns a fresh model; called once per run, after the run's RNGs are seeded."""
+    slots: Sequence[str]
+    """Dotted module names from ``model.named_modules()``, e.g. ``("layer1", "blocks.2.mlp")``."""
+    batch_max: int = 512
+    """Largest batch a slot must accept; seed kernels are compiled for it."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.build):
+            raise ValueError(f"ModelSpec.build must be a function returning an nn.Module, got {type(self.build)}")
+        if isinstance(self.slots, str):
+            raise ValueError(
+                f"slots must be a sequence of module names, got the string {self.slots!r}: write ({self.slots!r},)"
+            )
+        self.slots = tuple(self.slots)
+        if not self.slots:
+            raise ValueError("ModelSpec needs at least one slot: name a module whose output a seed may grow on")
+        if self.batch_max < 2:
+            raise ValueError(f"batch_max must be >= 2, got {self.batch_max}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """Everything one morphogenesis run needs."""
+
+    recipe: str = "custom"
+    """Name (or import path) of the recipe this configuration came from; set by the resolver."""
+    epochs: int
+    seed: int = 0
+    """Seeds data order, initialisation and every RNG of the run."""
+    data: DataConfig | DataSpec = field(default_factory=DataConfig)
+    host: HostConfig | ModelSpec = field(default_factory=HostConfig)
+    loss: LossFn = F.cross_entropy
+    """Training and validation loss; accuracy is reported when targets are class indices."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    kasmina: KasminaConfig = field(default_factory=KasminaConfig)
+    tamiyo: TamiyoConfig = field(default_factory=TamiyoConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    blueprints: tuple[str, ...] = ("residual_mlp", "lowrank_adapter")
+    """Blueprints compiled for this run's slots; Tamiyo chooses among them."""
+    approved_blueprints: tuple[str, ...] = ()
+    """Experimental-tier blueprints this run may germinate (Karn requires explicit approval)."""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if not self.blueprints:
+            raise ValueError("a run needs at least one blueprint to germinate from")
+        if not callable(self.loss):
+            raise ValueError(f"loss must be a function loss(outputs, targets), got {type(self.loss).__name__}")
+        if isinstance(self.host, HostConfig) and isinstance(self.data, DataSpec):
+            raise ValueError(
+                "a built-in host (HostConfig) is sized for a bundled data set; with your own data, "
+                "give your own model as host=ModelSpec(build=..., slots=...)"
+            )
+        if self.trainer.val_batch_size > self.host.batch_max:
+            raise ValueError(
+                f"val_batch_size {self.trainer.val_batch_size} exceeds the slots' batch_max "
+                f"{self.host.batch_max}: seeds are guarded for at most batch_max samples; lower it"
+            )
+        if self.data.batch_size > self.host.batch_max:
+            raise ValueError(
+                f"batch_size {self.data.batch_size} exceeds the slots' batch_max "
+                f"{self.host.batch_max}; raise host.batch_max or lower the batch size"
+            )

@@ -1,0 +1,125 @@
+"""Seed slots grafted onto a user's model by module name; shapes from a dry forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from esper_core.contracts import SeedStage
+from esper_core.kasmina.graft import GrowableModel, discover_slot_sites
+from tests.helpers.user_model import TwoTower
+
+
+class _Conv1dNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool1d(5)
+        self.fc = nn.Linear(20, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
+
+
+class _Odd(nn.Module):
+    """Modules a seed cannot take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = _Pair()
+        self.shared = nn.Linear(4, 4)
+        self.unused = nn.Linear(4, 4)
+        self.flat = _BatchFold()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, _ = self.pair(x)
+        a = self.shared(self.shared(a))
+        self.flat(a)
+        return self.fc(a)
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+class _BatchFold(nn.Module):
+    """Keeps as many features as there are samples: the per-sample shape follows the batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, : x.shape[0]]
+
+
+def test_sites_take_the_output_shape_and_the_owning_weight_layer() -> None:
+    sites = discover_slot_sites(TwoTower(), ["stem", "body.1", "body"], (12,))
+    assert [(s.module, s.feature_shape, s.layer) for s in sites] == [
+        ("stem", (16,), "stem"),
+        ("body.1", (16,), "body.1"),
+        ("body", (16,), "body.1"),  # a container's output belongs to its last weight layer
+    ]
+    conv = discover_slot_sites(_Conv1dNet(), ["conv", "pool"], (1, 10))
+    assert [(s.feature_shape, s.layer) for s in conv] == [((4, 10), "conv"), ((4, 5), "conv")]
+
+
+def test_the_dry_forward_reads_no_weights() -> None:
+    model = TwoTower()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.device("meta"):
+        meta = TwoTower()
+    assert discover_slot_sites(meta, ["stem"], (12,))[0].feature_shape == (16,)
+    discover_slot_sites(model, ["stem"], (12,))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("stemm", "has no module named ['stemm']; seed slots take a module's dotted name"),
+        ("", "has no module named"),
+    ],
+)
+def test_an_unknown_name_lists_the_names_that_exist(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=r"has no module named") as e:
+        discover_slot_sites(TwoTower(), [name], (12,))
+    assert message in str(e.value) and "stem, body, body.0, body.1, body.2, head" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("pair", "returns tuple, not a tensor"),
+        ("shared", "runs 2 times in one forward"),
+        ("unused", "is never called"),
+        ("flat", "per-sample output shape changes with the input"),
+    ],
+)
+def test_a_module_whose_output_a_seed_cannot_take_is_refused_with_the_reason(name: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        discover_slot_sites(_Odd(), [name], (4,))
+
+
+def test_names_given_twice_are_refused() -> None:
+    with pytest.raises(ValueError, match="named twice"):
+        discover_slot_sites(TwoTower(), ["stem", "stem"], (12,))
+
+
+def test_a_grown_model_is_the_user_model_until_a_seed_blends() -> None:
+    torch.manual_seed(0)
+    user = TwoTower()
+    x = torch.randn(5, 12)
+    expected = user(x)
+    grown = GrowableModel(user, slots=("stem", "body.1"), sample_shape=(12,), batch_max=64)
+    assert torch.equal(grown(x), expected)
+    assert list(grown.slots()) == ["stem", "body.1"]
+    assert [s.profile.name for s in grown.slots().values()] == ["f16-b64", "f16-b64"]
+    assert grown.layer_names == ("stem", "body.1", "head") and grown.layer_widths == (16, 16, 3)
+    assert {id(p) for p in grown.host_parameters()} == {id(p) for p in user.parameters()}
+    # A blended seed changes the named module's output, downstream of it only.
+    slot = grown.slots()["body.1"]
+    slot.seed = nn.Linear(16, 16)
+    slot.stage = SeedStage.BLENDING
+    slot.alpha = 1.0
+    assert not torch.allclose(grown(x), expected)
+    assert set(grown.state_dict()) >= {"model.stem.weight", "seed_slots.body-1.seed.weight"}

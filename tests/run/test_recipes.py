@@ -1,0 +1,76 @@
+"""Recipes by name and by import path; bad ones fail before any work with what was expected."""
+
+from __future__ import annotations
+
+import pytest
+
+from esper_core.data import DataSpec
+from esper_core.hosts import HostConfig
+from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.graft import GrowableModel
+from esper_core.run.build import build_trainer
+from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.recipes import RECIPES, get_recipe, is_import_path
+
+
+def test_an_import_path_recipe_loads_with_overrides() -> None:
+    config = get_recipe("tests.helpers.user_model:recipe", epochs=2, seed=7, device="cpu")
+    assert config.recipe == "tests.helpers.user_model:recipe"
+    assert (config.epochs, config.seed, config.data.seed, config.trainer.device) == (2, 7, 7, "cpu")
+    assert isinstance(config.host, ModelSpec) and config.host.slots == ("stem", "body.1")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        (
+            "no-such-recipe",
+            r"unknown recipe 'no-such-recipe'; choose one of \[.*'digits-mlp'.*\] or give your own as 'package.module:function'",
+        ),
+        ("tests.helpers.user_model:", r"is not an import path: expected 'package.module:function'"),
+        ("tests/helpers/user_model.py:recipe", r"is not an import path"),
+        (
+            "tests.helpers.no_such_module:recipe",
+            r"cannot import module 'tests.helpers.no_such_module' from .*ModuleNotFoundError",
+        ),
+        (
+            "tests.helpers.user_model:nope",
+            r"module 'tests.helpers.user_model' has no function 'nope'; its functions: \[.*'recipe'",
+        ),
+        ("tests.helpers.user_model:NOT_CALLABLE", r"'NOT_CALLABLE' is a int, not a function"),
+        (
+            "tests.helpers.user_model:not_a_config",
+            r"returned dict; a recipe function must return esper_core.run.RunConfig",
+        ),
+    ],
+)
+def test_a_bad_recipe_says_what_was_expected(recipe: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        get_recipe(recipe)
+
+
+def test_builtin_names_are_not_import_paths() -> None:
+    assert not any(is_import_path(name) for name in RECIPES)
+    assert is_import_path("examples.grow_your_own:recipe")
+
+
+def test_a_builtin_host_with_user_data_is_refused() -> None:
+    with pytest.raises(ValueError, match="give your own model as host=ModelSpec"):
+        RunConfig(epochs=1, host=HostConfig(), data=DataSpec(load=lambda: None))  # type: ignore[arg-type,return-value]
+
+
+def test_a_spec_with_a_string_for_slots_says_how_to_fix_it() -> None:
+    with pytest.raises(ValueError, match=r"write \('stem',\)"):
+        ModelSpec(build=lambda: None, slots="stem")  # type: ignore[arg-type,return-value]
+
+
+def test_the_user_model_trains_on_its_dataset_through_the_loader() -> None:
+    config = get_recipe("tests.helpers.user_model:recipe", device="cpu")
+    trainer = build_trainer(config, catalog=default_catalog(), run_id="t")
+    assert isinstance(trainer.model, GrowableModel)
+    first = [y.tolist() for _, y in trainer.batches.epoch(0)]
+    assert first == [y.tolist() for _, y in trainer.batches.epoch(0)]  # (seed, epoch) fixes the order
+    assert first != [y.tolist() for _, y in trainer.batches.epoch(1)]
+    result = trainer.train_epoch()
+    assert result.packet.val_accuracy > 0.34  # better than chance after one epoch on easy blobs
+    assert [layer.name for layer in result.packet.layers] == ["stem", "body.1", "head"]

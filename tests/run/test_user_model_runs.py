@@ -1,0 +1,58 @@
+"""A model the tests define themselves (tests/helpers/user_model.py) grown end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from esper_core.settings import EsperSettings
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = "tests.helpers.user_model:recipe"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_user_model_grows_in_a_real_flow_run(esper_home: EsperSettings) -> None:
+    from flows.morphogenesis import morphogenesis
+
+    summary = morphogenesis(recipe=RECIPE, epochs=4, device="cpu", seed=0, run_id="user")
+    run_dir = esper_home.runs_dir / "user"
+    assert summary.recipe == RECIPE and summary.epochs == 4
+    assert summary.commands.get("germinate", 0) >= 1, summary.commands
+    assert set(summary.seeds) == {"stem", "body.1"}
+    assert any(not stage.startswith("dormant") for stage in summary.seeds.values()), summary.seeds
+    for name in ("summary.json", "telemetry.jsonl", "baseline.json", "report.md", "curves.png"):
+        assert (run_dir / name).exists(), name
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert saved["checkpoints"]["files"] <= 4  # keep_last 3 plus the best
+    assert saved["checkpoints"]["bytes"] > 0
+
+
+def test_esper_run_takes_an_import_path_recipe(tmp_path: Path) -> None:
+    env = {**os.environ, "ESPER_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    # The console script, as a user runs it: unlike `python -m`, it does not put the working
+    # directory on sys.path, so this checks that recipes are imported from it all the same.
+    esper = [str(Path(sys.executable).with_name("esper"))]
+    done = subprocess.run(
+        [*esper, "run", "--recipe", RECIPE, "--epochs", "2", "--device", "cpu", "--run-id", "cli"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(tests.helpers.user_model:recipe, 2 epochs, cpu)" in done.stdout
+    assert (tmp_path / "home" / "runs" / "cli" / "summary.json").exists()
+    bad = subprocess.run(
+        [*esper, "run", "--recipe", "tests.helpers.user_model:nope"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "has no function 'nope'" in bad.stderr and "Traceback" not in bad.stderr
