@@ -43,14 +43,15 @@ class ResidualMLP(nn.Module):
 class LowRankAdapter(nn.Module):
     """Non-linear rank-R adapter ``up(GELU(down(x)))``, ``W -> R -> W``: the cheapest increment.
 
-    A LoRA-style ``up(down(x))`` is a rank-R linear map that folds into the next linear layer, so
-    it adds no function the host could not represent; the GELU between the projections does. Its
-    rank is absolute (``bottleneck_mlp`` scales its hidden width with W instead).
+    A LoRA-style ``up(down(x))`` (version 1) is a rank-R linear map that folds into the next
+    linear layer, so it adds no function the host could not represent; the GELU between the
+    projections does. Its rank is absolute and ``down`` has no bias, as LoRA's; ``bottleneck_mlp``
+    scales its hidden width with W and biases both projections.
     """
 
     def __init__(self, width: int, rank: int) -> None:
         super().__init__()
-        self.down = nn.Linear(width, rank)
+        self.down = nn.Linear(width, rank, bias=False)
         self.up = _zero_(nn.Linear(rank, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

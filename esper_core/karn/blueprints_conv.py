@@ -76,14 +76,14 @@ class DepthwiseSeparable(nn.Module):
 class PointwiseAdapter(nn.Module):
     """Non-linear low-rank pointwise bottleneck ``C -> R -> GELU -> C``: the cheapest channel mix.
 
-    The GELU between the two 1x1 projections is what makes it capacity: without it the two
-    projections multiply into one rank-R linear map that the next convolution absorbs.
+    The GELU between the two 1x1 projections is what makes it capacity: without it (version 1)
+    the two projections multiply into one rank-R linear map that the next convolution absorbs.
     """
 
     def __init__(self, channels: int, rank: int, *, dims: int = 2) -> None:
         super().__init__()
         conv = _conv(dims)
-        self.down = conv(channels, rank, 1)
+        self.down = conv(channels, rank, 1, bias=False)
         self.up = _zero_(conv(rank, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

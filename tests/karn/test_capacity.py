@@ -96,10 +96,10 @@ def test_a_zero_output_counts_as_affine() -> None:
 @pytest.mark.parametrize(
     ("blueprint_id", "shape", "params", "parameters", "flops"),
     [
-        # down W x R + R, up R x W + W; 2 FLOPs per multiply-add of both projections.
-        ("lowrank_adapter", (64,), {"rank": 4}, 64 * 4 + 4 + 4 * 64 + 64, 2 * (64 * 4 + 4 * 64)),
+        # down W x R (no bias), up R x W + W; 2 FLOPs per multiply-add of both projections.
+        ("lowrank_adapter", (64,), {"rank": 4}, 64 * 4 + 4 * 64 + 64, 2 * (64 * 4 + 4 * 64)),
         # The same per position, L = 40 positions.
-        ("seq_pointwise_adapter", (8, 40), {"rank": 4}, 8 * 4 + 4 + 4 * 8 + 8, 2 * 40 * (8 * 4 + 4 * 8)),
+        ("seq_pointwise_adapter", (8, 40), {"rank": 4}, 8 * 4 + 4 * 8 + 8, 2 * 40 * (8 * 4 + 4 * 8)),
         # Two size-3 convolutions C -> C -> C per position.
         ("seq_conv_residual", (8, 40), {"expansion": 1}, 2 * (8 * 8 * 3 + 8), 2 * 2 * 40 * 8 * 8 * 3),
         ("conv_residual", (4, 6, 6), {"expansion": 2}, 4 * 8 * 9 + 8 + 8 * 4 * 9 + 4, 2 * 2 * 36 * 4 * 8 * 9),
