@@ -8,6 +8,7 @@ import json
 from esper_cli.args import local_flow_settings, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
+from esper_core.karn.profiles import HOST_KINDS
 from esper_core.run.recipes import RECIPES
 
 BACKENDS = ("export", "aot_inductor")
@@ -24,7 +25,18 @@ def _cmd_catalog_list(args: argparse.Namespace) -> int:
     tier = None if args.tier is None else BlueprintTier(args.tier)
     rows = default_catalog().list(tier=tier, host_kind=args.host_kind)
     if args.json:
-        print(json.dumps([d.model_dump(mode="json") for d in rows], indent=2))
+        from esper_core.karn.capacity import reference_profile, seed_capacity
+
+        catalog = default_catalog()
+        capacity = {
+            d.blueprint_id: seed_capacity(catalog, d.blueprint_id, reference_profile(catalog.get(d.blueprint_id)))
+            for d in rows
+        }
+        print(
+            json.dumps(
+                [{**d.model_dump(mode="json"), "capacity": capacity[d.blueprint_id].to_dict()} for d in rows], indent=2
+            )
+        )
         return 0
     print(f"{'blueprint':<20} {'tier':<13} {'risk':>5}  {'host':<5} {'params':<22} description")
     for d in rows:
@@ -37,12 +49,18 @@ def _cmd_catalog_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_catalog_show(args: argparse.Namespace) -> int:
+    from esper_core.karn.capacity import reference_profile, seed_capacity
     from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.profiles import ShapeProfile
 
     entry = default_catalog().get(args.blueprint)  # UnknownBlueprintError lists the known ids
     d = entry.descriptor
+    # A bad --profile fails here (ValueError naming the fix) before anything is built.
+    profile = reference_profile(entry) if args.profile is None else ShapeProfile.parse(args.profile)
+    cap = seed_capacity(default_catalog(), d.blueprint_id, profile)
     if args.json:
-        print(json.dumps({**d.model_dump(mode="json"), "profiles": entry.describe_profiles()}, indent=2))
+        shown = {**d.model_dump(mode="json"), "profiles": entry.describe_profiles(), "capacity": cap.to_dict()}
+        print(json.dumps(shown, indent=2))
         return 0
     print(f"{d.blueprint_id}: {d.name}")
     print(f"  tier         {d.tier.value} ({_POLICY[d.tier]})")
@@ -55,6 +73,15 @@ def _cmd_catalog_show(args: argparse.Namespace) -> int:
             print(f"  param        {name}: {kind} in [{b.low:g}, {b.high:g}], default {b.default:g}")
     else:
         print("  params       none")
+    print(f"  version      {d.version}")
+    print(
+        f"  adds         {cap.parameters} parameters, {cap.flops_per_sample} FLOPs/sample at {cap.profile}; "
+        + (
+            "LINEAR: folds into the neighbouring layer"
+            if cap.linear
+            else f"non-linear (affine gap {cap.affine_gap:.2f})"
+        )
+    )
     print(f"  description  {d.description}")
     return 0
 
@@ -88,11 +115,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c_list = catalog.add_parser("list", help="list blueprints with tier, risk, host kind and parameters")
     c_list.add_argument("--tier", choices=[t.value for t in BlueprintTier], help="only this tier")
-    c_list.add_argument("--host-kind", choices=("mlp", "cnn"), help="only blueprints for this host kind")
+    c_list.add_argument("--host-kind", choices=HOST_KINDS, help="only blueprints for this host kind")
     c_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c_list.set_defaults(func=_cmd_catalog_list)
     c_show = catalog.add_parser("show", help="one blueprint: tier policy, profiles, parameter bounds")
     c_show.add_argument("blueprint", metavar="ID", help="blueprint id (see `esper catalog list`)")
+    c_show.add_argument(
+        "--profile", help="shape profile for what it adds, e.g. f128-b512 (default: its kind's reference profile)"
+    )
     c_show.add_argument("--json", action="store_true", help="print JSON")
     c_show.set_defaults(func=_cmd_catalog_show)
     c_compile = catalog.add_parser("compile", help="compile blueprints for a recipe's slots and publish them to Urza")

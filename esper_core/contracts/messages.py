@@ -82,7 +82,13 @@ class ParamBound(Message):
 
 
 class BlueprintDescriptor(Message):
-    """A Karn blueprint as the rest of the system sees it (no builder code)."""
+    """A Karn blueprint as the rest of the system sees it (no builder code).
+
+    ``version`` counts changes of the function a blueprint computes under a stable id. Karn
+    puts a version above 1 into the blueprint's resolved parameters (``blueprint_version``), so
+    artifacts compiled from an older function have another parameter key in Urza and are not
+    served for the new one. It defaults to 1, so descriptors stored before it existed still load.
+    """
 
     blueprint_id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     name: str = Field(min_length=1)
@@ -91,6 +97,7 @@ class BlueprintDescriptor(Message):
     description: str
     risk: float = Field(ge=0.0, le=1.0)
     param_bounds: dict[str, ParamBound] = Field(default_factory=dict)
+    version: int = Field(default=1, ge=1)
 
 
 # --------------------------------------------------------------------------- artifacts

@@ -4,7 +4,8 @@ Every seed maps ``x`` of shape (B, W) to a delta of the same shape that the host
 (``y = x + alpha * seed(x)``). Each module's last layer starts at zero, so a fresh seed's delta
 is exactly zero and germinating it cannot perturb the host. None of them holds mode-dependent
 layers (dropout, batch norm): Tezzeret exports them in eval mode and Kasmina trains the exported
-graph, so train and eval must compute the same function.
+graph, so train and eval must compute the same function. Every module is non-linear in ``x``: a
+linear (or affine) delta would fold into the next linear layer and add no capacity.
 
 Shape legend: B batch, W width (the slot's feature size), H hidden width, R rank, T tokens,
 D token width (W = T * D), K key width.
@@ -40,7 +41,13 @@ class ResidualMLP(nn.Module):
 
 
 class LowRankAdapter(nn.Module):
-    """LoRA-style bottleneck ``W -> R -> W``; cheapest capacity increment."""
+    """Non-linear rank-R adapter ``up(GELU(down(x)))``, ``W -> R -> W``: the cheapest increment.
+
+    A LoRA-style ``up(down(x))`` (version 1) is a rank-R linear map that folds into the next
+    linear layer, so it adds no function the host could not represent; the GELU between the
+    projections does. Its rank is absolute and ``down`` has no bias, as LoRA's; ``bottleneck_mlp``
+    scales its hidden width with W and biases both projections.
+    """
 
     def __init__(self, width: int, rank: int) -> None:
         super().__init__()
@@ -49,7 +56,7 @@ class LowRankAdapter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map (B, W) activations to a (B, W) delta."""
-        return self.up(self.down(x))
+        return self.up(F.gelu(self.down(x)))  # (B, R) hidden
 
 
 class NormGate(nn.Module):

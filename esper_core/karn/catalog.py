@@ -22,6 +22,17 @@ from esper_core.karn.rules import ProfileRule, UnsupportedProfileError
 
 BlueprintBuilder = Callable[[ShapeProfile, Mapping[str, float]], nn.Module]
 
+VERSION_PARAM = "blueprint_version"
+"""Reserved parameter name carrying a descriptor's ``version`` above 1 in resolved parameters.
+
+Urza keys artifacts by (blueprint, parameters, profile, environment), so a blueprint whose
+function changed under the same id gets a new parameter key: an artifact compiled from the old
+function is neither reused by the compile cache nor found by a lookup with the resolved
+parameters, and resolving parameters that name another version (G0 resolves an artifact's)
+fails. Version 1 adds nothing,
+which keeps the keys of artifacts compiled before versioning existed.
+"""
+
 
 class UnknownBlueprintError(ValueError):
     """A blueprint id the catalogue does not hold."""
@@ -47,6 +58,11 @@ class Blueprint:
     rule: ProfileRule | None = None
 
     def __post_init__(self) -> None:
+        if VERSION_PARAM in self.descriptor.param_bounds:
+            raise ValueError(
+                f"blueprint {self.blueprint_id!r} names a parameter {VERSION_PARAM!r}, which is reserved "
+                "for the descriptor's version: rename the parameter"
+            )
         if self.rule is not None and self.descriptor.host_kinds != (self.rule.kind,):
             raise ValueError(
                 f"blueprint {self.blueprint_id!r} lists host kinds {self.descriptor.host_kinds} but its "
@@ -143,15 +159,26 @@ class KarnCatalog:
             overrides: Values to use instead of the defaults; may be partial.
 
         Returns:
-            Every bounded parameter, sorted by name, as floats (integers exactly).
+            Every bounded parameter, sorted by name, as floats (integers exactly), plus
+            ``blueprint_version`` when the descriptor's ``version`` is above 1 (see
+            ``VERSION_PARAM``).
 
         Raises:
             UnknownBlueprintError: Unknown blueprint.
             InvalidBlueprintParamsError: An unknown parameter name, a non-number, a value out of
-                bounds, or a fraction for an integer parameter.
+                bounds, a fraction for an integer parameter, or a ``blueprint_version`` other
+                than the catalogue's (an artifact compiled from another version).
         """
-        bounds = self.get(blueprint_id).descriptor.param_bounds
+        descriptor = self.get(blueprint_id).descriptor
+        bounds = descriptor.param_bounds
         overrides = dict(overrides or {})
+        version = overrides.pop(VERSION_PARAM, descriptor.version)
+        if version != descriptor.version:
+            raise InvalidBlueprintParamsError(
+                f"parameters name version {version!r} of blueprint {blueprint_id!r}, the catalogue holds "
+                f"version {descriptor.version}: the artifact was compiled from another version of the "
+                f"blueprint; compile it again (`esper catalog compile {blueprint_id}`)"
+            )
         unknown = sorted(set(overrides) - set(bounds))
         if unknown:
             raise InvalidBlueprintParamsError(
@@ -163,7 +190,9 @@ class KarnCatalog:
             bound = bounds[name]
             value = overrides.get(name, bound.default)
             resolved[name] = _check_value(blueprint_id, name, value, bound)
-        return resolved
+        if descriptor.version > 1:
+            resolved[VERSION_PARAM] = float(descriptor.version)
+        return dict(sorted(resolved.items()))
 
     def check_profile(self, blueprint_id: str, profile: ShapeProfile) -> None:
         """Raise unless the blueprint supports ``profile``.

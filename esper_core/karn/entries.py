@@ -1,11 +1,17 @@
-"""The blueprints Esper ships: seven for MLP hosts, seven for convolutional hosts, three tiers each.
+"""The blueprints Esper ships: seven each for MLP hosts, 2-D and 1-D convolutional hosts, three tiers each.
 
 Risk scores order the blueprints within and across tiers: safe ones stay at or below 0.25,
 experimental ones sit between 0.3 and 0.6, high-risk ones at 0.75 or above (tests check it).
+Every blueprint is non-linear in its input, so none folds into the layer next to its slot.
+
+Versions: ``lowrank_adapter`` and ``pointwise_adapter`` are version 2, the non-linear
+``up(GELU(down(x)))``; version 1 was the linear ``up(down(x))``, whose artifacts carry no
+``blueprint_version`` parameter and so never match the version 2 parameter key.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 from torch import nn
@@ -24,7 +30,11 @@ def _int_bound(low: int, high: int, default: int) -> ParamBound:
     return ParamBound(low=low, high=high, default=default, integer=True)
 
 
-_SIZE_OF: dict[str, Callable[[ShapeProfile, str], int]] = {"mlp": mlp.mlp_width, "cnn": conv.conv_channels}
+_SIZE_OF: dict[str, Callable[[ShapeProfile, str], int]] = {
+    "mlp": mlp.mlp_width,
+    "seq": conv.seq_channels,
+    "cnn": conv.conv_channels,
+}
 """The slot size a seed module takes, per host kind: an MLP's width, a conv layer's channels."""
 
 
@@ -48,9 +58,14 @@ def _entry(
     rule: ProfileRule,
     module: Callable[..., nn.Module],
     description: str,
+    *,
+    version: int = 1,
     **bounds: ParamBound,
 ) -> Blueprint:
-    """A catalogue entry; ``module`` takes the slot size, then its one integer parameter if any."""
+    """A catalogue entry; ``module`` takes the slot size, then its one integer parameter if any.
+
+    ``version``: bump it when the function of an existing id changes (see ``VERSION_PARAM``).
+    """
     if len(bounds) > 1:
         raise ValueError(f"blueprint {blueprint_id!r}: a seed module takes at most one parameter, got {sorted(bounds)}")
     build = _builder(blueprint_id, rule.kind, module, next(iter(bounds), None))
@@ -62,6 +77,7 @@ def _entry(
         description=description,
         risk=risk,
         param_bounds=bounds,
+        version=version,
     )
     return Blueprint(descriptor=descriptor, build=build, rule=rule)
 
@@ -87,8 +103,9 @@ def _mlp_blueprints() -> list[Blueprint]:
             0.1,
             vectors,
             mlp.LowRankAdapter,
-            "Linear bottleneck W -> rank -> W (LoRA-style); the cheapest increment, "
-            "for small corrections when the latency budget is tight.",
+            "Non-linear rank-r adapter W -> rank -> GELU -> W; the cheapest increment that adds "
+            "function (a linear LoRA-style one would fold into the next layer), for tight latency budgets.",
+            version=2,
             rank=_int_bound(1, 32, 4),
         ),
         _entry(
@@ -180,8 +197,9 @@ def _conv_blueprints() -> list[Blueprint]:
             0.1,
             maps,
             conv.PointwiseAdapter,
-            "Low-rank 1x1 bottleneck C -> rank -> C; the cheapest channel-mixing increment for "
-            "feature maps, no spatial context.",
+            "Non-linear low-rank 1x1 bottleneck C -> rank -> GELU -> C; the cheapest channel-mixing "
+            "increment for feature maps, no spatial context.",
+            version=2,
             rank=_int_bound(1, 32, 4),
         ),
         _entry(
@@ -230,6 +248,92 @@ def _conv_blueprints() -> list[Blueprint]:
     ]
 
 
+def _seq_blueprints() -> list[Blueprint]:
+    sequences = ProfileRule(kind="seq")
+
+    def one_d(module: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        return functools.partial(module, dims=1)
+
+    return [
+        _entry(
+            "seq_conv_residual",
+            "Sequence conv residual",
+            _SAFE,
+            0.2,
+            sequences,
+            one_d(conv.ConvResidual),
+            "Two size-3 1-D convolutions (C -> expansion*C -> C) with GELU, added as a residual "
+            "delta; a 1-D ResNet block's branch for an under-fitting Conv1d layer.",
+            expansion=_int_bound(1, 4, 1),
+        ),
+        _entry(
+            "seq_depthwise_separable",
+            "Sequence depthwise-separable conv",
+            _SAFE,
+            0.15,
+            sequences,
+            one_d(conv.DepthwiseSeparable),
+            "Depthwise size-3 1-D convolution (optionally dilated for a wider receptive field), GELU, "
+            "then a pointwise channel mix; temporal capacity at a fraction of a full convolution's cost.",
+            dilation=_int_bound(1, 4, 1),
+        ),
+        _entry(
+            "seq_pointwise_adapter",
+            "Sequence pointwise adapter",
+            _SAFE,
+            0.1,
+            sequences,
+            one_d(conv.PointwiseAdapter),
+            "Non-linear low-rank pointwise bottleneck C -> rank -> GELU -> C at every position; the "
+            "cheapest channel-mixing increment for sequences, no temporal context.",
+            rank=_int_bound(1, 32, 4),
+        ),
+        _entry(
+            "seq_squeeze_excitation",
+            "Sequence squeeze-excitation",
+            _EXPERIMENTAL,
+            0.35,
+            ProfileRule(kind="seq", min_features=2),
+            one_d(conv.SqueezeExcitation),
+            "Re-weights channels from context pooled over the sequence (squeeze -> MLP -> tanh gate); "
+            "cheap, but changes every position at once.",
+            reduction=_int_bound(1, 16, 4),
+        ),
+        _entry(
+            "seq_group_norm_gate",
+            "Sequence group-norm gate",
+            _EXPERIMENTAL,
+            0.45,
+            sequences,
+            one_d(conv.GroupNormGate),
+            "GroupNorm over the sequence, then a pointwise projection gated per channel and position "
+            "by a sigmoid; for Conv1d layers whose activations drift in scale.",
+        ),
+        _entry(
+            "seq_attention",
+            "Sequence attention",
+            _EXPERIMENTAL,
+            0.6,
+            ProfileRule(kind="seq", min_features=2, max_positions=1024),
+            one_d(conv.SpatialAttention),
+            "Single-head self-attention across the L positions of a sequence (pointwise "
+            "projections); global temporal context, cost grows with L^2.",
+            key_dim=_int_bound(4, 64, 16),
+        ),
+        _entry(
+            "seq_wide_conv",
+            "Sequence wide conv",
+            _HIGH_RISK,
+            0.85,
+            sequences,
+            one_d(conv.WideConv),
+            "Two size-3 1-D convolutions through up to 8*C channels; a large capacity jump, slow "
+            "and memory-hungry on long sequences.",
+            expansion=_int_bound(1, 8, 4),
+        ),
+    ]
+
+
 def default_blueprints() -> list[Blueprint]:
-    """Every blueprint of the shipped catalogue, MLP ones first."""
-    return _mlp_blueprints() + _conv_blueprints()
+    """Every blueprint of the shipped catalogue: MLP ones, then 2-D, then 1-D convolutional ones."""
+    return _mlp_blueprints() + _conv_blueprints() + _seq_blueprints()

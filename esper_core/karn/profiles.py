@@ -4,6 +4,15 @@ A profile names one compile target. Its ``name`` is the key Urza stores artifact
 value ``SeedState.shape_profile`` carries, so it must be deterministic and parseable:
 ``f128-b512`` is ``(128,)`` float32 with batches up to 512; ``f16x8x8-b64-bfloat16`` is
 ``(16, 8, 8)`` bfloat16 with batches up to 64 (float32, the default, is left out of the name).
+
+The rank of ``feature_shape`` decides the activation kind (``ShapeProfile.kind``), which a
+blueprint must list in its ``host_kinds`` to fit the slot:
+
+- ``mlp``: (F,) feature vectors, e.g. a linear layer's output;
+- ``seq``: (C, L) sequences, channels first, e.g. an ``nn.Conv1d`` output of C channels over L
+  positions (``f25x20`` is 25 channels of length 20);
+- ``cnn``: (C, H, W) feature maps, channels first, e.g. an ``nn.Conv2d`` output;
+- ``tensor``: any other rank; no shipped blueprint takes it.
 """
 
 from __future__ import annotations
@@ -15,6 +24,11 @@ from typing import Self
 import torch
 
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+KIND_RANKS: dict[str, int] = {"mlp": 1, "seq": 2, "cnn": 3}
+"""The activation kinds blueprints are written for, and the rank of ``feature_shape`` of each."""
+HOST_KINDS: tuple[str, ...] = tuple(KIND_RANKS)
+"""Activation kinds a blueprint can list in ``host_kinds`` (``tensor`` has no blueprints)."""
+_KIND_OF_RANK = {rank: kind for kind, rank in KIND_RANKS.items()}
 _DEFAULT_DTYPE = "float32"
 _NAME_RE = re.compile(r"^f(?P<dims>[1-9][0-9]*(?:x[1-9][0-9]*)*)-b(?P<batch>[1-9][0-9]*)(?:-(?P<dtype>[a-z0-9]+))?$")
 
@@ -63,8 +77,9 @@ class ShapeProfile:
     @property
     def kind(self) -> str:
         """Activation kind a blueprint must list in ``host_kinds`` to fit: ``mlp`` for feature
-        vectors (F,), ``cnn`` for feature maps (C, H, W), ``tensor`` for any other rank."""
-        return {1: "mlp", 3: "cnn"}.get(len(self.feature_shape), "tensor")
+        vectors (F,), ``seq`` for sequences (C, L), ``cnn`` for feature maps (C, H, W), ``tensor``
+        for any other rank."""
+        return _KIND_OF_RANK.get(len(self.feature_shape), "tensor")
 
     @property
     def torch_dtype(self) -> torch.dtype:

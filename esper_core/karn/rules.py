@@ -1,8 +1,9 @@
 """Which shape profiles a blueprint supports.
 
 A blueprint's ``host_kinds`` says which activation kind it transforms (``mlp``: (F,) vectors,
-``cnn``: (C, H, W) feature maps); its ``ProfileRule`` narrows that to the profiles it can be
-built and compiled for (a minimum width, a divisor, a spatial size, dtypes). Planning, compiling
+``seq``: (C, L) sequences, ``cnn``: (C, H, W) feature maps); its ``ProfileRule`` narrows that to
+the profiles it can be built and compiled for (a minimum width, a divisor, a number of
+positions, dtypes). Planning, compiling
 and ``esper catalog show`` all ask the same rule, so a profile is refused before any work starts.
 """
 
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from esper_core.karn.profiles import SUPPORTED_DTYPES, ShapeProfile
+from esper_core.karn.profiles import KIND_RANKS, SUPPORTED_DTYPES, ShapeProfile
 
-_RANKS = {"mlp": 1, "cnn": 3}
+# How ``describe`` names each kind's shape, its feature (first) axis and its positions.
+_SHAPE_WORDS = {"mlp": "(F,) vectors", "seq": "(C, L) sequences", "cnn": "(C, H, W) maps"}
+_FEATURE_AXIS = {"mlp": "F", "seq": "C", "cnn": "C"}
+_POSITIONS = {"seq": "L", "cnn": "H*W"}
 
 
 class UnsupportedProfileError(ValueError):
@@ -24,10 +28,12 @@ class ProfileRule:
     """The shape profiles a blueprint supports.
 
     Attributes:
-        kind: Activation kind: ``mlp`` for (F,) vectors, ``cnn`` for (C, H, W) maps.
-        min_features: Smallest F (``mlp``) or C (``cnn``).
-        multiple_of: F (``mlp``) or C (``cnn``) must be a multiple of this.
-        max_positions: Largest H * W (``cnn`` only; attention cost grows with its square).
+        kind: Activation kind: ``mlp`` for (F,) vectors, ``seq`` for (C, L) sequences, ``cnn``
+            for (C, H, W) maps.
+        min_features: Smallest F (``mlp``) or C (``seq``, ``cnn``).
+        multiple_of: F (``mlp``) or C (``seq``, ``cnn``) must be a multiple of this.
+        max_positions: Largest L (``seq``) or H * W (``cnn``); attention cost grows with its
+            square. Not for ``mlp``.
         dtypes: Activation dtypes the blueprint is numerically sound in.
     """
 
@@ -38,28 +44,28 @@ class ProfileRule:
     dtypes: tuple[str, ...] = SUPPORTED_DTYPES
 
     def __post_init__(self) -> None:
-        if self.kind not in _RANKS:
-            raise ValueError(f"ProfileRule kind must be one of {sorted(_RANKS)}, got {self.kind!r}")
+        if self.kind not in KIND_RANKS:
+            raise ValueError(f"ProfileRule kind must be one of {sorted(KIND_RANKS)}, got {self.kind!r}")
         if self.min_features < 1 or self.multiple_of < 1:
             raise ValueError(
                 f"min_features and multiple_of must be >= 1, got {self.min_features} and {self.multiple_of}"
             )
-        if self.max_positions is not None and (self.kind != "cnn" or self.max_positions < 1):
-            raise ValueError("max_positions applies to cnn rules only and must be >= 1")
+        if self.max_positions is not None and (self.kind not in _POSITIONS or self.max_positions < 1):
+            raise ValueError("max_positions applies to seq and cnn rules only and must be >= 1")
         unknown = sorted(set(self.dtypes) - set(SUPPORTED_DTYPES))
         if not self.dtypes or unknown:
             raise ValueError(f"dtypes must be a non-empty subset of {list(SUPPORTED_DTYPES)}, got {self.dtypes}")
 
     def describe(self) -> str:
         """Human-readable rule, e.g. ``(C, H, W) maps, C >= 4, H*W <= 1024; float32, ...``."""
-        name = "F" if self.kind == "mlp" else "C"
-        parts = ["(F,) vectors" if self.kind == "mlp" else "(C, H, W) maps"]
+        name = _FEATURE_AXIS[self.kind]
+        parts = [_SHAPE_WORDS[self.kind]]
         if self.min_features > 1:
             parts.append(f"{name} >= {self.min_features}")
         if self.multiple_of > 1:
             parts.append(f"{name} % {self.multiple_of} == 0")
         if self.max_positions is not None:
-            parts.append(f"H*W <= {self.max_positions}")
+            parts.append(f"{_POSITIONS[self.kind]} <= {self.max_positions}")
         return ", ".join(parts) + "; " + ", ".join(self.dtypes)
 
     def problems(self, profile: ShapeProfile) -> list[str]:
@@ -73,7 +79,7 @@ class ProfileRule:
         if features % self.multiple_of:
             found.append(f"{features} features not a multiple of {self.multiple_of}")
         if self.max_positions is not None:
-            positions = profile.feature_shape[1] * profile.feature_shape[2]
+            positions = profile.numel // features
             if positions > self.max_positions:
                 found.append(f"{positions} positions > {self.max_positions}")
         if profile.dtype not in self.dtypes:

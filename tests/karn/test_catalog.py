@@ -8,33 +8,37 @@ from torch import nn
 
 from esper_core.contracts import BlueprintDescriptor, BlueprintTier
 from esper_core.karn.catalog import (
+    VERSION_PARAM,
     Blueprint,
     InvalidBlueprintParamsError,
     KarnCatalog,
     UnknownBlueprintError,
     default_catalog,
 )
-from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.profiles import HOST_KINDS, ShapeProfile
 from esper_core.karn.rules import ProfileRule, UnsupportedProfileError
+from esper_core.urza import params_key
 
 PROFILE = ShapeProfile(feature_shape=(16,), batch_max=64)
+SEQ_PROFILE = ShapeProfile(feature_shape=(4, 10), batch_max=64)
 MAP_PROFILE = ShapeProfile(feature_shape=(8, 6, 6), batch_max=64)
+PROFILES = {"mlp": PROFILE, "seq": SEQ_PROFILE, "cnn": MAP_PROFILE}
 CATALOG = default_catalog()
 
 
 def _profile_for(blueprint_id: str) -> ShapeProfile:
-    return PROFILE if CATALOG.get(blueprint_id).descriptor.host_kinds == ("mlp",) else MAP_PROFILE
+    return PROFILES[CATALOG.get(blueprint_id).descriptor.host_kinds[0]]
 
 
-def test_catalogue_covers_every_tier_for_both_host_kinds() -> None:
+def test_catalogue_covers_every_tier_for_every_host_kind() -> None:
     descriptors = CATALOG.list()
-    assert len(descriptors) >= 12
-    for kind in ("mlp", "cnn"):
+    assert len(descriptors) == 21
+    for kind in HOST_KINDS:
         assert {d.tier for d in CATALOG.list(host_kind=kind)} == set(BlueprintTier), kind
     assert {"residual_mlp", "lowrank_adapter", "norm_gate", "glu_block"} <= set(CATALOG.ids)
     for d in descriptors:
         assert 0.0 <= d.risk <= 1.0
-        assert d.host_kinds in (("mlp",), ("cnn",))
+        assert d.host_kinds in (("mlp",), ("seq",), ("cnn",))
         assert len(d.description) > 40
         assert CATALOG.get(d.blueprint_id).rule is not None, "every shipped blueprint states its profiles"
 
@@ -62,8 +66,17 @@ def test_list_filters() -> None:
         "glu_block",
         "token_attention",
     ]
-    assert [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.HIGH_RISK)] == ["wide_mlp", "wide_conv"]
-    assert len(CATALOG.list(host_kind="mlp")) + len(CATALOG.list(host_kind="cnn")) == len(CATALOG)
+    assert [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.SAFE, host_kind="seq")] == [
+        "seq_conv_residual",
+        "seq_depthwise_separable",
+        "seq_pointwise_adapter",
+    ]
+    assert [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.HIGH_RISK)] == [
+        "wide_mlp",
+        "wide_conv",
+        "seq_wide_conv",
+    ]
+    assert sum(len(CATALOG.list(host_kind=kind)) for kind in HOST_KINDS) == len(CATALOG)
     assert CATALOG.list(host_kind="tensor") == []
 
 
@@ -79,8 +92,44 @@ def test_unknown_blueprint_lists_known_ids() -> None:
 
 def test_resolve_params_fills_defaults_and_accepts_overrides() -> None:
     assert CATALOG.resolve_params("residual_mlp") == {"expansion": 2.0}
-    assert CATALOG.resolve_params("lowrank_adapter", {"rank": 8}) == {"rank": 8.0}
+    assert CATALOG.resolve_params("bottleneck_mlp", {"reduction": 8}) == {"reduction": 8.0}
     assert CATALOG.resolve_params("norm_gate") == {}
+
+
+def test_a_changed_blueprint_carries_its_version_in_its_params() -> None:
+    # lowrank_adapter and pointwise_adapter became non-linear (version 2) under the same ids.
+    for blueprint_id in ("lowrank_adapter", "pointwise_adapter"):
+        assert CATALOG.get(blueprint_id).descriptor.version == 2
+        resolved = CATALOG.resolve_params(blueprint_id, {"rank": 8})
+        assert resolved == {VERSION_PARAM: 2.0, "rank": 8.0}
+        # An artifact of the linear version 1 was keyed without the version: another Urza key.
+        assert params_key(resolved) != params_key({"rank": 8.0})
+        # The artifact's own params resolve again (G0 does this), unchanged.
+        assert CATALOG.resolve_params(blueprint_id, resolved) == resolved
+    # Unchanged blueprints keep the keys of artifacts compiled before versioning existed.
+    assert CATALOG.get("residual_mlp").descriptor.version == 1
+    assert VERSION_PARAM not in CATALOG.resolve_params("residual_mlp")
+
+
+def test_params_of_another_blueprint_version_are_refused() -> None:
+    with pytest.raises(
+        InvalidBlueprintParamsError, match=r"version 1 of blueprint 'lowrank_adapter'.*version 2"
+    ) as info:
+        CATALOG.resolve_params("lowrank_adapter", {VERSION_PARAM: 1, "rank": 4})
+    assert "esper catalog compile lowrank_adapter" in str(info.value)
+
+
+def test_the_version_parameter_name_is_reserved() -> None:
+    entry = CATALOG.get("residual_mlp")
+    bounds = {VERSION_PARAM: entry.descriptor.param_bounds["expansion"]}
+    with pytest.raises(ValueError, match="reserved"):
+        Blueprint(descriptor=entry.descriptor.model_copy(update={"param_bounds": bounds}), build=entry.build)
+
+
+def test_descriptors_stored_before_versions_still_load() -> None:
+    stored = CATALOG.get("residual_mlp").descriptor.model_dump(mode="json")
+    del stored["version"]
+    assert BlueprintDescriptor.model_validate(stored).version == 1
 
 
 @pytest.mark.parametrize(
@@ -131,12 +180,15 @@ def test_build_casts_to_the_profile_dtype() -> None:
 
 
 @pytest.mark.parametrize("blueprint_id", CATALOG.ids)
-def test_every_blueprint_refuses_the_other_host_kind(blueprint_id: str) -> None:
-    mlp = CATALOG.get(blueprint_id).descriptor.host_kinds == ("mlp",)
-    wrong = MAP_PROFILE if mlp else PROFILE
-    with pytest.raises(UnsupportedProfileError, match=rf"profile {wrong.name} .* does not fit .*esper catalog list"):
-        CATALOG.build(blueprint_id, wrong)
-    assert not CATALOG.get(blueprint_id).supports(wrong)
+def test_every_blueprint_refuses_the_other_host_kinds(blueprint_id: str) -> None:
+    tensor = ShapeProfile(feature_shape=(2, 4, 6, 6))
+    assert tensor.kind == "tensor"
+    for wrong in [p for p in PROFILES.values() if p != _profile_for(blueprint_id)] + [tensor]:
+        with pytest.raises(
+            UnsupportedProfileError, match=rf"profile {wrong.name} .* does not fit .*esper catalog list"
+        ):
+            CATALOG.build(blueprint_id, wrong)
+        assert not CATALOG.get(blueprint_id).supports(wrong)
     assert CATALOG.get(blueprint_id).supports(_profile_for(blueprint_id))
 
 
@@ -147,6 +199,9 @@ def test_every_blueprint_refuses_the_other_host_kind(blueprint_id: str) -> None:
         ("token_attention", ShapeProfile(feature_shape=(4,)), "4 features < 8"),
         ("spatial_attention", ShapeProfile(feature_shape=(4, 64, 64)), "4096 positions > 1024"),
         ("squeeze_excitation", ShapeProfile(feature_shape=(1, 8, 8)), "1 features < 2"),
+        ("seq_attention", ShapeProfile(feature_shape=(4, 2048)), "2048 positions > 1024"),
+        ("seq_squeeze_excitation", ShapeProfile(feature_shape=(1, 40)), "1 features < 2"),
+        ("seq_conv_residual", ShapeProfile(feature_shape=(8, 8, 1)), "'cnn' profile of rank 3, not 'seq'"),
     ],
 )
 def test_profile_rules_name_what_does_not_fit(blueprint_id: str, profile: ShapeProfile, fragment: str) -> None:
@@ -160,6 +215,7 @@ def test_profile_rule_descriptions() -> None:
         "(C, H, W) maps, C >= 2, H*W <= 1024; float32, float16, bfloat16"
     )
     assert CATALOG.get("token_attention").describe_profiles().startswith("(F,) vectors, F >= 8, F % 4 == 0")
+    assert CATALOG.get("seq_attention").describe_profiles().startswith("(C, L) sequences, C >= 2, L <= 1024;")
 
 
 @pytest.mark.parametrize(
@@ -167,7 +223,8 @@ def test_profile_rule_descriptions() -> None:
     [
         ({"kind": "tensor"}, "kind must be one of"),
         ({"kind": "mlp", "min_features": 0}, "must be >= 1"),
-        ({"kind": "mlp", "max_positions": 4}, "cnn rules only"),
+        ({"kind": "mlp", "max_positions": 4}, "seq and cnn rules only"),
+        ({"kind": "seq", "max_positions": 0}, "must be >= 1"),
         ({"kind": "cnn", "dtypes": ("float64",)}, "subset"),
     ],
 )

@@ -13,12 +13,23 @@ from esper_core.karn.profiles import ShapeProfile
     [
         (ShapeProfile(feature_shape=(128,)), "f128-b512"),
         (ShapeProfile(feature_shape=(16, 8, 8)), "f16x8x8-b512"),
+        (ShapeProfile(feature_shape=(8, 40), batch_max=64), "f8x40-b64"),
         (ShapeProfile(feature_shape=(64,), batch_max=32, dtype="bfloat16"), "f64-b32-bfloat16"),
     ],
 )
 def test_name_round_trips(profile: ShapeProfile, name: str) -> None:
     assert profile.name == name
     assert ShapeProfile.parse(name) == profile
+
+
+@pytest.mark.parametrize(
+    ("shape", "kind"),
+    [((128,), "mlp"), ((25, 20), "seq"), ((16, 8, 8), "cnn"), ((2, 3, 4, 5), "tensor")],
+)
+def test_kind_follows_the_rank(shape: tuple[int, ...], kind: str) -> None:
+    profile = ShapeProfile(feature_shape=shape)
+    assert profile.kind == kind
+    assert ShapeProfile.parse(profile.name).kind == kind
 
 
 def test_torch_dtype() -> None:

@@ -111,7 +111,7 @@ def test_exported_artifact_descriptor(kernel: CompiledKernel) -> None:
     assert artifact.sha256 == hashlib.sha256(kernel.blob).hexdigest()
     assert artifact.size_bytes == len(kernel.blob)
     assert artifact.shape_profile == "f16-b64"
-    assert artifact.params == {"rank": 4.0}
+    assert artifact.params == {"blueprint_version": 2.0, "rank": 4.0}
     assert artifact.environment == environment_key("cpu")
     assert artifact.compile_ms > 0
     assert artifact.guard.feature_shape == (16,)
@@ -259,3 +259,19 @@ def test_every_conv_blueprint_exports_for_a_feature_map(blueprint_id: str) -> No
     artifact = compile_blueprint(default_catalog(), blueprint_id, profile, config=config).artifact
     assert artifact.kind is ArtifactKind.EXPORTED, artifact.fallback_reason
     assert artifact.guard.feature_shape == artifact.guard.output_feature_shape == (4, 6, 6)
+
+
+@pytest.mark.parametrize("blueprint_id", [d.blueprint_id for d in default_catalog().list(host_kind="seq")])
+def test_every_seq_blueprint_exports_for_a_sequence(blueprint_id: str) -> None:
+    profile = ShapeProfile(feature_shape=(2, 5), batch_max=16)
+    config = TezzeretConfig(timing_iters=1, warmup_iters=0, prewarm_batches=(1, 16))
+    kernel = compile_blueprint(default_catalog(), blueprint_id, profile, config=config)
+    artifact = kernel.artifact
+    assert artifact.kind is ArtifactKind.EXPORTED, artifact.fallback_reason
+    assert artifact.guard.feature_shape == artifact.guard.output_feature_shape == (2, 5)
+    # The batch dimension is dynamic in [1, 16]; channels and length are guarded.
+    module = decode_exported(kernel.blob).module()
+    assert module(torch.randn(3, 2, 5)).shape == (3, 2, 5)
+    for wrong in (torch.randn(3, 2, 6), torch.randn(3, 3, 5), torch.randn(17, 2, 5)):
+        with pytest.raises((AssertionError, RuntimeError, ValueError)):
+            module(wrong)
