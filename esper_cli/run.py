@@ -6,10 +6,13 @@ import argparse
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.recipes import RECIPES
+from esper_core.recipes import RECIPES, get_recipe
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # The recipe and its overrides are checked here, before Prefect's temporary server starts;
+    # the ValueError names the known recipes.
+    get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed)
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 
@@ -31,8 +34,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``run`` to the top-level subcommands."""
     run = sub.add_parser("run", help="run the morphogenesis flow (compile, train, grow)")
+    # Not argparse choices: a recipe may also be named by its import path (package.module:function).
     run.add_argument(
-        "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="named recipe (default: %(default)s)"
+        "--recipe",
+        default="digits-mlp",
+        metavar="RECIPE",
+        help=f"recipe of the run; built in: {', '.join(sorted(RECIPES))} (default: %(default)s)",
     )
     run.add_argument("--epochs", type=positive, default=None, help="override the recipe's epoch count")
     run.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to train (default: %(default)s)")
