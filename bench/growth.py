@@ -36,7 +36,7 @@ from esper_core.data import load_dataset
 from esper_core.hosts import HostConfig, build_host
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import compile_job, find_published, plan_compile_jobs, publish_kernel
-from esper_core.recipes import RunConfig, get_recipe
+from esper_core.recipes import RECIPES, RunConfig, get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.simic.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.simic.records import SimicStore
@@ -70,6 +70,17 @@ class GrowthBenchConfig:
         if self.policy_version is not None and self.home is None:
             raise ValueError("policy_version names a version in a registry: pass the home that holds it")
         get_plan(self.plan)
+        for recipe in self.recipes:
+            if not get_recipe(recipe).host.hidden:
+                raise ValueError(
+                    f"recipe {recipe!r} has no hidden layers for the static-large arm to widen; "
+                    f"choose among {growable_recipes()}"
+                )
+
+
+def growable_recipes() -> list[str]:
+    """Recipes the benchmark can run: their hosts have hidden layers to widen (static-large)."""
+    return sorted(name for name, factory in RECIPES.items() if factory().host.hidden)
 
 
 def run(config: GrowthBenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:

@@ -98,14 +98,21 @@ def test_verbose_sets_esper_loggers(
 
 
 def test_help_lists_the_choices_of_recipes_and_plans(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["run"], ["bench", "growth"], ["bench", "orchestration"], ["catalog", "compile"]):
+    from bench.growth import growable_recipes
+
+    expected = {
+        ("run",): sorted(RECIPES),
+        ("bench", "orchestration"): sorted(RECIPES),
+        ("catalog", "compile"): sorted(RECIPES),
+        ("bench", "growth"): [*growable_recipes(), *PLANS],
+    }
+    for argv, names in expected.items():
         with pytest.raises(SystemExit):
             main([*argv, "--help"])
         out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-        for recipe in RECIPES:
-            assert recipe in out, f"{argv} --help does not list recipe {recipe}"
-        if argv == ["bench", "growth"]:
-            assert all(plan in out for plan in PLANS)
+        for name in names:
+            assert name in out, f"{argv} --help does not list {name}"
+    assert growable_recipes() == ["digits-cnn", "digits-mlp"]
 
 
 def test_unknown_plan_and_recipe_are_refused_before_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,6 +120,13 @@ def test_unknown_plan_and_recipe_are_refused_before_work(capsys: pytest.CaptureF
         main(["bench", "growth", "--plan", "huge"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'huge'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "growth", "--recipes", "seed-reference"])  # no hidden layer to widen
+    assert "invalid choice: 'seed-reference'" in capsys.readouterr().err
+    from bench.growth import GrowthBenchConfig
+
+    with pytest.raises(ValueError, match="no hidden layers .* choose among"):
+        GrowthBenchConfig(recipes=("seed-reference",))
     # run's --recipe is not a closed choice (recipes may be import paths) but is checked first.
     assert main(["run", "--recipe", "nope"]) == 2
     assert "unknown recipe 'nope'; choose one of" in capsys.readouterr().err
