@@ -324,8 +324,11 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cli(args: Any, progress: Progress = NO_PROGRESS) -> int:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
-    """``esper bench growth``: print the table (``--json``: one JSON object)."""
+def report(args: Any, progress: Progress = NO_PROGRESS) -> str:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
+    """``esper bench growth``: run it and return the table (``--json``: one JSON object).
+
+    The text is returned, not printed, so the CLI prints it after its progress display is gone.
+    """
     result = run(
         GrowthBenchConfig(
             recipes=tuple(args.recipes),
@@ -338,5 +341,4 @@ def cli(args: Any, progress: Progress = NO_PROGRESS) -> int:  # noqa: ANN401  (a
         ),
         progress,
     )
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
+    return json.dumps(result, indent=2) if args.json else format_table(result)

@@ -231,8 +231,11 @@ def warmup_probe(cache_dir: str, device: str, mode: str | None) -> dict[str, flo
     }
 
 
-def cli(args: Any, progress: Progress = NO_PROGRESS) -> int:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
-    """``esper bench policy``: print the headline numbers (``--json``: one JSON object)."""
+def report(args: Any, progress: Progress = NO_PROGRESS) -> str:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
+    """``esper bench policy``: run it and return the headline numbers (``--json``: one JSON object).
+
+    The text is returned, not printed, so the CLI prints it after its progress display is gone.
+    """
     result = run(
         PolicyBenchConfig(
             iters=args.iters,
@@ -244,17 +247,16 @@ def cli(args: Any, progress: Progress = NO_PROGRESS) -> int:  # noqa: ANN401  (a
     )
     headline = {k: v for k, v in result.items() if k != "samples_ms"}
     if args.json:
-        print(json.dumps(headline, indent=2))
-        return 0
-    print(
+        return json.dumps(headline, indent=2)
+    lines = [
         f"policy-graph on {result['device']}: {result['nodes']} nodes, {result['edges']} edges, {result['iters']} calls"
-    )
+    ]
     for name in ("eager", "compiled", "bare_pyg"):
-        print(f"  {name:<9} p50 {result[name + '_p50_ms']:.3f} ms  p95 {result[name + '_p95_ms']:.3f} ms")
+        lines.append(f"  {name:<9} p50 {result[name + '_p50_ms']:.3f} ms  p95 {result[name + '_p95_ms']:.3f} ms")
     if "warmup_cold_s" in result:
-        print(
+        lines.append(
             f"  warm-up  cold {result['warmup_cold_s']:.1f} s, cached {result['warmup_cached_s']:.1f} s "
             f"({result['warmup_speedup']:.1f}x); eager decisions during the cold warm-up: p50 "
             f"{result['eager_during_cold_warmup_p50_ms']:.1f} ms, max {result['eager_during_cold_warmup_max_ms']:.0f} ms"
         )
-    return 0
+    return "\n".join(lines)

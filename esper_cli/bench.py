@@ -120,17 +120,21 @@ def _cmd_bench_orchestration(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_policy(args: argparse.Namespace) -> int:
-    from bench.policy import cli
+    from bench.policy import report
 
     with progress("bench policy", json_output=args.json) as display:
-        return cli(args, display)
+        text = report(args, display)
+    print(text)
+    return 0
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
-    from bench.growth import cli
+    from bench.growth import report
 
     with progress("bench growth", json_output=args.json) as display:
-        return cli(args, display)
+        text = report(args, display)
+    print(text)
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

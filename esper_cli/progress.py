@@ -60,6 +60,8 @@ class ProgressDisplay:
                 console=Console(stderr=True),
                 auto_refresh=False,  # a refresh thread would share the CPU with timed work
                 transient=True,
+                # stdout is the command's result: never divert it into the display on stderr.
+                redirect_stdout=False,
             )
             terminal = sys.stderr
             self._progress.start()  # from here on sys.stderr is rich's proxy
