@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import NO_PROGRESS, Progress
 from esper_core.karn.profiles import ShapeProfile
 
 GOALS = {"first_use_over_compile": 0.02, "registry_lookup_p95_ms": 2.0}
@@ -83,21 +84,36 @@ class CompileBenchConfig:
             )
 
 
-def run(config: CompileBenchConfig) -> dict[str, Any]:
-    """Run the benchmark; returns the JSON-ready result."""
+def run(config: CompileBenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:
+    """Run the benchmark; returns the JSON-ready result.
+
+    ``progress`` hears of each step before it starts; it may tick while a child process works,
+    not while this process times the registry.
+    """
     from esper_core.tezzeret.config import environment_key
 
+    steps = [("cold compile (new process, empty cache)", "compile"), ("warm compile (cache kept)", "compile")]
+    steps += [(f"Kasmina load {i + 1}/{config.load_repeats} (new process)", "load") for i in range(config.load_repeats)]
+    total = len(steps) + 1 + bool(config.registry_url)
     with tempfile.TemporaryDirectory(prefix="esper-bench-compile-") as scratch:
         home = Path(scratch) / "home"
         cache = Path(scratch) / "inductor-cache"
         common = ["--home", str(home), "--cache", str(cache), *_job_args(config)]
-        cold = _child("compile", *common)
-        warm = _child("compile", *common)
-        loads = [_child("load", *common) for _ in range(config.load_repeats)]
+        children = []
+        for done, (description, worker) in enumerate(steps):
+            progress(description, done, total)
+            with progress.ticking():
+                children.append(_child(worker, *common))
+        cold, warm, loads = children[0], children[1], children[2:]
+        progress(f"registry: {config.publishes} publishes, {config.lookups} lookups (sqlite)", len(steps), total)
         sqlite = registry_numbers(f"sqlite:///{home / 'bench-registry.db'}", home, config)
         other = None
         if config.registry_url:
+            progress(
+                f"registry: {config.publishes} publishes, {config.lookups} lookups (--registry-url)", total - 1, total
+            )
             other = registry_numbers(config.registry_url, Path(scratch) / "other-blobs", config)
+        progress("done", total, total)
     load_ms = _median([run["load_ms"] for run in loads])
     first_load_ms = _median([run["first_load_ms"] for run in loads])
     first_use_ms = _median([run["first_use_ms"] for run in loads])
@@ -124,6 +140,47 @@ def run(config: CompileBenchConfig) -> dict[str, Any]:
     if other is not None:
         result[other.pop("dialect")] = other
     return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The human-readable table of ``run``'s result (``--json`` prints the result itself)."""
+
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1f} ms"
+
+    def goal(key: str, value: float) -> str:
+        return f"<= {GOALS[key]:g} {'met' if value <= GOALS[key] else 'MISSED'}"
+
+    ratio = result["first_use_over_compile"]
+    rows = [
+        ("compile, cold (new process, empty cache)", f"{result['compile_cold_s']:.2f} s", ""),
+        ("compile, warm (new process, cache kept)", f"{result['compile_warm_s']:.2f} s", ""),
+        ("Kasmina load (a later germination)", ms(result["kasmina_load_ms"]), ""),
+        ("Kasmina first load in a process", ms(result["kasmina_first_load_in_process_ms"]), ""),
+        ("first use after the first load", ms(result["kasmina_first_use_ms"]), ""),
+        ("first use after a later load", ms(result["kasmina_warm_first_use_ms"]), ""),
+        ("first use of the inference kernel", ms(result["kasmina_inference_first_use_ms"]), ""),
+        ("first use / cold compile", f"{ratio:.4f}", goal("first_use_over_compile", ratio)),
+    ]
+    registries = [("sqlite", result)]
+    registries += [(k, v) for k, v in result.items() if isinstance(v, dict) and "publish_per_s" in v]
+    for name, numbers in registries:
+        p95 = numbers["registry_lookup_p95_ms"]
+        where = f"{name}, {numbers['registry_artifacts']} artifacts"
+        rows.append((f"registry lookup p50 ({where})", f"{numbers['registry_lookup_p50_ms']:.3f} ms", ""))
+        rows.append((f"registry lookup p95 ({where})", f"{p95:.3f} ms", goal("registry_lookup_p95_ms", p95)))
+        rows.append((f"publishes per second ({name})", f"{numbers['publish_per_s']:.0f}", ""))
+    width = max(len(label) for label, _, _ in rows)
+    value_width = max(len(value) for _, value, _ in rows)
+    aoti = "with" if result["aoti_package"] else "without"
+    lines = [
+        f"compile {result['blueprint']} {result['profile']} with {result['backend']} on {result['device']}: "
+        f"artifact {result['artifact_status']}, {aoti} an AOTInductor package",
+        "",
+        f"{'figure':<{width}}  {'value':>{value_width}}  goal",
+    ]
+    lines += [f"{label:<{width}}  {value:>{value_width}}  {target}".rstrip() for label, value, target in rows]
+    return "\n".join(lines)
 
 
 def registry_numbers(url: str, blob_root: Path, config: CompileBenchConfig) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from bench import NO_PROGRESS, Progress
 from esper_core.data import load_dataset
 from esper_core.hosts import HostConfig, build_host_from_config
 from esper_core.karn.catalog import default_catalog
@@ -38,7 +39,7 @@ from esper_core.pipeline import compile_job, find_published, publish_kernel
 from esper_core.run.config import RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_compile_jobs
-from esper_core.run.recipes import get_recipe
+from esper_core.run.recipes import RECIPES, get_recipe
 from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -71,26 +72,57 @@ class GrowthBenchConfig:
         if self.policy_version is not None and self.home is None:
             raise ValueError("policy_version names a version in a registry: pass the home that holds it")
         get_plan(self.plan)
+        for recipe in self.recipes:
+            if not get_recipe(recipe).host.hidden:
+                raise ValueError(
+                    f"recipe {recipe!r} has no hidden layers for the static-large arm to widen; "
+                    f"choose among {growable_recipes()}"
+                )
 
 
-def run(config: GrowthBenchConfig) -> dict[str, Any]:
-    """Run the benchmark; returns per-arm results, the policy's provenance and the goal checks."""
+def growable_recipes() -> list[str]:
+    """Recipes the benchmark can run: their hosts have hidden layers to widen (static-large)."""
+    return sorted(name for name, factory in RECIPES.items() if factory().host.hidden)
+
+
+def run(config: GrowthBenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:
+    """Run the benchmark; returns per-arm results, the policy's provenance and the goal checks.
+
+    ``progress`` hears of each stage (kernel compiles, each phase of the policy's training) and
+    each evaluation run, between runs (every run's wall time is a reported figure).
+    """
     if config.home is not None:
-        return _run_in(config, Path(config.home))
+        return _run_in(config, Path(config.home), progress)
     with tempfile.TemporaryDirectory(prefix="esper-growth-") as home:
-        return _run_in(config, Path(home))
+        return _run_in(config, Path(home), progress)
 
 
-def _run_in(config: GrowthBenchConfig, home: Path) -> dict[str, Any]:
+class _Steps:
+    """Counts the benchmark's steps for ``progress``: ``steps.next("what starts now")``."""
+
+    def __init__(self, progress: Progress, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def next(self, description: str) -> None:
+        self.progress(description, self.done, self.total)
+        self.done += 1
+
+
+def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress) -> dict[str, Any]:
     settings = EsperSettings(home=home)
+    plan = dataclasses.replace(get_plan(config.plan), epochs=config.epochs)
+    # Kernels, then (unless a stored policy is evaluated) demonstrations per recipe, imitation and
+    # per PPO iteration the rollouts per recipe and the update; then every evaluation run.
+    training = 0 if config.policy_version else len(config.recipes) + 1 + plan.iterations * (len(config.recipes) + 1)
+    steps = _Steps(progress, 1 + training + len(config.recipes) * config.seeds * len(ARMS))
+    steps.next("compiling the recipes' kernels")
     start = time.perf_counter()
     _compile_kernels(settings, config.recipes, config.device)
     compile_s = time.perf_counter() - start
-    plan = dataclasses.replace(get_plan(config.plan), epochs=config.epochs)
     store = SimicStore.open(home)
     try:
         start = time.perf_counter()
-        version = config.policy_version or _train_policy(settings, store, plan, config)
+        version = config.policy_version or _train_policy(settings, store, plan, config, steps)
         training_s = time.perf_counter() - start
         policy = store.get_policy(version)
     finally:
@@ -110,13 +142,16 @@ def _run_in(config: GrowthBenchConfig, home: Path) -> dict[str, Any]:
                 )
                 run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=policy.gnn)
                 run_id = _fresh(settings, f"growth-{recipe}-{arm}-s{seed}")
+                steps.next(f"{recipe} seed {seed}: {arm}")
                 arms[arm].append(run_episode(run_config, settings=settings, run_id=run_id))
         target = max(statistics.fmean(r.total_params for r in arms[arm]) for arm in GROWING_ARMS)
         for seed in range(config.seeds):
             static = _static_large(recipe, seed=seed, epochs=config.epochs, device=config.device, min_params=target)
             run_id = _fresh(settings, f"growth-{recipe}-static-large-s{seed}")
+            steps.next(f"{recipe} seed {seed}: static-large")
             arms["static-large"].append(run_episode(static, settings=settings, run_id=run_id))
         results[recipe] = arms
+    progress("done", steps.total, steps.total)
     return _report(config, results, policy_version=version, policy=policy, training_s=training_s, compile_s=compile_s)
 
 
@@ -134,12 +169,14 @@ def _compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: 
         urza.close()
 
 
-def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig) -> int:
+def _train_policy(
+    settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig, steps: _Steps
+) -> int:
     """Simic's procedure (what the train_policy flow chains), on every recipe together."""
-    demos = [
-        r.run_id
-        for recipe in config.recipes
-        for r in collect_episodes(
+    demos: list[str] = []
+    for recipe in config.recipes:
+        steps.next(f"policy: {plan.demonstrations} heuristic demonstration(s) on {recipe}")
+        episodes = collect_episodes(
             settings,
             recipe=recipe,
             seeds=plan.seeds("demonstrations"),
@@ -147,13 +184,14 @@ def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan
             plan=plan,
             device=config.device,
         )
-    ]
+        demos += [r.run_id for r in episodes]
+    steps.next("policy: imitation of the demonstrations")
     version = train_imitation(store, demos, plan).version
     for iteration in range(plan.iterations):
-        rollouts = [
-            r.run_id
-            for recipe in config.recipes
-            for r in collect_episodes(
+        rollouts: list[str] = []
+        for recipe in config.recipes:
+            steps.next(f"policy: PPO {iteration + 1}/{plan.iterations}, {plan.rollouts} rollout(s) on {recipe}")
+            episodes = collect_episodes(
                 settings,
                 recipe=recipe,
                 seeds=plan.seeds("rollouts", iteration),
@@ -163,7 +201,8 @@ def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan
                 policy_version=version,
                 device=config.device,
             )
-        ]
+            rollouts += [r.run_id for r in episodes]
+        steps.next(f"policy: PPO {iteration + 1}/{plan.iterations}, update")
         version = train_ppo(
             store, version=version, rollout_run_ids=rollouts, demonstration_run_ids=demos, plan=plan
         ).version
@@ -287,8 +326,11 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cli(args: Any) -> int:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
-    """``esper bench growth``: print the table (``--json``: one JSON object)."""
+def report(args: Any, progress: Progress = NO_PROGRESS) -> str:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
+    """``esper bench growth``: run it and return the table (``--json``: one JSON object).
+
+    The text is returned, not printed, so the CLI prints it after its progress display is gone.
+    """
     result = run(
         GrowthBenchConfig(
             recipes=tuple(args.recipes),
@@ -298,7 +340,7 @@ def cli(args: Any) -> int:  # noqa: ANN401  (argparse.Namespace from esper_cli.b
             policy_version=args.policy_version,
             home=args.home,
             device=args.device,
-        )
+        ),
+        progress,
     )
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
+    return json.dumps(result, indent=2) if args.json else format_table(result)

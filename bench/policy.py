@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch_geometric.nn import HeteroConv, SAGEConv
 
+from bench import NO_PROGRESS, Progress
 from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype, policy_graph, use_compiler_cache
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.graph import EDGE_TYPES
@@ -94,14 +95,23 @@ class BarePyG(nn.Module):
         return f.action_head(h["global"])
 
 
-def run(config: PolicyBenchConfig) -> dict[str, Any]:
-    """Run the benchmark and return its numbers."""
+def run(config: PolicyBenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:
+    """Run the benchmark and return its numbers.
+
+    ``progress`` hears of each stage before it starts; it ticks only while a probe process
+    compiles, and is still while this process compiles (timed) or times calls.
+    """
     device = torch.device(config.device)
     warmup: dict[str, float] = {}
+    total = 4 if config.warmup_probes else 2
     with tempfile.TemporaryDirectory(prefix="esper-policy-cache-") as cache:
         if config.warmup_probes:
-            cold = _probe(Path(cache), config)
-            cached = _probe(Path(cache), config)
+            progress("cold compile in a new process (empty compiler cache)", 0, total)
+            with progress.ticking():
+                cold = _probe(Path(cache), config)
+            progress("cached compile in a new process", 1, total)
+            with progress.ticking():
+                cached = _probe(Path(cache), config)
             warmup = {
                 "warmup_cold_s": cold["warmup_s"],
                 "warmup_cached_s": cached["warmup_s"],
@@ -123,10 +133,13 @@ def run(config: PolicyBenchConfig) -> dict[str, Any]:
         )
         bare = BarePyG(model).to(device).eval()
         inputs = eager.inputs(policy_graph())
+        progress("compiling in this process (timed: the display pauses)", total - 2, total)
         start = time.perf_counter()
         compiled.warm(*inputs)
         in_process_warmup_s = time.perf_counter() - start
+        progress(f"timing {config.iters} calls of eager, compiled and bare PyG", total - 1, total)
         samples = _interleave({"eager": eager, "compiled": compiled, "bare": bare}, inputs, config.iters, device)
+        progress("done", total, total)
     if not compiled.compile_enabled or compiled.eager_calls:
         raise RuntimeError(f"the compiled path did not serve every call: {compiled.fallback_reason or 'recompiles'}")
     stats = {name: latency_stats(values) for name, values in samples.items()}
@@ -218,29 +231,32 @@ def warmup_probe(cache_dir: str, device: str, mode: str | None) -> dict[str, flo
     }
 
 
-def cli(args: Any) -> int:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
-    """``esper bench policy``: print the headline numbers (``--json``: one JSON object)."""
+def report(args: Any, progress: Progress = NO_PROGRESS) -> str:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
+    """``esper bench policy``: run it and return the headline numbers (``--json``: one JSON object).
+
+    The text is returned, not printed, so the CLI prints it after its progress display is gone.
+    """
     result = run(
         PolicyBenchConfig(
             iters=args.iters,
             device=args.device,
             compile_mode=None if args.compile_mode == "default" else args.compile_mode,
             warmup_probes=not args.no_warmup_probes,
-        )
+        ),
+        progress,
     )
     headline = {k: v for k, v in result.items() if k != "samples_ms"}
     if args.json:
-        print(json.dumps(headline, indent=2))
-        return 0
-    print(
+        return json.dumps(headline, indent=2)
+    lines = [
         f"policy-graph on {result['device']}: {result['nodes']} nodes, {result['edges']} edges, {result['iters']} calls"
-    )
+    ]
     for name in ("eager", "compiled", "bare_pyg"):
-        print(f"  {name:<9} p50 {result[name + '_p50_ms']:.3f} ms  p95 {result[name + '_p95_ms']:.3f} ms")
+        lines.append(f"  {name:<9} p50 {result[name + '_p50_ms']:.3f} ms  p95 {result[name + '_p95_ms']:.3f} ms")
     if "warmup_cold_s" in result:
-        print(
+        lines.append(
             f"  warm-up  cold {result['warmup_cold_s']:.1f} s, cached {result['warmup_cached_s']:.1f} s "
             f"({result['warmup_speedup']:.1f}x); eager decisions during the cold warm-up: p50 "
             f"{result['eager_during_cold_warmup_p50_ms']:.1f} ms, max {result['eager_during_cold_warmup_max_ms']:.0f} ms"
         )
-    return 0
+    return "\n".join(lines)

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
+from bench import NO_PROGRESS, Progress
 from bench.common import BareLoop, BenchConfig, bare_twin, germinate_one
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
@@ -43,8 +44,12 @@ def _trainer(recipe: str, config: BenchConfig, *, compile: str) -> Trainer:
     return trainer
 
 
-def run(recipe: str, config: BenchConfig) -> dict[str, Any]:
-    """Benchmark ``recipe``; returns the numbers (ms per epoch) and per-epoch samples."""
+def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:
+    """Benchmark ``recipe``; returns the numbers (ms per epoch) and per-epoch samples.
+
+    ``progress`` hears of each epoch (all three paths) after it, outside the timed regions.
+    """
+    progress("building trainers", 0, None)
     eager = _trainer(recipe, config, compile="off")
     chosen = _trainer(recipe, config, compile=config.compile)
     bare = BareLoop(bare_twin(eager), eager)
@@ -56,6 +61,7 @@ def run(recipe: str, config: BenchConfig) -> dict[str, Any]:
     while epoch < warmup_epochs or not chosen.engine.decided:
         eager.train_epoch(), chosen.train_epoch(), bare.epoch(epoch)
         epoch += 1
+        progress("warm-up epochs" if chosen.engine.decided else "warm-up (step engine deciding)", epoch, None)
         if epoch > warmup_epochs + 50:
             raise RuntimeError("the step engine did not decide within 50 warm-up epochs")
     samples: dict[str, list[float]] = {"esper_eager": [], "esper_chosen": [], "bare": []}
@@ -64,6 +70,7 @@ def run(recipe: str, config: BenchConfig) -> dict[str, Any]:
         samples["esper_chosen"].append(chosen.train_epoch().train_ms)
         samples["bare"].append(bare.epoch(epoch))
         epoch += 1
+        progress("timed epochs", len(samples["bare"]), config.epochs)
     stats = {name: latency_stats(values) for name, values in samples.items()}
     bare_p50, bare_p95 = stats["bare"].p50_ms, stats["bare"].p95_ms
     test = eager.data.test

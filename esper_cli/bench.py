@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 
 from esper_cli.args import positive
+from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.run.recipes import RECIPES
+from esper_core.run.simic_train import PLANS
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
@@ -25,7 +28,8 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         gpu_dataset=args.gpu_dataset,
     )
-    result = run(args.bench_command, config)
+    with progress(f"bench {args.bench_command}", json_output=args.json) as display:
+        result = run(args.bench_command, config, progress=display)
     if args.save_baseline:
         from esper_core.telemetry import write_baseline
 
@@ -67,7 +71,10 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
 def _cmd_bench_drill(args: argparse.Namespace) -> int:
     from esper_core.run.drills import DRILLS
 
-    result = DRILLS[args.drill](None)
+    with progress(f"drill {args.drill}", json_output=args.json) as display, display.ticking():
+        # A drill is one call into the library; the display only shows that it is alive.
+        display("injecting the fault into a seed-reference run", 0, None)
+        result = DRILLS[args.drill](None)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -79,21 +86,21 @@ def _cmd_bench_drill(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_compile(args: argparse.Namespace) -> int:
-    from bench.compile import CompileBenchConfig, run
+    from bench.compile import CompileBenchConfig, format_table, run
 
-    result = run(
-        CompileBenchConfig(
-            blueprint=args.blueprint,
-            profile=args.profile,
-            backend=args.backend,
-            device=args.device,
-            lookups=args.lookups,
-            publishes=args.publishes,
-            load_repeats=args.load_repeats,
-            registry_url=args.registry_url,
-        )
+    config = CompileBenchConfig(
+        blueprint=args.blueprint,
+        profile=args.profile,
+        backend=args.backend,
+        device=args.device,
+        lookups=args.lookups,
+        publishes=args.publishes,
+        load_repeats=args.load_repeats,
+        registry_url=args.registry_url,
     )
-    print(json.dumps(result, indent=None if args.json else 2))
+    with progress("bench compile", json_output=args.json) as display:
+        result = run(config, progress=display)
+    print(json.dumps(result) if args.json else format_table(result))
     return 0
 
 
@@ -113,15 +120,21 @@ def _cmd_bench_orchestration(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_policy(args: argparse.Namespace) -> int:
-    from bench.policy import cli
+    from bench.policy import report
 
-    return cli(args)
+    with progress("bench policy", json_output=args.json) as display:
+        text = report(args, display)
+    print(text)
+    return 0
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
-    from bench.growth import cli
+    from bench.growth import report
 
-    return cli(args)
+    with progress("bench growth", json_output=args.json) as display:
+        text = report(args, display)
+    print(text)
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -179,10 +192,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_compile.add_argument("--publishes", type=positive, default=200, help="artifacts published before the lookups")
     b_compile.add_argument("--load-repeats", type=positive, default=3, help="fresh processes timing Kasmina's load")
     b_compile.add_argument("--registry-url", default=None, help="also measure Urza on this empty scratch database")
-    b_compile.add_argument("--json", action="store_true", help="print one JSON object on one line")
+    b_compile.add_argument("--json", action="store_true", help="print one JSON object on one line (default: a table)")
     b_compile.set_defaults(func=_cmd_bench_compile)
     orch = bench.add_parser("orchestration", help="Prefect's share of a default morphogenesis run")
-    orch.add_argument("--recipe", default="digits-mlp", help="recipe of the measured runs (default: %(default)s)")
+    orch.add_argument(
+        "--recipe",
+        default="digits-mlp",
+        choices=sorted(RECIPES),
+        help="recipe of the measured runs: %(choices)s (default: %(default)s)",
+    )
     orch.add_argument("--runs", type=positive, default=3, help="measured runs after a cold one (default: %(default)s)")
     orch.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
     orch.add_argument(
@@ -200,12 +218,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_policy.add_argument("--json", action="store_true", help="print one JSON object")
     b_policy.set_defaults(func=_cmd_bench_policy)
     b_growth = bench.add_parser("growth", help="trained GNN policy vs heuristic, random, no growth, static large host")
-    b_growth.add_argument("--recipes", nargs="+", default=["digits-mlp", "digits-cnn"], help="recipes to grow on")
+    b_growth.add_argument(
+        "--recipes",
+        nargs="+",
+        default=["digits-mlp", "digits-cnn"],
+        # The recipes whose hosts have hidden layers (the static-large arm widens them); this is
+        # bench.growth.growable_recipes, inlined to keep that module's imports out of --help.
+        choices=sorted(name for name, factory in RECIPES.items() if factory().host.hidden),
+        metavar="RECIPE",
+        help="recipes to grow on, any of %(choices)s (default: digits-mlp digits-cnn)",
+    )
     b_growth.add_argument(
         "--seeds", type=positive, default=3, help="evaluation seeds per recipe (default: %(default)s)"
     )
     b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the recipe's)")
-    b_growth.add_argument("--plan", default="default", help="Simic training plan (default: %(default)s)")
+    b_growth.add_argument(
+        "--plan",
+        default="default",
+        choices=sorted(PLANS),
+        help="Simic training plan: %(choices)s (default: %(default)s; smoke checks the machinery in seconds)",
+    )
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from esper_cli.args import local_flow_settings, quiet_prefect
+from esper_cli.progress import follow_task_runs, progress
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
 from esper_core.karn.profiles import HOST_KINDS
@@ -90,7 +91,10 @@ def _cmd_catalog_compile(args: argparse.Namespace) -> int:
     quiet_prefect()
     from flows.compile_catalog import compile_catalog
 
-    with local_flow_settings():
+    display = progress(f"catalog compile {args.recipe}")
+    labels = {"compile-blueprint": "kernels compiled", "publish-artifact": "published"}
+    with display, follow_task_runs(display, labels), local_flow_settings():
+        display("starting Prefect's temporary server, then compiling", 0, None)
         artifacts = compile_catalog(
             recipe=args.recipe,
             blueprints=args.blueprints or None,

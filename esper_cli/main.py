@@ -8,10 +8,13 @@ start quickly.
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 from esper_cli import bench, catalog, recipes, registry, run, server
+from esper_cli.progress import configure_logging
 
 COMMAND_GROUPS = (run, recipes, catalog, registry, bench, server)
 
@@ -22,15 +25,33 @@ def build_parser() -> argparse.ArgumentParser:
         prog="esper",
         description="Grow neural networks while they train. Outputs live under $ESPER_HOME (default ./.esper).",
     )
+    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log Esper's steps on stderr: -v for INFO, -vv for DEBUG (default: warnings only)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.register(sub)
     return parser
 
 
+def version_text() -> str:
+    """``esper 0.1.0 (torch 2.13.0, prefect 3.8.8, Python 3.11.7)``: what a bug report needs.
+
+    Versions come from the installed distributions' metadata, so nothing heavy is imported.
+    """
+    deps = ", ".join(f"{name} {version(name)}" for name in ("torch", "prefect"))
+    return f"esper {version('esper')} ({deps}, Python {platform.python_version()})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``esper`` console command."""
     args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
     try:
         return int(args.func(args))
     except ValueError as e:

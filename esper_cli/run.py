@@ -36,6 +36,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``run`` to the top-level subcommands."""
     run = sub.add_parser("run", help="run the morphogenesis flow (compile, train, grow)")
+    # Not argparse choices: a recipe may also be named by its import path (package.module:function).
     run.add_argument(
         "--recipe",
         default="digits-mlp",
