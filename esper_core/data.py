@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data import Dataset as TorchDataset
 
 DATASETS = ("digits", "seed-reference")
@@ -216,12 +216,21 @@ def _user_data(spec: DataSpec) -> Dataset:
         )
     return Dataset(
         name=spec.name,
-        train=DatasetSplit(dataset=splits.train),
-        val=DatasetSplit(dataset=splits.val),
-        test=DatasetSplit(dataset=splits.test),
+        train=_split_of(splits.train),
+        val=_split_of(splits.val),
+        test=_split_of(splits.test),
         feature_shape=tuple(sample[0].shape),
         num_classes=splits.num_classes,
     )
+
+
+def _split_of(dataset: TorchDataset) -> AnySplit:
+    """A ``TensorDataset`` of (inputs, targets) is data in memory: it takes the resident path
+    (batches are index slices, no per-sample reads or collation); anything else streams."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        x, y = dataset.tensors
+        return Split(x=x, y=y)
+    return DatasetSplit(dataset=dataset)
 
 
 def _digits(config: DataConfig) -> Dataset:

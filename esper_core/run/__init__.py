@@ -25,6 +25,7 @@ from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tolaria.checkpoint import CheckpointConfig
 from esper_core.tolaria.config import TrainerConfig
+from esper_core.tolaria.step import StepEngineConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "KasminaConfig",
     "ModelSpec",
     "RunConfig",
+    "StepEngineConfig",
     "TamiyoConfig",
     "TrainerConfig",
 ]

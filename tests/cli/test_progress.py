@@ -109,7 +109,7 @@ def test_help_lists_the_choices_of_recipes_and_plans(capsys: pytest.CaptureFixtu
     for argv, names in expected.items():
         with pytest.raises(SystemExit):
             main([*argv, "--help"])
-        out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens
         for name in names:
             assert name in out, f"{argv} --help does not list {name}"
     assert growable_recipes() == ["digits-cnn", "digits-mlp"]

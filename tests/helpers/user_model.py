@@ -10,7 +10,16 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from esper_core.run import DataSpec, DataSplits, HeuristicConfig, ModelSpec, RunConfig, TamiyoConfig, TrainerConfig
+from esper_core.run import (
+    DataSpec,
+    DataSplits,
+    HeuristicConfig,
+    ModelSpec,
+    RunConfig,
+    StepEngineConfig,
+    TamiyoConfig,
+    TrainerConfig,
+)
 
 
 class Blobs(Dataset):
@@ -54,7 +63,8 @@ def recipe() -> RunConfig:
         epochs=4,
         host=ModelSpec(build=TwoTower, slots=("stem", "body.1"), batch_max=128),
         data=DataSpec(load=blobs, batch_size=32, name="blobs"),
-        trainer=TrainerConfig(lr=0.05, val_batch_size=128),
+        # Eager: these tests are about growing a user's model, not about the step compiler.
+        trainer=TrainerConfig(lr=0.05, val_batch_size=128, step=StepEngineConfig(compile="off")),
         tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=0, blend_epochs=1)),
         blueprints=("residual_mlp",),
     )

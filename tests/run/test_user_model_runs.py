@@ -14,6 +14,7 @@ from esper_core.settings import EsperSettings
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = "tests.helpers.user_model:recipe"
+EXAMPLE = "examples.grow_your_own:recipe"
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,15 @@ def test_a_user_model_grows_in_a_real_flow_run(esper_home: EsperSettings) -> Non
     assert saved["checkpoints"]["bytes"] > 0
 
 
-def test_esper_run_takes_an_import_path_recipe(tmp_path: Path) -> None:
+def test_the_example_runs_through_esper_run_by_import_path(tmp_path: Path) -> None:
+    """The README's command, as a user types it: examples/grow_your_own.py through `esper run`."""
     env = {**os.environ, "ESPER_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
     # The console script, as a user runs it: unlike `python -m`, it does not put the working
     # directory on sys.path, so this checks that recipes are imported from it all the same.
     esper = [str(Path(sys.executable).with_name("esper"))]
     done = subprocess.run(
-        [*esper, "run", "--recipe", RECIPE, "--epochs", "2", "--device", "cpu", "--run-id", "cli"],
+        [*esper, "run", "--recipe", EXAMPLE, "--epochs", "3", "--device", "cpu", "--run-id", "cli"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -50,7 +52,7 @@ def test_esper_run_takes_an_import_path_recipe(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "(tests.helpers.user_model:recipe, 2 epochs, cpu)" in done.stdout
+    assert f"({EXAMPLE}, 3 epochs, cpu)" in done.stdout
     assert (tmp_path / "home" / "runs" / "cli" / "summary.json").exists()
     bad = subprocess.run(
         [*esper, "run", "--recipe", "tests.helpers.user_model:nope"], cwd=REPO, env=env, capture_output=True, text=True
