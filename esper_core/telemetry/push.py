@@ -136,7 +136,8 @@ class PushingSink:
         self._open = False
         if self.push() and self.linger_s > 0:
             time.sleep(self.linger_s)
-        self.delete()
+        if self.delete():
+            self._last = -float("inf")  # the group is gone: the next packet recreates it at once
 
     def _call(self, request: Callable[..., None], what: str, **kwargs: object) -> bool:
         """One request to the Pushgateway; the caller holds the lock."""
