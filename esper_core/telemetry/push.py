@@ -45,8 +45,9 @@ class PushingSink:
     """A ``PrometheusSink`` whose registry is also pushed to a Pushgateway.
 
     The sink may outlive ``close()``: a process that runs several runs one after the other
-    closes it at the end of each; the next packet pushes the group again and the next
-    ``close()`` deletes it again.
+    closes it at the end of each; the next packet pushes the group again at once and the next
+    ``close()`` deletes it again. (Runs that share a process concurrently share its group: one
+    run's end removes it until another run's next packet, a gap of one epoch.)
 
     Args:
         sink: The sink whose registry is pushed (it keeps serving ``/metrics`` if served).
