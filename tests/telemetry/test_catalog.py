@@ -25,6 +25,9 @@ def test_entries_follow_the_exporters_rules() -> None:
         TelemetryName(name="tolaria.epochs_total", kind=Kind.GAUGE, help="x")
     with pytest.raises(ValueError, match="not in the catalogue"):
         lookup("tolaria.nope")
+    with pytest.raises(ValueError, match="only events and counters without labels can be alerting"):
+        TelemetryName(name="tolaria.training.loss", kind=Kind.GAUGE, help="x", alerting=True)
+    assert all(entry.kind is not Kind.GAUGE and not entry.labels for entry in CATALOG.values() if entry.alerting)
 
 
 def test_exposition_carries_the_catalogue_help() -> None:
