@@ -55,8 +55,9 @@ def prometheus() -> PrometheusSink | PushingSink:
     sink = PrometheusSink(registry, describe=help_text)
     if s.pushgateway_url:
         pushing = PushingSink(sink, url=s.pushgateway_url)
-        # Packets push at most every few seconds; the last values go out when the process ends.
-        atexit.register(pushing.push)
+        # Packets push at most every few seconds; when the process ends, the last values go out
+        # and the group is deleted (a run's close does the same), so no stale group alerts on.
+        atexit.register(pushing.close)
         return pushing
     return sink
 
@@ -68,6 +69,8 @@ def service_sink() -> TelemetrySink:
 
 def remember(session: RunSession) -> None:
     """Keep ``session`` live for the following tasks of its run in this process."""
+    # Its Prometheus series carry workload=<recipe>: alert rules are scoped by workload.
+    prometheus().label_run(session.run_id, workload=session.config.recipe)
     with _lock:
         _sessions[session.run_id] = session
 

@@ -7,8 +7,9 @@ name a real run writes to ``telemetry.jsonl`` is listed. Adding a metric or even
 means adding one line below.
 
 Kinds follow ``PrometheusSink``: a name ending in ``_total`` is a counter incremented by each
-value, any other metric a gauge set to the latest value, and an event is counted in
-``esper_events_total{name, level, source}``.
+value, any other metric a gauge set to the latest value (a ``*_ms`` gauge is also observed into
+a histogram in seconds), and an event is counted in ``esper_events_total{name, level, source,
+workload}``. Entries marked ``alerting`` exist at 0 from the sink's start.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from esper_core.contracts import GateId
-from esper_core.telemetry.names import check_label_key, check_name
-from esper_core.telemetry.prometheus import COUNTER_SUFFIX, prometheus_name
+from esper_core.telemetry.names import COUNTER_SUFFIX, check_label_key, check_name, histogram_name, prometheus_name
 
 
 class Kind(StrEnum):
@@ -39,7 +39,12 @@ class TelemetryName:
     help: str
     unit: str = ""
     labels: tuple[str, ...] = ()
-    """Label keys of a metric (``source`` is added by the exporter); attribute keys are free for events."""
+    """Label keys of a metric (``source`` and ``workload`` are added by the exporter); attribute keys
+    are free for events."""
+    alerting: bool = False
+    """An alert rule counts this event or counter with ``increase``: the Prometheus sink creates
+    its series at 0 for every source (and event level) before the first packet, so the first
+    occurrence is an increase and not the series' first sample."""
 
     def __post_init__(self) -> None:
         check_name(self.name, kind=self.kind.value)
@@ -51,6 +56,12 @@ class TelemetryName:
                 f"{self.name}: a metric is a counter exactly when its name ends in '_total' "
                 f"(PrometheusSink decides by the suffix); fix the kind ({self.kind}) or the name"
             )
+        if self.alerting and (self.kind is Kind.GAUGE or self.labels):
+            raise ValueError(
+                f"{self.name}: only events and counters without labels can be alerting: their zero "
+                "series are created in advance, which needs every label value known; drop "
+                "alerting=True or the labels"
+            )
 
     @property
     def subsystem(self) -> str:
@@ -61,6 +72,11 @@ class TelemetryName:
     def prometheus(self) -> str:
         """The exposed series: ``esper_<name>`` for metrics, ``esper_events_total`` for events."""
         return EVENTS_SERIES if self.kind is Kind.EVENT else prometheus_name(self.name)
+
+    @property
+    def histogram(self) -> str | None:
+        """The seconds histogram a ``*_ms`` gauge is also observed into (``None`` for others)."""
+        return histogram_name(self.name) if self.kind is Kind.GAUGE else None
 
 
 EVENTS_SERIES = "esper_events_total"
@@ -79,8 +95,10 @@ _G, _C, _E = Kind.GAUGE, Kind.COUNTER, Kind.EVENT
 _SLOT = ("slot",)
 
 
-def _n(name: str, kind: Kind, help: str, unit: str = "", labels: tuple[str, ...] = ()) -> TelemetryName:
-    return TelemetryName(name=name, kind=kind, help=help, unit=unit, labels=labels)
+def _n(
+    name: str, kind: Kind, help: str, unit: str = "", labels: tuple[str, ...] = (), *, alerting: bool = False
+) -> TelemetryName:
+    return TelemetryName(name=name, kind=kind, help=help, unit=unit, labels=labels, alerting=alerting)
 
 
 _ENTRIES: tuple[TelemetryName, ...] = (
@@ -111,17 +129,22 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tolaria.grad_agg.conflict_ratio", _G, "Share of seed gradient pairs in conflict (PCGrad)"),
     _n("tolaria.grad_agg.teacher_share", _G, "Share of the aggregated gradient from the host (teacher)"),
     _n("tolaria.grad_agg.steps", _G, "Steps of the last epoch that aggregated seed gradients"),
-    _n("tolaria.timeout.tamiyo_total", _C, "Tamiyo calls that missed their deadline"),
-    _n("tolaria.timeout.kasmina_total", _C, "Kasmina calls that missed their deadline"),
+    _n("tolaria.timeout.tamiyo_total", _C, "Tamiyo calls that missed their deadline", alerting=True),
+    _n("tolaria.timeout.kasmina_total", _C, "Kasmina calls that missed their deadline", alerting=True),
     _n("tolaria.rollback.restore_latency_ms", _G, "Time to restore the last good state", "ms"),
-    _n("tolaria.rollback.deadline_exceeded_total", _C, "Rollbacks that missed their deadline"),
-    _n("tolaria.rollback.failures_total", _C, "Rollbacks that failed"),
+    _n("tolaria.rollback.deadline_exceeded_total", _C, "Rollbacks that missed their deadline", alerting=True),
+    _n("tolaria.rollback.failures_total", _C, "Rollbacks that failed", alerting=True),
     _n("tolaria.emergency.level", _G, "Emergency level: 0 normal .. halt"),
     _n("tolaria.compile_enabled", _E, "The training step was compiled and chosen"),
     _n("tolaria.compile_disabled", _E, "The step engine chose eager (compiled was slower or unavailable)"),
-    _n("tolaria.compile_fallback", _E, "Compilation failed hard; the step fell back to eager"),
+    _n("tolaria.compile_fallback", _E, "Compilation failed hard; the step fell back to eager", alerting=True),
     _n("tolaria.graph_enabled", _E, "CUDA graph capture succeeded"),
-    _n("tolaria.graph_fallback", _E, "CUDA graph capture or replay fell back (the reason is in the message)"),
+    _n(
+        "tolaria.graph_fallback",
+        _E,
+        "CUDA graph capture or replay fell back (the reason is in the message)",
+        alerting=True,
+    ),
     _n("tolaria.staging.fallback", _E, "GPU prefetch staging is off (no CUDA); batches copy on the step's stream"),
     _n("tolaria.timeout", _E, "A Tamiyo or Kasmina call missed its deadline (attribute 'part')"),
     _n("tolaria.epoch.failed", _E, "An epoch failed (non-finite loss or weights); the emergency level rose"),
@@ -137,19 +160,19 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("kasmina.seed.stage", _E, "A seed moved to another lifecycle stage"),
     *(_n(f"kasmina.gate.{gate.value}", _E, f"Verdict of gate {gate.value.upper()}") for gate in GateId),
     _n("kasmina.isolation.violation", _E, "The host received gradient from a seed before BLENDING (a G3 failure)"),
-    _n("kasmina.kernel.fallback", _E, "A seed runs an eager fallback kernel (its compile failed)"),
+    _n("kasmina.kernel.fallback", _E, "A seed runs an eager fallback kernel (its compile failed)", alerting=True),
     _n("kasmina.command.rejected", _E, "A command could not be applied (the reason is in the message)"),
     # ------------------------------------------------------------------ Tamiyo (controller)
     _n("tamiyo.gnn.inference.latency_ms", _G, "Policy forward for one decision", "ms"),
     _n("tamiyo.decision.latency_ms", _G, "Whole decision: graph build, policy, risk engine", "ms"),
     _n("tamiyo.graph.coverage", _G, "Share of the state's features present in the graph"),
     _n("tamiyo.gnn.compile_enabled", _G, "1 when the policy runs compiled, 0 eager"),
-    _n("tamiyo.gnn.compile_fallback_total", _C, "Policy compiles that fell back to eager"),
+    _n("tamiyo.gnn.compile_fallback_total", _C, "Policy compiles that fell back to eager", alerting=True),
     _n("tamiyo.command", _E, "The command Tamiyo issued, with its reason"),
     _n("tamiyo.error", _E, "A Tamiyo call raised; Tolaria went on with a conservative WAIT"),
     # ------------------------------------------------------------------ Tezzeret (compiler)
     _n("tezzeret.compile.duration_ms", _G, "Compile time of the last kernel of a blueprint", "ms", ("blueprint",)),
-    _n("tezzeret.compile.fallback", _E, "A compile failed and an eager fallback artifact was stored"),
+    _n("tezzeret.compile.fallback", _E, "A compile failed and an eager fallback artifact was stored", alerting=True),
     # ------------------------------------------------------------------ Urza (registry)
     _n(
         "urza.publish.duration_ms",
@@ -191,12 +214,23 @@ def help_text(name: str) -> str | None:
 
 
 def exposed_series() -> dict[str, str]:
-    """Every Prometheus series Esper exposes: name -> help text (metrics and the sink's own)."""
+    """Every Prometheus series Esper exposes: name -> help text (metrics and the sink's own).
+
+    A ``*_ms`` gauge adds its seconds histogram's ``_bucket``, ``_sum`` and ``_count`` series.
+    """
     series = dict(SINK_SERIES)
     for entry in CATALOG.values():
         if entry.kind is not Kind.EVENT:
             series[entry.prometheus] = entry.help
+        if entry.histogram is not None:
+            for suffix in ("_bucket", "_sum", "_count"):
+                series[entry.histogram + suffix] = f"{entry.help} (histogram, seconds)"
     return series
+
+
+def alerting() -> tuple[TelemetryName, ...]:
+    """Catalogued events and counters that alert rules watch (their zero series are pre-created)."""
+    return tuple(e for e in CATALOG.values() if e.alerting)
 
 
 def event_names() -> frozenset[str]:

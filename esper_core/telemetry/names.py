@@ -22,8 +22,11 @@ NAME_RULE = (
 _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NAME_RE = re.compile(NAME_PATTERN)
 
-RESERVED_LABELS = frozenset({"source"})
-"""Label keys the Prometheus exposition adds itself (the packet's source)."""
+RESERVED_LABELS = frozenset({"source", "workload"})
+"""Label keys the Prometheus exposition adds itself (the packet's source, the run's recipe)."""
+
+PREFIX = "esper_"
+COUNTER_SUFFIX = "_total"
 
 
 def check_name(name: str, *, kind: str = "metric") -> str:
@@ -65,6 +68,43 @@ def check_label_key(key: str, *, metric: str) -> str:
     if key in RESERVED_LABELS:
         raise ValueError(
             f"label {key!r} on metric {metric} is reserved: the exporter adds the packet's "
-            "source itself; rename the label (e.g. 'origin')"
+            "source and the run's workload itself; rename the label (e.g. 'origin')"
         )
     return key
+
+
+def prometheus_name(name: str) -> str:
+    """Map a dotted telemetry name to its Prometheus name.
+
+    Args:
+        name: E.g. ``tolaria.training.latency_ms``.
+
+    Returns:
+        E.g. ``esper_tolaria_training_latency_ms``: dots become underscores under ``esper_``.
+
+    Raises:
+        ValueError: If ``name`` does not follow ``subsystem.area.name``.
+    """
+    return PREFIX + check_name(name).replace(".", "_")
+
+
+MS_SUFFIX = "_ms"
+
+
+def histogram_name(name: str) -> str | None:
+    """The Prometheus histogram (in seconds) a millisecond metric is also observed into.
+
+    Packets, baselines and the ``*_ms`` gauges keep the seeds' millisecond names; Prometheus
+    convention is base units, so ``tolaria.training.latency_ms`` is also exported as the
+    histogram ``esper_tolaria_training_latency_seconds`` (for ``histogram_quantile``).
+
+    Args:
+        name: A dotted metric name.
+
+    Returns:
+        The histogram's base name (without ``_bucket``/``_sum``/``_count``), or ``None`` when
+        ``name`` does not end in ``_ms``.
+    """
+    if not name.endswith(MS_SUFFIX):
+        return None
+    return prometheus_name(name).removesuffix(MS_SUFFIX) + "_seconds"

@@ -1,57 +1,96 @@
 """Prometheus exposition of telemetry packets (Nissa's scrape endpoint).
 
-Mapping (DESIGN.md "Telemetry names"):
+Mapping (DESIGN.md "Telemetry names"); every series also carries ``source`` (the packet's) and
+``workload`` (the recipe of the packet's run, see ``PrometheusSink.label_run``; ``""`` for work
+outside a run):
 
 - metric ``tolaria.training.latency_ms`` -> gauge ``esper_tolaria_training_latency_ms`` set to the
-  latest value, labelled with the metric's labels plus ``source``;
+  latest value, labelled with the metric's labels; a metric whose name ends in ``_ms`` is also
+  observed, divided by 1000, into the histogram ``esper_tolaria_training_latency_seconds`` (the
+  packets and baselines keep the seeds' millisecond names; rules and dashboards use quantiles);
 - metric ``tamiyo.gnn.compile_fallback_total`` (name ends in ``_total``) -> counter
   ``esper_tamiyo_gnn_compile_fallback_total`` incremented by each packet's value;
-- event -> ``esper_events_total{name, level, source}`` += 1;
-- health -> ``esper_health_status{source}`` (0 healthy, 1 degraded, 2 unhealthy, 3 critical);
-- every packet -> ``esper_telemetry_packets_total{source}`` += 1 and
-  ``esper_telemetry_last_packet_timestamp_seconds{source}`` (for "source went silent" alerts).
+- event -> ``esper_events_total{name, level}`` += 1;
+- health -> ``esper_health_status`` (0 healthy, 1 degraded, 2 unhealthy, 3 critical);
+- every packet -> ``esper_telemetry_packets_total`` += 1 and
+  ``esper_telemetry_last_packet_timestamp_seconds`` (for "source went silent" alerts).
+
+The counters and events that alert rules watch with ``increase(...) > 0`` (``alerting`` in the
+catalogue) are created at 0 for every source and level when the sink starts and when a run is
+labelled: a series first created by its first event would start at 1, and ``increase`` never
+sees that first (usually only) occurrence.
 
 Metric families and label children are created once and cached: a packet on the hot path costs
-one dict lookup plus one ``set``/``inc`` per metric (~0.3 us each on a cached child).
+one dict lookup plus one ``set``/``inc`` per metric (~0.3 us each on a cached child), and a
+``*_ms`` metric one histogram ``observe`` more. Packets come once per epoch or decision, never
+per step.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self, TypeVar
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from esper_core.contracts import MetricPoint, TelemetryPacket
-from esper_core.telemetry.names import check_label_key, check_name
+from esper_core.contracts import TelemetryLevel, TelemetryPacket
+from esper_core.telemetry.catalog import SOURCES, Kind, TelemetryName
+from esper_core.telemetry.catalog import alerting as catalog_alerting
+from esper_core.telemetry.names import (
+    COUNTER_SUFFIX,
+    PREFIX,
+    check_label_key,
+    histogram_name,
+    prometheus_name,
+)
 from esper_core.telemetry.recorder import HEALTH_SEVERITY
 
-PREFIX = "esper_"
-COUNTER_SUFFIX = "_total"
+__all__ = [
+    "COUNTER_SUFFIX",
+    "LATENCY_BUCKETS_S",
+    "PREFIX",
+    "MetricsServer",
+    "PrometheusSink",
+    "exposition",
+    "prometheus_name",
+    "serve",
+]
+
+LATENCY_BUCKETS_S = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.018,  # the seeds' epoch budget: a bucket edge, so the budget's quantile is not interpolated
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+"""Histogram buckets (seconds) for every ``*_ms`` metric: 50 us lookups up to 2 min compiles."""
 
 _Update = Callable[[float], None]
 _LabelItems = tuple[tuple[str, str], ...]
-_MetricT = TypeVar("_MetricT", Gauge, Counter)
-
-
-def prometheus_name(name: str) -> str:
-    """Map a dotted telemetry name to its Prometheus name.
-
-    Args:
-        name: E.g. ``tolaria.training.latency_ms``.
-
-    Returns:
-        E.g. ``esper_tolaria_training_latency_ms``: dots become underscores under ``esper_``.
-
-    Raises:
-        ValueError: If ``name`` does not follow ``subsystem.area.name``.
-    """
-    return PREFIX + check_name(name).replace(".", "_")
+_MetricKey = tuple[str, str, str, _LabelItems]  # (dotted name, source, workload, sorted labels)
+_MetricT = TypeVar("_MetricT", Gauge, Counter, Histogram)
+_OWN_LABELS = ("source", "workload")
 
 
 def exposition(registry: CollectorRegistry) -> str:
@@ -64,8 +103,8 @@ class _Family:
     """One registered metric family and the dotted name and label keys it was created for."""
 
     dotted_name: str
-    label_keys: tuple[str, ...]  # sorted metric label keys; "source" is appended after them
-    metric: Gauge | Counter
+    label_keys: tuple[str, ...]  # sorted metric label keys; source and workload come after them
+    metric: Gauge | Counter | Histogram
     reserved: bool  # one of the sink's own families (events, health, packets)
 
 
@@ -73,8 +112,8 @@ class PrometheusSink:
     """Exports packets to a ``prometheus_client`` registry.
 
     Use one sink per registry: the sink registers its own families (events, health, packets)
-    when it is built. Emitting is thread-safe; creating a family or child takes a lock, updating
-    a cached child does not.
+    and the zero series of ``alerting`` when it is built. Emitting is thread-safe; creating a
+    family or child takes a lock, updating a cached child does not.
 
     Args:
         registry: Where the metrics live. Defaults to a fresh ``CollectorRegistry`` (not the
@@ -82,29 +121,44 @@ class PrometheusSink:
             registry that ``serve`` exposes.
         describe: Help text of a dotted metric name, or ``None`` to use a generic one (pass
             ``esper_core.telemetry.catalog.help_text`` to expose the catalogue's descriptions).
+        alerting: Events and counters to create at 0 for every source (and event level) of
+            ``esper_core.telemetry.catalog.SOURCES``; default: the catalogue's alerting entries.
 
     Raises:
         ValueError: If the registry already holds the sink's own families (a second sink on the
-            same registry).
+            same registry), or an ``alerting`` entry is a gauge or has labels.
     """
 
     def __init__(
-        self, registry: CollectorRegistry | None = None, *, describe: Callable[[str], str | None] | None = None
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        describe: Callable[[str], str | None] | None = None,
+        alerting: Iterable[TelemetryName] | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._describe = describe
+        self._alerting = tuple(catalog_alerting() if alerting is None else alerting)
+        for entry in self._alerting:
+            if entry.kind is Kind.GAUGE or entry.labels:
+                raise ValueError(
+                    f"{entry.name} cannot be pre-created at 0: only events and counters without "
+                    "labels can (mark it alerting=False in the catalogue)"
+                )
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}  # keyed by Prometheus base name
-        self._updates: dict[tuple[str, str, _LabelItems], _Update] = {}
-        self._sources: dict[str, tuple[_Update, _Update, _Update]] = {}
-        self._events: dict[tuple[str, str, str], Callable[[], None]] = {}
+        self._updates: dict[_MetricKey, _Update] = {}
+        self._sources: dict[tuple[str, str], tuple[_Update, _Update, _Update]] = {}
+        self._events: dict[tuple[str, str, str, str], Callable[[], None]] = {}
+        self._workloads: dict[str, str] = {}  # run id -> workload (the run's recipe)
+        self._zeroed: set[str] = set()  # workloads whose alerting series exist
 
         self._health = self._register(
             "health.status",
             Gauge,
             "esper_health_status",
             "Health of the latest packet per source: 0 healthy, 1 degraded, 2 unhealthy, 3 critical",
-            ("source",),
+            _OWN_LABELS,
             reserved=True,
         )
         self._event_counter = self._register(
@@ -112,7 +166,7 @@ class PrometheusSink:
             Counter,
             "esper_events",
             "Telemetry events by name, level and source",
-            ("name", "level", "source"),
+            ("name", "level", *_OWN_LABELS),
             reserved=True,
         )
         self._packets = self._register(
@@ -120,7 +174,7 @@ class PrometheusSink:
             Counter,
             "esper_telemetry_packets",
             "Telemetry packets received per source",
-            ("source",),
+            _OWN_LABELS,
             reserved=True,
         )
         self._last_seen = self._register(
@@ -128,9 +182,33 @@ class PrometheusSink:
             Gauge,
             "esper_telemetry_last_packet_timestamp_seconds",
             "Unix time of the latest packet per source",
-            ("source",),
+            _OWN_LABELS,
             reserved=True,
         )
+        self._create_zero_series("")
+
+    def label_run(self, run_id: str, *, workload: str) -> None:
+        """Label the series of run ``run_id``'s packets with ``workload`` (the run's recipe).
+
+        Alert rules scoped to one workload (the 18 ms epoch budget belongs to
+        ``seed-reference``) select on this label. The alerting series of ``workload`` are
+        created at 0 here, before the run's first packet. Packets of runs never labelled (and
+        packets without a run, e.g. compiles) carry ``workload=""``.
+
+        Args:
+            run_id: The run, as in its packets' ``run_id``.
+            workload: The run's recipe name, e.g. ``seed-reference``.
+
+        Raises:
+            ValueError: If ``run_id`` or ``workload`` is empty.
+        """
+        if not run_id or not workload:
+            raise ValueError(
+                f"label_run needs a run id and a workload (the run's recipe), got {run_id!r} and {workload!r}"
+            )
+        with self._lock:
+            self._workloads[run_id] = workload
+        self._create_zero_series(workload)
 
     def emit(self, packet: TelemetryPacket) -> None:
         """Update the registry from one packet.
@@ -141,29 +219,27 @@ class PrometheusSink:
                 gets a negative or non-finite increment.
         """
         source = packet.source
+        workload = self._workloads.get(packet.run_id, "") if packet.run_id is not None else ""
         for point in packet.metrics:
-            key = (point.name, source, tuple(sorted(point.labels.items())))
+            key = (point.name, source, workload, tuple(sorted(point.labels.items())))
             update = self._updates.get(key)
             if update is None:
-                update = self._new_update(point, source, key)
+                update = self._new_update(key, unit=point.unit)
             update(point.value)
         for event in packet.events:
-            event_key = (event.name, event.level.value, source)
-            inc = self._events.get(event_key)
+            inc = self._events.get((event.name, event.level.value, source, workload))
             if inc is None:
-                with self._lock:
-                    inc = self._event_counter.labels(*event_key).inc
-                    self._events[event_key] = inc
+                inc = self._new_event((event.name, event.level.value, source, workload))
             inc()
-        per_source = self._sources.get(source)
+        per_source = self._sources.get((source, workload))
         if per_source is None:
             with self._lock:
                 per_source = (
-                    self._health.labels(source).set,
-                    self._packets.labels(source).inc,
-                    self._last_seen.labels(source).set,
+                    self._health.labels(source, workload).set,
+                    self._packets.labels(source, workload).inc,
+                    self._last_seen.labels(source, workload).set,
                 )
-                self._sources[source] = per_source
+                self._sources[(source, workload)] = per_source
         set_health, inc_packets, set_last_seen = per_source
         set_health(HEALTH_SEVERITY[packet.health])
         inc_packets(1)
@@ -174,37 +250,72 @@ class PrometheusSink:
 
     # ------------------------------------------------------------------ slow path (first sight)
 
-    def _new_update(self, point: MetricPoint, source: str, key: tuple[str, str, _LabelItems]) -> _Update:
+    def _create_zero_series(self, workload: str) -> None:
+        """Create the alerting events and counters of ``workload`` at 0, for every source."""
+        if workload in self._zeroed:
+            return
+        for entry in self._alerting:
+            for source in SOURCES:
+                if entry.kind is Kind.EVENT:
+                    for level in TelemetryLevel:
+                        if (entry.name, level.value, source, workload) not in self._events:
+                            self._new_event((entry.name, level.value, source, workload))
+                elif (key := (entry.name, source, workload, ())) not in self._updates:
+                    self._new_update(key, unit=entry.unit)
+        self._zeroed.add(workload)
+
+    def _new_event(self, event_key: tuple[str, str, str, str]) -> Callable[[], None]:
+        with self._lock:
+            inc = self._event_counter.labels(*event_key).inc
+            self._events[event_key] = inc
+        return inc
+
+    def _new_update(self, key: _MetricKey, *, unit: str) -> _Update:
         """Create (or find) the family and child for a metric seen for the first time."""
-        label_keys = tuple(sorted(point.labels))
+        name, source, workload, label_items = key
+        label_keys = tuple(k for k, _ in label_items)
         for label in label_keys:
-            check_label_key(label, metric=point.name)
-        is_counter = point.name.endswith(COUNTER_SUFFIX)
-        full_name = prometheus_name(point.name)
+            check_label_key(label, metric=name)
+        is_counter = name.endswith(COUNTER_SUFFIX)
+        full_name = prometheus_name(name)
         # prometheus-client appends "_total" to counters itself; strip it so the exposed name is
         # exactly esper_<name>_total rather than ..._total_total.
         base_name = full_name.removesuffix(COUNTER_SUFFIX) if is_counter else full_name
+        label_values = (*(v for _, v in label_items), source, workload)
         with self._lock:
-            family = self._families.get(base_name)
-            if family is None:
-                unit = f" ({point.unit})" if point.unit else ""
-                described = self._describe(point.name) if self._describe is not None else None
-                help_text = f"{described or 'Esper metric ' + point.name}{unit}"
-                labels = (*label_keys, "source")
-                if is_counter:
-                    self._register(point.name, Counter, base_name, help_text, labels)
-                else:
-                    self._register(point.name, Gauge, base_name, help_text, labels)
-                family = self._families[base_name]
-            self._check_family(family, point.name, label_keys)
-            child = family.metric.labels(*(v for _, v in key[2]), source)
+            family = self._family(name, base_name, Counter if is_counter else Gauge, label_keys, unit=unit)
+            child = family.metric.labels(*label_values)
             update: _Update
             if isinstance(child, Counter):
-                update = _counter_update(point.name, child.inc)
+                update = _counter_update(name, child.inc)
             else:
                 update = child.set
+            if not is_counter and (seconds_name := histogram_name(name)) is not None:
+                hist = self._family(name, seconds_name, Histogram, label_keys, unit="s")
+                update = _with_histogram(update, hist.metric.labels(*label_values).observe)
             self._updates[key] = update
         return update
+
+    def _family(
+        self,
+        name: str,
+        base_name: str,
+        metric_type: type[Gauge] | type[Counter] | type[Histogram],
+        label_keys: tuple[str, ...],
+        *,
+        unit: str,
+    ) -> _Family:
+        """The family ``base_name``, registered on first use; the caller holds the lock."""
+        family = self._families.get(base_name)
+        if family is None:
+            suffix = f" ({unit})" if unit else ""
+            described = self._describe(name) if self._describe is not None else None
+            help_text = f"{described or 'Esper metric ' + name}{suffix}"
+            labels = (*label_keys, *_OWN_LABELS)
+            self._register(name, metric_type, base_name, help_text, labels)
+            family = self._families[base_name]
+        self._check_family(family, name, label_keys)
+        return family
 
     def _register(
         self,
@@ -218,14 +329,20 @@ class PrometheusSink:
     ) -> _MetricT:
         """Register a family in the registry and the cache, translating name collisions."""
         try:
-            metric = metric_type(base_name, help_text, label_names, registry=self.registry)
+            if metric_type is Histogram:
+                metric = metric_type(
+                    base_name, help_text, label_names, registry=self.registry, buckets=LATENCY_BUCKETS_S
+                )
+            else:
+                metric = metric_type(base_name, help_text, label_names, registry=self.registry)
         except ValueError as e:
             raise ValueError(
                 f"cannot register {dotted_name} as {base_name} in the Prometheus registry: {e}. "
                 "Another collector already exposes that name: rename the metric, or use one "
                 "PrometheusSink per registry"
             ) from e
-        self._families[base_name] = _Family(dotted_name, tuple(label_names[:-1]), metric, reserved=reserved)
+        keys = tuple(label_names[: -len(_OWN_LABELS)])
+        self._families[base_name] = _Family(dotted_name, keys, metric, reserved=reserved)
         return metric
 
     @staticmethod
@@ -246,6 +363,18 @@ class PrometheusSink:
                 f"with {list(label_keys)}; Prometheus needs one fixed label set per metric: emit "
                 "the same label keys every time (use '' for a missing value) or use another name"
             )
+
+
+def _with_histogram(set_gauge: _Update, observe: _Update) -> _Update:
+    """Set the ``*_ms`` gauge and observe the value, in seconds, into its histogram."""
+
+    def update(value_ms: float) -> None:
+        set_gauge(value_ms)
+        # A NaN would land in no bucket but poison _sum for good; the gauge still shows it.
+        if math.isfinite(value_ms):
+            observe(value_ms / 1000.0)
+
+    return update
 
 
 def _counter_update(name: str, inc: Callable[[float], None]) -> _Update:

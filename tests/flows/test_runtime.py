@@ -51,8 +51,8 @@ def test_flows_push_metrics_with_catalogue_help(
             TelemetryPacket(source="tolaria", metrics=(MetricPoint(name="tolaria.training.latency_ms", value=7.0),))
         )
     finally:
-        atexit.unregister(sink.push)  # the gateway is gone by the time the test process exits
+        atexit.unregister(sink.close)  # the gateway is gone by the time the test process exits
         _runtime.prometheus.cache_clear()
     (body,) = _Gateway.bodies
-    assert b'esper_tolaria_training_latency_ms{source="tolaria"} 7.0' in body
+    assert b'esper_tolaria_training_latency_ms{source="tolaria",workload=""} 7.0' in body
     assert b"budget 18 ms" in body  # the help text comes from the telemetry catalogue

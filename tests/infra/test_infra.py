@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from esper_core.telemetry.catalog import EVENTS_SERIES, SOURCES, event_names, exposed_series
+from esper_core.telemetry.catalog import EVENTS_SERIES, SOURCES, alerting, event_names, exposed_series
+from esper_core.telemetry.push import DEFAULT_LINGER_S
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 SERIES_RE = re.compile(r"\besper_[a-z0-9_]+")
@@ -53,7 +54,9 @@ def test_alert_rule_names_only_emitted_series(rule: dict) -> None:
 def test_rules_cover_the_seeds_alerts() -> None:
     exprs = " ".join(r["expr"] for r in _rules())
     for needle in (
-        "esper_tolaria_training_latency_ms > 18",
+        'esper_tolaria_training_latency_seconds_bucket{workload="seed-reference"}',
+        ") > 0.018",
+        "esper_telemetry_last_packet_timestamp_seconds",
         "tolaria.compile_fallback",
         "tolaria.graph_fallback",
         "esper_tamiyo_gnn_compile_fallback_total",
@@ -110,3 +113,36 @@ def test_compose_starts_the_stack_on_loopback_with_the_pinned_prefect() -> None:
     assert prefect["image"].startswith(f"prefecthq/prefect:{pinned}-")
     assert prefect["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
     assert prefect["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_event_and_counter_alerts_watch_series_the_sink_creates_at_zero() -> None:
+    # increase(...) > 0 only sees a first occurrence on a series that existed at 0 before it.
+    zero = {e.name for e in alerting()} | {e.prometheus for e in alerting()}
+    for rule in _rules():
+        if "increase(" not in rule["expr"]:
+            continue
+        matchers = MATCHER_RE.findall(rule["expr"])
+        names = {v for label, _, value in matchers if label == "name" for v in value.split("|")}
+        series = set(SERIES_RE.findall(rule["expr"])) - {EVENTS_SERIES}
+        assert (names | series) <= zero, f"{rule['alert']}: mark {sorted((names | series) - zero)} alerting"
+
+
+def test_rules_group_by_workload_and_latencies_are_histograms() -> None:
+    for rule in _rules():
+        expr = rule["expr"]
+        assert "_ms" not in expr, f"{rule['alert']}: use the *_seconds histogram, not the ms gauge"
+        if rule["alert"] != "EsperRunSilent":  # that one is about a process, whatever it runs
+            assert "workload" in expr, f"{rule['alert']}: group by workload"
+    exprs = _dashboard_exprs()
+    assert not [e for e in exprs if re.search(r"esper_\w+_ms\b", e)], "dashboard latencies come from histograms"
+    assert sum("histogram_quantile(" in e for e in exprs) >= 10
+    assert all('workload=~"$workload"' in e for e in exprs)
+    (variable,) = _dashboard()["templating"]["list"]
+    assert variable["name"] == "workload" and variable["allValue"] == ".*"  # .* also matches workload=""
+
+
+def test_pushed_groups_linger_longer_than_prometheus_scrapes_them() -> None:
+    config = yaml.safe_load((INFRA / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "pushgateway"]
+    interval = job.get("scrape_interval", config["global"]["scrape_interval"])
+    assert interval.endswith("s") and float(interval[:-1]) < DEFAULT_LINGER_S

@@ -25,6 +25,9 @@ def test_entries_follow_the_exporters_rules() -> None:
         TelemetryName(name="tolaria.epochs_total", kind=Kind.GAUGE, help="x")
     with pytest.raises(ValueError, match="not in the catalogue"):
         lookup("tolaria.nope")
+    with pytest.raises(ValueError, match="only events and counters without labels can be alerting"):
+        TelemetryName(name="tolaria.training.loss", kind=Kind.GAUGE, help="x", alerting=True)
+    assert all(entry.kind is not Kind.GAUGE and not entry.labels for entry in CATALOG.values() if entry.alerting)
 
 
 def test_exposition_carries_the_catalogue_help() -> None:
@@ -72,9 +75,28 @@ def test_every_name_a_real_run_emits_is_catalogued(compiled_home: EsperSettings)
         session.apply(command)
         session.commit(f"epoch-{epoch:04d}-applied")
     session.close()
-    seen = _assert_catalogued(read_jsonl(compiled_home.runs_dir / session.run_id / "telemetry.jsonl"))
+    packets = read_jsonl(compiled_home.runs_dir / session.run_id / "telemetry.jsonl")
+    seen = _assert_catalogued(packets)
     # The run did grow: seed, gate and command names were part of what was checked.
     assert {"tolaria.training.latency_ms", "tamiyo.command", "kasmina.seed.stage"} <= seen, sorted(seen)
+
+    # Through the Prometheus sink the run's series carry its recipe, and every exposed series
+    # is one the catalogue (and so the rules and the dashboard) knows.
+    sink = PrometheusSink(CollectorRegistry(), describe=help_text)
+    sink.label_run(session.run_id, workload="seed-reference")
+    for packet in packets:
+        sink.emit(packet)
+    exposed = {
+        sample.name
+        for family in sink.registry.collect()
+        for sample in family.samples
+        if not sample.name.endswith("_created")  # prometheus-client's creation times
+    }
+    assert exposed <= set(exposed_series()), sorted(exposed - set(exposed_series()))
+    epochs = sink.registry.get_sample_value(
+        "esper_tolaria_training_latency_seconds_count", {"source": "tolaria", "workload": "seed-reference"}
+    )
+    assert epochs == 5.0
 
 
 @pytest.mark.slow

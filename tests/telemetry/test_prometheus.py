@@ -30,8 +30,8 @@ def _packet(source: str = "tolaria", **metrics: float) -> TelemetryPacket:
     return rec.packet()
 
 
-def _value(sink: PrometheusSink, name: str, **labels: str) -> float | None:
-    return sink.registry.get_sample_value(name, labels)
+def _value(sink: PrometheusSink, series: str, **labels: str) -> float | None:
+    return sink.registry.get_sample_value(series, {"workload": "", **labels})
 
 
 def test_prometheus_name_mapping() -> None:
@@ -97,8 +97,8 @@ def test_events_and_health_and_packets(sink: PrometheusSink) -> None:
 
     fallback = {"name": "tolaria.compile_fallback", "level": "warning", "source": "tolaria"}
     gate = {"name": "kasmina.gate.g1_gradient_health", "level": "info", "source": "tolaria"}
-    assert sink.registry.get_sample_value("esper_events_total", fallback) == 2.0
-    assert sink.registry.get_sample_value("esper_events_total", gate) == 1.0
+    assert _value(sink, "esper_events_total", **fallback) == 2.0
+    assert _value(sink, "esper_events_total", **gate) == 1.0
     assert _value(sink, "esper_health_status", source="tolaria") == 2.0
     assert _value(sink, "esper_health_status", source="tamiyo") == 0.0
     assert _value(sink, "esper_telemetry_packets_total", source="tolaria") == 1.0
@@ -149,7 +149,7 @@ def test_http_exposition_on_ephemeral_port(sink: PrometheusSink) -> None:
         with urllib.request.urlopen(server.url, timeout=5) as response:
             body = response.read().decode()
         assert response.status == 200
-        assert 'esper_tolaria_training_latency_ms{source="tolaria"} 12.5' in body
+        assert 'esper_tolaria_training_latency_ms{source="tolaria",workload=""} 12.5' in body
     assert not server.thread.is_alive()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(server.url, timeout=1)
@@ -158,3 +158,65 @@ def test_http_exposition_on_ephemeral_port(sink: PrometheusSink) -> None:
 def test_serve_rejects_bad_port() -> None:
     with pytest.raises(ValueError, match=r"0\.\.65535"):
         serve(70000, CollectorRegistry())
+
+
+def test_alerting_series_exist_at_zero_before_the_first_event(sink: PrometheusSink) -> None:
+    # increase() over a series first created at 1 is 0: the first fallback must be an increase.
+    fallback = {"name": "tolaria.compile_fallback", "level": "warning", "source": "tolaria"}
+    assert _value(sink, "esper_events_total", **fallback) == 0.0
+    assert _value(sink, "esper_events_total", **{**fallback, "source": "kasmina", "level": "info"}) == 0.0
+    for counter in ("esper_tolaria_timeout_tamiyo_total", "esper_tamiyo_gnn_compile_fallback_total"):
+        assert _value(sink, counter, source="tamiyo") == 0.0
+    assert _value(sink, "esper_events_total", name="tamiyo.command", level="info", source="tamiyo") is None
+
+    sink.label_run("run-1", workload="seed-reference")
+    assert _value(sink, "esper_events_total", **fallback, workload="seed-reference") == 0.0
+    rec = TelemetryRecorder("tolaria", run_id="run-1")
+    rec.event("tolaria.compile_fallback", level=TelemetryLevel.WARNING)
+    sink.emit(rec.packet())
+    assert _value(sink, "esper_events_total", **fallback, workload="seed-reference") == 1.0
+    assert _value(sink, "esper_events_total", **fallback) == 0.0
+
+
+def test_alerting_entries_must_be_pre_creatable() -> None:
+    from esper_core.telemetry.catalog import lookup
+
+    with pytest.raises(ValueError, match=r"only events and counters without labels"):
+        PrometheusSink(alerting=[lookup("tolaria.training.latency_ms")])
+
+
+def test_runs_are_labelled_with_their_workload(sink: PrometheusSink) -> None:
+    sink.label_run("a", workload="seed-reference")
+    sink.label_run("b", workload="digits-cnn")
+    for run_id, ms in (("a", 5.0), ("b", 40.0), (None, 7.0)):
+        rec = TelemetryRecorder("tolaria", run_id=run_id)
+        rec.metric("tolaria.training.latency_ms", ms)
+        sink.emit(rec.packet())
+
+    assert _value(sink, "esper_tolaria_training_latency_ms", source="tolaria", workload="seed-reference") == 5.0
+    assert _value(sink, "esper_tolaria_training_latency_ms", source="tolaria", workload="digits-cnn") == 40.0
+    assert _value(sink, "esper_tolaria_training_latency_ms", source="tolaria") == 7.0  # no run: workload=""
+    assert _value(sink, "esper_telemetry_packets_total", source="tolaria", workload="digits-cnn") == 1.0
+    with pytest.raises(ValueError, match="the run's recipe"):
+        sink.label_run("c", workload="")
+
+
+def test_ms_metrics_are_also_histograms_in_seconds(sink: PrometheusSink) -> None:
+    for ms in (12.0, 17.0, 30.0, float("nan")):
+        sink.emit(_packet(tolaria__training__latency_ms=ms))
+
+    name = "esper_tolaria_training_latency_seconds"
+    assert _value(sink, f"{name}_count", source="tolaria") == 3.0  # NaN stays out of the histogram
+    assert _value(sink, f"{name}_sum", source="tolaria") == pytest.approx(0.059)
+    assert _value(sink, f"{name}_bucket", source="tolaria", le="0.018") == 2.0  # the budget is an edge
+    assert _value(sink, f"{name}_bucket", source="tolaria", le="+Inf") == 3.0
+    text = exposition(sink.registry)
+    assert f"# TYPE {name} histogram" in text
+    sink.emit(_packet(tolaria__training__loss=0.5))
+    assert "esper_tolaria_training_loss_seconds" not in exposition(sink.registry)  # only *_ms metrics
+
+
+def test_workload_is_a_reserved_label() -> None:
+    rec = TelemetryRecorder("tolaria")
+    with pytest.raises(ValueError, match="'workload' .* is reserved"):
+        rec.metric("tolaria.training.loss", 1.0, workload="x")
