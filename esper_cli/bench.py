@@ -128,6 +128,12 @@ def _cmd_bench_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_mnist1d(args: argparse.Namespace) -> int:
+    from bench.mnist1d import cli
+
+    return cli(args)
+
+
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
     from bench.growth import report
 
@@ -243,6 +249,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
     b_growth.add_argument("--json", action="store_true", help="print one JSON object")
     b_growth.set_defaults(func=_cmd_bench_growth)
+    b_mnist1d = bench.add_parser("mnist1d", help="static MNIST-1D hosts (logistic, MLP, CNN) vs the paper's accuracy")
+    b_mnist1d.add_argument("--seeds", type=positive, default=5, help="seeds per host (default: %(default)s)")
+    b_mnist1d.add_argument(
+        "--num-test", type=positive, default=1000, help="test signals, published 1,000 first (default: %(default)s)"
+    )
+    b_mnist1d.add_argument("--epochs", type=positive, default=None, help="epochs of every host (default: its own)")
+    b_mnist1d.add_argument(
+        "--hosts",
+        nargs="+",
+        default=["logistic", "mlp", "cnn"],
+        choices=("logistic", "mlp", "cnn"),
+        help="hosts to train",
+    )
+    b_mnist1d.add_argument("--frontier", action="store_true", help="train mlp/cnn at narrower widths instead")
+    b_mnist1d.add_argument("--threads", type=positive, default=None, help="torch threads (default: torch's)")
+    b_mnist1d.add_argument("--json", action="store_true", help="print one JSON object")
+    b_mnist1d.add_argument("--save-baseline", metavar="PATH", default=None, help="also write a baseline JSON file")
+    b_mnist1d.set_defaults(func=_cmd_bench_mnist1d)
     compare = bench.add_parser("compare", help="print two baseline files side by side")
     compare.add_argument("before", help="baseline JSON (e.g. baselines/perf/digits-mlp/before.json)")
     compare.add_argument("after", help="baseline JSON to compare against it")
