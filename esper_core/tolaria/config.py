@@ -13,12 +13,17 @@ from esper_core.tolaria.staging import LoaderConfig
 from esper_core.tolaria.step import StepEngineConfig
 
 
+OPTIMIZERS = ("sgd", "adam")
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainerConfig:
     """Optimiser, device and budgets of the training loop."""
 
+    optimizer: str = "sgd"
+    """``sgd`` (with ``momentum``) or ``adam``; seeds join it in their own parameter groups."""
     lr: float = 0.05
-    """SGD learning rate of the host; seeds get ``lr * lr_scale`` of their command."""
+    """Learning rate of the host; seeds get ``lr * lr_scale`` of their command."""
     momentum: float = 0.9
     weight_decay: float = 0.0
     device: str = "auto"
@@ -40,6 +45,8 @@ class TrainerConfig:
     """Deadlines, failed-epoch thresholds and emergency levels."""
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if not 0 < self.lr < math.inf:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not 0.0 <= self.momentum < 1.0:
