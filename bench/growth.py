@@ -82,7 +82,7 @@ class GrowthBenchConfig:
 
 def growable_recipes() -> list[str]:
     """Recipes the benchmark can run: their hosts have hidden layers to widen (static-large)."""
-    return sorted(name for name, factory in RECIPES.items() if factory().host.hidden)
+    return sorted(name for name, factory in RECIPES.items() if getattr(factory().host, "hidden", None))
 
 
 def run(config: GrowthBenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:

@@ -230,7 +230,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=["digits-mlp", "digits-cnn"],
         # The recipes whose hosts have hidden layers (the static-large arm widens them); this is
         # bench.growth.growable_recipes, inlined to keep that module's imports out of --help.
-        choices=sorted(name for name, factory in RECIPES.items() if factory().host.hidden),
+        choices=sorted(name for name, factory in RECIPES.items() if getattr(factory().host, "hidden", None)),
         metavar="RECIPE",
         help="recipes to grow on, any of %(choices)s (default: digits-mlp digits-cnn)",
     )
