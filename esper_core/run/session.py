@@ -266,7 +266,10 @@ class RunSession:
         lookup_s, lookups = 0.0, 0
         for blueprint_id in self.config.blueprints:
             start = time.perf_counter()
-            found = {p: self.urza.store.find_active(blueprint_id, p, env) for p in self.profiles}
+            # With the catalogue's parameters (which carry the blueprint's version), never an
+            # artifact of an older version of the blueprint still in the registry.
+            params = self.catalog.resolve_params(blueprint_id)
+            found = {p: self.urza.store.find_active(blueprint_id, p, env, params) for p in self.profiles}
             lookup_s += time.perf_counter() - start
             lookups += len(found)
             present = {p: a for p, a in found.items() if a is not None}
@@ -449,6 +452,7 @@ class RunSession:
             catalog=self.catalog,
             device=self.device,
             approved=self.config.approved_blueprints,
+            params=self.catalog.resolve_params(blueprint_id),
             prewarm=False,
         )
 

@@ -12,7 +12,6 @@ from esper_core.tolaria.safety import SafetyConfig
 from esper_core.tolaria.staging import LoaderConfig
 from esper_core.tolaria.step import StepEngineConfig
 
-
 OPTIMIZERS = ("sgd", "adam")
 
 
