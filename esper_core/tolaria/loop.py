@@ -81,9 +81,7 @@ class Trainer:
         total_epochs: int | None = None,
     ) -> None:
         if config.lr_schedule != "constant" and total_epochs is None:
-            raise ValueError(
-                f"lr_schedule {config.lr_schedule!r} is a function of the run's length: pass total_epochs"
-            )
+            raise ValueError(f"lr_schedule {config.lr_schedule!r} is a function of the run's length: pass total_epochs")
         self.model = model.to(device)
         self.manager = manager
         # The training split goes wherever the loader config puts it; evaluation splits live on
