@@ -119,9 +119,24 @@ def _cmd_bench_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
+    import sys
+
     from bench.growth import cli
 
-    return cli(args)
+    if args.json or not sys.stderr.isatty():
+        return cli(args)
+    # A bar on stderr while it runs (minutes to an hour); stdout keeps only the report.
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("growth", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        return cli(args, progress=progress)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -199,17 +214,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_policy.add_argument("--no-warmup-probes", action="store_true", help="skip the cold/cached warm-up processes")
     b_policy.add_argument("--json", action="store_true", help="print one JSON object")
     b_policy.set_defaults(func=_cmd_bench_policy)
-    b_growth = bench.add_parser("growth", help="trained GNN policy vs heuristic, random, no growth, static large host")
+    b_growth = bench.add_parser(
+        "growth", help="trained GNN policy vs heuristic, budget-matched random, periodic, no growth, static frontier"
+    )
     b_growth.add_argument("--recipes", nargs="+", default=["digits-mlp", "digits-cnn"], help="recipes to grow on")
     b_growth.add_argument(
-        "--seeds", type=positive, default=3, help="evaluation seeds per recipe (default: %(default)s)"
+        "--plan",
+        default="default",
+        choices=("default", "smoke"),
+        help="default: 20 paired seeds, recipe epochs, 5-width frontier; smoke: 2 seeds, 2 epochs (CI)",
     )
-    b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the recipe's)")
-    b_growth.add_argument("--plan", default="default", help="Simic training plan (default: %(default)s)")
+    b_growth.add_argument("--seeds", type=positive, default=None, help="paired seeds per recipe (default: the plan's)")
+    b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
-    b_growth.add_argument("--json", action="store_true", help="print one JSON object")
+    b_growth.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b_growth.add_argument(
+        "--save-baseline", type=Path, default=None, metavar="DIR", help="write growth.json and growth_frontier.png here"
+    )
     b_growth.set_defaults(func=_cmd_bench_growth)
     compare = bench.add_parser("compare", help="print two baseline files side by side")
     compare.add_argument("before", help="baseline JSON (e.g. baselines/perf/digits-mlp/before.json)")
