@@ -1,20 +1,23 @@
-"""growth: does Simic's trained policy grow networks better than the heuristic and random?
+"""growth: does Simic's trained policy grow networks better than rules, and as well as a static net?
 
-For each recipe (``digits-mlp``, ``digits-cnn``) and evaluation seed (0, 1, ... ``seeds - 1``),
-whole runs in-process, arm by arm on the same seed (same data split and initialisation):
+For each recipe and evaluation seed (0 .. seeds - 1, held out from Simic's training seeds, which
+start at 1000), whole runs in-process on the same seed (same initialisation, data order and,
+through ``DataConfig.split_seed``, the same test split for every seed and arm):
 
-- ``none``: the host alone (Tamiyo always waits);
-- ``static-large``: a host of the same shape, widened until it has at least as many parameters as
-  the largest mean grown network of the three growing arms, trained alone;
-- ``random``: random germination (Tamiyo's random baseline, lifecycle rules kept);
+- a **frontier** of static hosts (policy ``none``) at several widths, the recipe's own width 1
+  among them (that run is the ``none`` arm): accuracy against parameters and FLOPs;
 - ``heuristic``: Tamiyo's rule-based policy;
-- ``gnn``: the GNN policy Simic trained first (heuristic demonstrations on seeds from 1000,
-  imitation, then PPO on its own sampled rollouts), or a stored ``--policy-version``.
+- ``gnn``: the policy Simic trained first (heuristic demonstrations, imitation, PPO), or a stored
+  ``policy_version``;
+- ``random``: random germination, **budget-matched**: its seeds may hold at most the parameters
+  the GNN's seeds held at the end of the same seed's run (``RiskConfig.max_seed_params``);
+- ``periodic``: germination every k epochs into the next free slot.
 
-Reports test accuracy (mean +- std over seeds), parameters and wall time per arm, and whether
-the issue's goal holds: the GNN beats the heuristic and random, and is within 0.3 points of the
-static large host with fewer parameters. Everything runs on a fresh registry in a temporary
-``ESPER_HOME`` unless ``home`` is given (kernels are compiled first; reuse a home to skip that).
+Every run uses a cosine learning-rate schedule, so the last epoch is not a noisy snapshot.
+``bench.growth_report`` turns the runs into paired differences with bootstrap 95 % intervals and
+the non-inferiority verdict against the static net of the same size; the plot shows every arm on
+the frontier. Everything runs on a fresh registry in a temporary ``ESPER_HOME`` unless ``home``
+is given (kernels are compiled first; reuse a home to skip that).
 """
 
 from __future__ import annotations
@@ -22,137 +25,217 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from bench import NO_PROGRESS, Progress
+from bench.growth_report import ARMS, GROWING_ARMS, format_table, frontier_png, summarise_recipe
 from esper_core.data import load_dataset
-from esper_core.hosts import HostConfig, build_host_from_config
+from esper_core.hosts import HostConfig
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import compile_job, find_published, publish_kernel
 from esper_core.run.config import RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_compile_jobs
-from esper_core.run.recipes import RECIPES, get_recipe
+from esper_core.run.recipes import get_recipe
 from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
+from esper_core.tamiyo.config import PeriodicPolicyConfig
 from esper_core.urza.service import Urza
 
-GROWING_ARMS = ("random", "heuristic", "gnn")
-ARMS = ("none", "static-large", *GROWING_ARMS)
-GOAL_MARGIN_POINTS = 0.3
+Progress = Callable[[str, int, int], None]
+"""``progress(what, done, total)``: called before the policy is trained and after every run."""
+
+SPLIT_SEED = 0
+"""The one data split every seed and arm of the benchmark evaluates on."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GrowthPlan:
+    """How big a growth benchmark is.
+
+    Attributes:
+        seeds: Paired evaluation seeds per recipe.
+        epochs: Epochs per run (None: each recipe's own).
+        widths: Width factors of the static frontier besides the recipe's own (1.0, the
+            ``none`` arm); every hidden width of the host is scaled by the factor.
+        simic: Simic training plan of the GNN arm (``esper_core.run.simic_train.PLANS``).
+        periodic_every: Period of the ``periodic`` arm, in epochs.
+        lr_schedule: Learning-rate schedule of every run (and of Simic's training episodes).
+    """
+
+    seeds: int
+    epochs: int | None
+    widths: tuple[float, ...]
+    simic: str
+    periodic_every: int = 5
+    lr_schedule: str = "cosine"
+
+
+PLANS: dict[str, GrowthPlan] = {
+    # What CI runs: seconds per run, two paired seeds, a two-point frontier, a minimal Simic plan.
+    "smoke": GrowthPlan(seeds=2, epochs=2, widths=(2.0,), simic="smoke", periodic_every=1),
+    # 20 seeds: a paired difference of ~0.3 points is resolved (see README, growth benchmark).
+    "default": GrowthPlan(seeds=20, epochs=None, widths=(0.5, 1.5, 2.0, 3.0), simic="default"),
+}
 
 
 @dataclass(kw_only=True, slots=True)
 class GrowthBenchConfig:
-    """Options of the growth benchmark."""
+    """Options of the growth benchmark.
+
+    Attributes:
+        recipes: Recipes to grow on (built-in names or import paths; their host must be a
+            built-in ``HostConfig``, whose widths the frontier scales).
+        plan: Name of a ``GrowthPlan`` in ``PLANS``.
+        seeds: Override the plan's number of seeds (>= 2: a paired interval needs two).
+        epochs: Override the plan's epochs per run.
+        policy_version: Evaluate this stored policy version instead of training one (needs ``home``).
+        home: ESPER_HOME to use (default: a temporary one).
+        device: Where runs train.
+    """
 
     recipes: tuple[str, ...] = ("digits-mlp", "digits-cnn")
-    seeds: int = 3
-    """Evaluation seeds per recipe (0 .. seeds - 1)."""
-    epochs: int | None = None
-    """Epochs per run (None: each recipe's own, 10)."""
     plan: str = "default"
-    """Simic training plan for the GNN arm (see ``esper_core.run.simic_train.PLANS``)."""
+    seeds: int | None = None
+    epochs: int | None = None
     policy_version: int | None = None
-    """Evaluate this stored policy version instead of training one (needs ``home``)."""
     home: Path | None = None
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if self.plan not in PLANS:
+            raise ValueError(f"unknown growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
+        if self.seeds is not None and self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2 (a paired confidence interval needs two), got {self.seeds}")
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.policy_version is not None and self.home is None:
             raise ValueError("policy_version names a version in a registry: pass the home that holds it")
-        get_plan(self.plan)
+        if not self.recipes:
+            raise ValueError("name at least one recipe, e.g. digits-mlp")
+        simic = get_plan(self.growth_plan.simic)
+        if self.growth_plan.seeds > simic.first_seed:
+            raise ValueError(
+                f"{self.growth_plan.seeds} evaluation seeds would overlap Simic's training seeds "
+                f"(from {simic.first_seed}); use fewer"
+            )
         for recipe in self.recipes:
-            if not get_recipe(recipe).host.hidden:
+            host = get_recipe(recipe).host
+            if not isinstance(host, HostConfig):
                 raise ValueError(
-                    f"recipe {recipe!r} has no hidden layers for the static-large arm to widen; "
-                    f"choose among {growable_recipes()}"
+                    f"recipe {recipe!r} has its own model (ModelSpec): the static frontier widens a "
+                    "built-in host (HostConfig); benchmark a recipe with one"
                 )
 
+    @property
+    def growth_plan(self) -> GrowthPlan:
+        """The named plan with this config's overrides."""
+        plan = PLANS[self.plan]
+        return dataclasses.replace(
+            plan,
+            seeds=self.seeds if self.seeds is not None else plan.seeds,
+            epochs=self.epochs if self.epochs is not None else plan.epochs,
+        )
 
-def growable_recipes() -> list[str]:
-    """Recipes the benchmark can run: their hosts have hidden layers to widen (static-large)."""
-    return sorted(name for name, factory in RECIPES.items() if getattr(factory().host, "hidden", None))
 
-
-def run(config: GrowthBenchConfig, progress: Progress = NO_PROGRESS) -> dict[str, Any]:
-    """Run the benchmark; returns per-arm results, the policy's provenance and the goal checks.
-
-    ``progress`` hears of each stage (kernel compiles, each phase of the policy's training) and
-    each evaluation run, between runs (every run's wall time is a reported figure).
-    """
+def run(config: GrowthBenchConfig, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns per-recipe arms, frontier, paired differences and goals."""
     if config.home is not None:
         return _run_in(config, Path(config.home), progress)
     with tempfile.TemporaryDirectory(prefix="esper-growth-") as home:
         return _run_in(config, Path(home), progress)
 
 
-class _Steps:
-    """Counts the benchmark's steps for ``progress``: ``steps.next("what starts now")``."""
-
-    def __init__(self, progress: Progress, total: int) -> None:
-        self.progress, self.total, self.done = progress, total, 0
-
-    def next(self, description: str) -> None:
-        self.progress(description, self.done, self.total)
-        self.done += 1
-
-
-def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress) -> dict[str, Any]:
+def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) -> dict[str, Any]:
+    report = progress or (lambda _what, _done, _total: None)
+    plan = config.growth_plan
+    total = len(config.recipes) * plan.seeds * (len(ARMS) + len(plan.widths))
     settings = EsperSettings(home=home)
-    plan = dataclasses.replace(get_plan(config.plan), epochs=config.epochs)
-    # Kernels, then (unless a stored policy is evaluated) demonstrations per recipe, imitation and
-    # per PPO iteration the rollouts per recipe and the update; then every evaluation run.
-    training = 0 if config.policy_version else len(config.recipes) + 1 + plan.iterations * (len(config.recipes) + 1)
-    steps = _Steps(progress, 1 + training + len(config.recipes) * config.seeds * len(ARMS))
-    steps.next("compiling the recipes' kernels")
     start = time.perf_counter()
+    report("compiling kernels", 0, total)
     _compile_kernels(settings, config.recipes, config.device)
     compile_s = time.perf_counter() - start
+    simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
     store = SimicStore.open(home)
     try:
-        start = time.perf_counter()
-        version = config.policy_version or _train_policy(settings, store, plan, config, steps)
-        training_s = time.perf_counter() - start
+        trained = time.perf_counter()
+        if config.policy_version is None:
+            report("training the GNN policy (Simic)", 0, total)
+        version = config.policy_version or _train_policy(settings, store, simic, config)
+        training_s = time.perf_counter() - trained
         policy = store.get_policy(version)
     finally:
         store.close()
-    results: dict[str, dict[str, list[EpisodeResult]]] = {}
+    done = 0
+    results: dict[str, Any] = {}
     for recipe in config.recipes:
         arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in ARMS}
-        for seed in range(config.seeds):
-            for arm in ("none", *GROWING_ARMS):
-                run_config = episode_config(
-                    recipe,
-                    seed=seed,
-                    policy=arm,
-                    epochs=config.epochs,
-                    device=config.device,
-                    policy_version=version if arm == "gnn" else None,
-                )
+        frontier: dict[float, list[EpisodeResult]] = {w: [] for w in plan.widths}
+        for seed in range(plan.seeds):
+            for arm, width in [(a, 1.0) for a in ARMS] + [("none", w) for w in plan.widths]:
+                run_config = _arm_config(recipe, seed=seed, arm=arm, width=width, plan=plan, config=config)
                 run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=policy.gnn)
-                run_id = _fresh(settings, f"growth-{recipe}-{arm}-s{seed}")
-                steps.next(f"{recipe} seed {seed}: {arm}")
-                arms[arm].append(run_episode(run_config, settings=settings, run_id=run_id))
-        target = max(statistics.fmean(r.total_params for r in arms[arm]) for arm in GROWING_ARMS)
-        for seed in range(config.seeds):
-            static = _static_large(recipe, seed=seed, epochs=config.epochs, device=config.device, min_params=target)
-            run_id = _fresh(settings, f"growth-{recipe}-static-large-s{seed}")
-            steps.next(f"{recipe} seed {seed}: static-large")
-            arms["static-large"].append(run_episode(static, settings=settings, run_id=run_id))
-        results[recipe] = arms
-    progress("done", steps.total, steps.total)
-    return _report(config, results, policy_version=version, policy=policy, training_s=training_s, compile_s=compile_s)
+                if arm == "gnn":
+                    run_config.tamiyo = dataclasses.replace(run_config.tamiyo, policy_version=version)
+                if arm == "random":
+                    gnn = arms["gnn"][-1]
+                    budget = gnn.total_params - gnn.host_params
+                    risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=budget)
+                    run_config.tamiyo = dataclasses.replace(run_config.tamiyo, risk=risk)
+                run_id = _fresh(settings, f"growth-{recipe}-{arm}-w{width:g}-s{seed}")
+                result = run_episode(run_config, settings=settings, run_id=run_id)
+                (arms[arm] if width == 1.0 else frontier[width]).append(result)
+                done += 1
+                report(f"{recipe} seed {seed} {arm if width == 1.0 else f'static x{width:g}'}", done, total)
+        frontier[1.0] = arms["none"]
+        results[recipe] = summarise_recipe(arms, dict(sorted(frontier.items())))
+    return {
+        "bench": "growth",
+        "plan": config.plan,
+        "recipes": list(config.recipes),
+        "seeds": list(range(plan.seeds)),
+        "epochs": plan.epochs,
+        "widths": sorted((1.0, *plan.widths)),
+        "lr_schedule": plan.lr_schedule,
+        "split_seed": SPLIT_SEED,
+        "device": config.device,
+        "policy": {
+            "version": version,
+            "method": policy.method,
+            "parent_version": policy.parent_version,
+            "training_s": training_s,
+            "plan": plan.simic if config.policy_version is None else None,
+            "metrics": policy.provenance.get("metrics", {}),
+        },
+        "kernel_compile_s": compile_s,
+        "wall_s": time.perf_counter() - start,
+        "results": results,
+    }
+
+
+def _arm_config(
+    recipe: str, *, seed: int, arm: str, width: float, plan: GrowthPlan, config: GrowthBenchConfig
+) -> RunConfig:
+    run_config = episode_config(
+        recipe,
+        seed=seed,
+        policy=arm,
+        epochs=plan.epochs,
+        device=config.device,
+        lr_schedule=plan.lr_schedule,
+        split_seed=SPLIT_SEED,
+    )
+    run_config.tamiyo = dataclasses.replace(run_config.tamiyo, periodic=PeriodicPolicyConfig(every=plan.periodic_every))
+    if width != 1.0:
+        host = run_config.host
+        assert isinstance(host, HostConfig)  # checked by GrowthBenchConfig
+        run_config.host = dataclasses.replace(host, hidden=tuple(max(1, round(w * width)) for w in host.hidden))
+    return run_config
 
 
 def _compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: str) -> None:
@@ -169,14 +252,12 @@ def _compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: 
         urza.close()
 
 
-def _train_policy(
-    settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig, steps: _Steps
-) -> int:
+def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig) -> int:
     """Simic's procedure (what the train_policy flow chains), on every recipe together."""
-    demos: list[str] = []
-    for recipe in config.recipes:
-        steps.next(f"policy: {plan.demonstrations} heuristic demonstration(s) on {recipe}")
-        episodes = collect_episodes(
+    demos = [
+        r.run_id
+        for recipe in config.recipes
+        for r in collect_episodes(
             settings,
             recipe=recipe,
             seeds=plan.seeds("demonstrations"),
@@ -184,14 +265,13 @@ def _train_policy(
             plan=plan,
             device=config.device,
         )
-        demos += [r.run_id for r in episodes]
-    steps.next("policy: imitation of the demonstrations")
+    ]
     version = train_imitation(store, demos, plan).version
     for iteration in range(plan.iterations):
-        rollouts: list[str] = []
-        for recipe in config.recipes:
-            steps.next(f"policy: PPO {iteration + 1}/{plan.iterations}, {plan.rollouts} rollout(s) on {recipe}")
-            episodes = collect_episodes(
+        rollouts = [
+            r.run_id
+            for recipe in config.recipes
+            for r in collect_episodes(
                 settings,
                 recipe=recipe,
                 seeds=plan.seeds("rollouts", iteration),
@@ -201,33 +281,11 @@ def _train_policy(
                 policy_version=version,
                 device=config.device,
             )
-            rollouts += [r.run_id for r in episodes]
-        steps.next(f"policy: PPO {iteration + 1}/{plan.iterations}, update")
+        ]
         version = train_ppo(
             store, version=version, rollout_run_ids=rollouts, demonstration_run_ids=demos, plan=plan
         ).version
     return version
-
-
-def host_params(host: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> int:
-    """Parameters of ``host`` for data of this shape (built on the meta device: no memory)."""
-    with torch.device("meta"):
-        model = build_host_from_config(host, feature_shape=feature_shape, num_classes=num_classes)
-    return sum(p.numel() for p in model.host_parameters())
-
-
-def _static_large(recipe: str, *, seed: int, epochs: int | None, device: str, min_params: float) -> RunConfig:
-    """The recipe's host scaled (all widths by the same factor) to at least ``min_params``."""
-    config = episode_config(recipe, seed=seed, policy="none", epochs=epochs, device=device)
-    data = load_dataset(config.data)
-    base = config.host.hidden
-    for step in range(0, 400):
-        hidden = tuple(max(1, round(w * (1.0 + step / 64))) for w in base)
-        host = dataclasses.replace(config.host, hidden=hidden)
-        if host_params(host, feature_shape=data.feature_shape, num_classes=data.num_classes) >= min_params:
-            config.host = host
-            return config
-    raise ValueError(f"no widening of {recipe}'s host {base} reaches {min_params:.0f} parameters")
 
 
 def _fresh(settings: EsperSettings, run_id: str) -> str:
@@ -240,107 +298,33 @@ def _fresh(settings: EsperSettings, run_id: str) -> str:
     return run_id
 
 
-def _report(
-    config: GrowthBenchConfig,
-    results: dict[str, dict[str, list[EpisodeResult]]],
-    *,
-    policy_version: int,
-    policy: Any,  # noqa: ANN401  (PolicyVersion)
-    training_s: float,
-    compile_s: float,
-) -> dict[str, Any]:
-    table: dict[str, dict[str, dict[str, Any]]] = {}
-    goals: dict[str, dict[str, Any]] = {}
-    for recipe, arms in results.items():
-        table[recipe] = {arm: _summary(runs) for arm, runs in arms.items()}
-        t = table[recipe]
-        goals[recipe] = {
-            "gnn_beats_heuristic": t["gnn"]["test_acc_mean"] > t["heuristic"]["test_acc_mean"],
-            "gnn_beats_random": t["gnn"]["test_acc_mean"] > t["random"]["test_acc_mean"],
-            "gnn_within_0.3_of_static_large": t["static-large"]["test_acc_mean"] - t["gnn"]["test_acc_mean"]
-            <= GOAL_MARGIN_POINTS,
-            "gnn_fewer_params_than_static_large": t["gnn"]["params_mean"] < t["static-large"]["params_mean"],
-        }
-        goals[recipe]["met"] = all(goals[recipe].values())
-    return {
-        "bench": "growth",
-        "recipes": list(config.recipes),
-        "seeds": list(range(config.seeds)),
-        "epochs": config.epochs,
-        "device": config.device,
-        "policy": {
-            "version": policy_version,
-            "method": policy.method,
-            "parent_version": policy.parent_version,
-            "training_s": training_s,
-            "plan": config.plan if config.policy_version is None else None,
-            "metrics": policy.provenance.get("metrics", {}),
-        },
-        "kernel_compile_s": compile_s,
-        "results": table,
-        "goals": goals,
-    }
+def save_baseline(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
+    """Write ``growth.json`` and ``growth_frontier.png`` into ``directory``; returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = directory / "growth.json", directory / "growth_frontier.png"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    png_path.write_bytes(frontier_png(result))
+    return json_path, png_path
 
 
-def _summary(runs: list[EpisodeResult]) -> dict[str, Any]:
-    acc = [100.0 * r.test_accuracy for r in runs]
-    return {
-        "test_acc_mean": statistics.fmean(acc),
-        "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-        "params_mean": statistics.fmean(r.total_params for r in runs),
-        "wall_s_mean": statistics.fmean(r.wall_s for r in runs),
-        "runs": [
-            {
-                "seed": r.seed,
-                "test_acc": 100.0 * r.test_accuracy,
-                "params": r.total_params,
-                "wall_s": r.wall_s,
-                "commands": r.commands,
-            }
-            for r in runs
-        ],
-    }
-
-
-def format_table(result: dict[str, Any]) -> str:
-    """The human-readable table of ``run``'s result."""
-    policy = result["policy"]
-    lines = [
-        f"growth on {result['device']}: seeds {result['seeds']}, epochs {result['epochs'] or 'recipe default'}; "
-        f"GNN policy v{policy['version']} ({policy['method']}, trained in {policy['training_s']:.0f} s)",
-        "",
-        "| recipe | arm | test acc % (mean ± std) | params | wall s |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for recipe, arms in result["results"].items():
-        for arm in ARMS:
-            s = arms[arm]
-            lines.append(
-                f"| {recipe} | {arm} | {s['test_acc_mean']:.2f} ± {s['test_acc_std']:.2f} | "
-                f"{s['params_mean']:.0f} | {s['wall_s_mean']:.2f} |"
-            )
-    lines.append("")
-    for recipe, goal in result["goals"].items():
-        checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in goal.items() if k != "met")
-        lines.append(f"goal on {recipe}: {'met' if goal['met'] else 'not met'} ({checks})")
-    return "\n".join(lines)
-
-
-def report(args: Any, progress: Progress = NO_PROGRESS) -> str:  # noqa: ANN401  (argparse.Namespace from esper_cli.bench)
-    """``esper bench growth``: run it and return the table (``--json``: one JSON object).
-
-    The text is returned, not printed, so the CLI prints it after its progress display is gone.
-    """
+def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401  (argparse.Namespace)
+    """``esper bench growth``: print the table (``--json``: one JSON object)."""
     result = run(
         GrowthBenchConfig(
             recipes=tuple(args.recipes),
+            plan=args.plan,
             seeds=args.seeds,
             epochs=args.epochs,
-            plan=args.plan,
             policy_version=args.policy_version,
             home=args.home,
             device=args.device,
         ),
-        progress,
+        progress=progress,
     )
-    return json.dumps(result, indent=2) if args.json else format_table(result)
+    if args.save_baseline is not None:
+        save_baseline(result, Path(args.save_baseline))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+__all__ = ["GROWING_ARMS", "PLANS", "GrowthBenchConfig", "GrowthPlan", "cli", "run", "save_baseline"]

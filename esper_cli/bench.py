@@ -9,8 +9,8 @@ from pathlib import Path
 from esper_cli.args import positive
 from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.hosts import HostConfig
 from esper_core.run.recipes import RECIPES
-from esper_core.run.simic_train import PLANS
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
@@ -135,12 +135,24 @@ def _cmd_bench_mnist1d(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
-    from bench.growth import report
+    import sys
 
-    with progress("bench growth", json_output=args.json) as display:
-        text = report(args, display)
-    print(text)
-    return 0
+    from bench.growth import cli
+
+    if args.json or not sys.stderr.isatty():
+        return cli(args)
+    # A bar on stderr while it runs (minutes to an hour); stdout keeps only the report.
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("growth", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        return cli(args, progress=progress)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -223,31 +235,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_policy.add_argument("--no-warmup-probes", action="store_true", help="skip the cold/cached warm-up processes")
     b_policy.add_argument("--json", action="store_true", help="print one JSON object")
     b_policy.set_defaults(func=_cmd_bench_policy)
-    b_growth = bench.add_parser("growth", help="trained GNN policy vs heuristic, random, no growth, static large host")
+    b_growth = bench.add_parser(
+        "growth", help="trained GNN policy vs heuristic, budget-matched random, periodic, no growth, static frontier"
+    )
     b_growth.add_argument(
         "--recipes",
         nargs="+",
         default=["digits-mlp", "digits-cnn"],
-        # The recipes whose hosts have hidden layers (the static-large arm widens them); this is
-        # bench.growth.growable_recipes, inlined to keep that module's imports out of --help.
-        choices=sorted(name for name, factory in RECIPES.items() if getattr(factory().host, "hidden", None)),
+        # Built-in hosts (HostConfig): the static frontier widens them.
+        choices=sorted(name for name, factory in RECIPES.items() if isinstance(factory().host, HostConfig)),
         metavar="RECIPE",
         help="recipes to grow on, any of %(choices)s (default: digits-mlp digits-cnn)",
     )
     b_growth.add_argument(
-        "--seeds", type=positive, default=3, help="evaluation seeds per recipe (default: %(default)s)"
-    )
-    b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the recipe's)")
-    b_growth.add_argument(
         "--plan",
         default="default",
-        choices=sorted(PLANS),
-        help="Simic training plan: %(choices)s (default: %(default)s; smoke checks the machinery in seconds)",
+        choices=("default", "smoke"),
+        help="default: 20 paired seeds, recipe epochs, 5-width frontier; smoke: 2 seeds, 2 epochs (CI)",
     )
+    b_growth.add_argument("--seeds", type=positive, default=None, help="paired seeds per recipe (default: the plan's)")
+    b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
-    b_growth.add_argument("--json", action="store_true", help="print one JSON object")
+    b_growth.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b_growth.add_argument(
+        "--save-baseline", type=Path, default=None, metavar="DIR", help="write growth.json and growth_frontier.png here"
+    )
     b_growth.set_defaults(func=_cmd_bench_growth)
     b_mnist1d = bench.add_parser("mnist1d", help="static MNIST-1D hosts (logistic, MLP, CNN) vs the paper's accuracy")
     b_mnist1d.add_argument("--seeds", type=positive, default=5, help="seeds per host (default: %(default)s)")

@@ -34,7 +34,10 @@ class DataConfig:
     image: bool = False
     """Keep digits as (1, 8, 8) images for convolutional hosts instead of flat 64-vectors."""
     seed: int = 0
-    """Seed of the split and of the per-epoch shuffle."""
+    """Seed of the per-epoch shuffle, and of the split unless ``split_seed`` is set."""
+    split_seed: int | None = None
+    """Seed of the train/validation/test split (of the generated samples for ``seed-reference``);
+    None: ``seed``. Fix it to compare runs of different seeds on the same test set."""
 
     def __post_init__(self) -> None:
         if self.name not in DATASETS:
@@ -197,7 +200,7 @@ def load_dataset(config: DataConfig | DataSpec) -> Dataset:
     if isinstance(config, DataSpec):
         return _user_data(config)
     if config.name == "seed-reference":
-        return _seed_reference(config.seed)
+        return _seed_reference(config.seed if config.split_seed is None else config.split_seed)
     return _digits(config)
 
 
@@ -240,7 +243,8 @@ def _digits(config: DataConfig) -> Dataset:
     bunch = load_digits()
     x = torch.as_tensor(bunch.data, dtype=torch.float32) / 16.0  # (N, 64), pixel values 0..16
     y = torch.as_tensor(bunch.target, dtype=torch.int64)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(config.seed))
+    split_seed = config.seed if config.split_seed is None else config.split_seed
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
     x, y = x[order], y[order]
     n_val = int(len(y) * config.val_fraction)
     n_test = int(len(y) * config.test_fraction)

@@ -6,8 +6,8 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from bench.sweep import SweepReport
-from tasks.artifacts import publish_sweep_artifacts
-from tasks.sweep import bench_case, check_regressions, plan_sweep, write_sweep
+from tasks.artifacts import publish_growth_artifacts, publish_sweep_artifacts
+from tasks.sweep import bench_case, check_regressions, growth_benchmark, plan_sweep, write_sweep
 
 
 # One case at a time: two benchmarks sharing the cores would time each other. The distributed
@@ -18,6 +18,7 @@ def benchmark_sweep(
     workloads: list[str] | None = None,
     max_regression: float | None = None,
     baselines_dir: str = "baselines/perf",
+    growth_plan: str | None = None,
 ) -> SweepReport:
     """Time the named sweep's workloads on every device present and compare with the last sweep.
 
@@ -27,11 +28,15 @@ def benchmark_sweep(
         max_regression: Override the sweep's threshold (``0.25``: fail when a gated figure is
             more than 25 % above the previous sweep's).
         baselines_dir: Root of the snapshots; relative paths start at the project directory.
+        growth_plan: Also run the growth benchmark with this plan (``smoke``, ``default``), keep
+            it under ``baselines/growth/<plan>`` and publish its frontier plot.
     """
     plan = plan_sweep(sweep, workloads, max_regression, baselines_dir)
     results = bench_case.map(plan.cases)
     report = write_sweep(plan, results)
     publish_sweep_artifacts(report)
+    if growth_plan is not None:
+        publish_growth_artifacts(growth_benchmark(growth_plan, "baselines/growth"))
     check_regressions(report)
     print(f"sweep {report.name}: {len(report.rows)} figures, compared with {report.previous or 'nothing'}")
     return report

@@ -14,6 +14,7 @@ from prefect import task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from bench.growth_report import format_table, frontier_png
 from bench.sweep import SweepReport, render_markdown
 from esper_core.run.reports import RunSummary
 from esper_core.telemetry.plots import EpochPoint, SeedMark, data_uri, latency_png, run_curves_png
@@ -144,3 +145,16 @@ def publish_drill_artifacts(results: list[dict[str, Any]]) -> None:
         create_table_artifact(
             key="fault-drills-telemetry", table=numbers, description="What telemetry reported during the drills"
         )
+
+
+# NO_CACHE: the growth artifacts must be this benchmark run's.
+@task(name="publish-growth-artifacts", cache_policy=NO_CACHE)
+def publish_growth_artifacts(result: dict[str, Any]) -> None:
+    """The growth benchmark's frontier plot (every arm on it) and its table of paired differences."""
+    uri = data_uri(frontier_png(result))
+    create_image_artifact(image_url=uri, key="growth-frontier", description="Growth: every arm on the static frontier")
+    create_markdown_artifact(
+        key="growth-report",
+        markdown=f"{format_table(result)}\n\n![frontier]({uri})\n",
+        description=f"Growth benchmark, plan {result['plan']}",
+    )

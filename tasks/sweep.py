@@ -14,6 +14,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from bench.growth import GrowthBenchConfig, save_baseline
+from bench.growth import run as run_growth
 from bench.registry import BenchCase, SweepConfig, get_sweep, plan_cases
 from bench.sweep import CaseResult, SweepReport, compare, previous_sweep, run_case, sweep_directory, write_snapshot
 
@@ -72,3 +74,14 @@ def check_regressions(report: SweepReport) -> None:
             + "; ".join(regressions)
             + ". If the change is intended, this sweep becomes the new reference for the next one."
         )
+
+
+# NO_CACHE: a benchmark result is only worth anything fresh.
+@task(name="growth-benchmark", cache_policy=NO_CACHE)
+def growth_benchmark(plan: str, baselines_dir: str) -> dict:
+    """Run the growth benchmark's ``plan`` on its default recipes; keep its JSON and plot."""
+    result = run_growth(GrowthBenchConfig(plan=plan))
+    directory = Path(baselines_dir).resolve() / plan
+    save_baseline(result, directory)
+    get_run_logger().info("growth benchmark (plan %s) -> %s", plan, directory)
+    return result

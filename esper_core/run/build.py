@@ -68,4 +68,5 @@ def build_trainer(
         run_id=run_id,
         workload=f"{config.recipe}:{type(host).__name__}{host.layer_widths}:b{config.data.batch_size}",
         decision_cache=None if home is None else DecisionCache(home / "step_decisions.json"),
+        total_epochs=config.epochs,
     )

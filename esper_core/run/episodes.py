@@ -13,7 +13,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
 from esper_core.contracts import new_id
+from esper_core.data import DataConfig
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import START_TAG, RunSession, epoch_tag
@@ -37,6 +42,8 @@ class EpisodeResult:
         val_accuracy: Validation accuracy after the last epoch.
         host_params: Parameters of the host alone.
         total_params: Host plus every seed still attached.
+        forward_flops: Floating-point operations of one sample's forward pass through the final
+            network, seeds included (``torch.utils.flop_counter``).
         wall_s: Wall time of the run (training, decisions, commits).
         commands: Action name -> how many were issued.
         policy_version: GNN weights served at the end, if any.
@@ -50,6 +57,7 @@ class EpisodeResult:
     val_accuracy: float
     host_params: int
     total_params: int
+    forward_flops: int
     wall_s: float
     commands: dict[str, int]
     policy_version: str | None
@@ -64,8 +72,13 @@ def episode_config(
     device: str = "cpu",
     explore: bool = False,
     policy_version: int | None = None,
+    lr_schedule: str | None = None,
+    split_seed: int | None = None,
 ) -> RunConfig:
     """The recipe's configuration with the deciding policy set, for an episode.
+
+    ``lr_schedule`` (None: the recipe's) overrides ``TrainerConfig.lr_schedule``; ``split_seed``
+    fixes the split of a bundled data set whatever the seed (a user's ``DataSpec`` splits itself).
 
     The training step is kept eager (``trainer.step.compile="off"``): episodes are short and many,
     and a step compile (10-40 s on 2 CPU cores, decided per workload) would dominate their wall
@@ -74,6 +87,10 @@ def episode_config(
     """
     config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
     config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, compile="off"))
+    if lr_schedule is not None:
+        config.trainer = dataclasses.replace(config.trainer, lr_schedule=lr_schedule)
+    if split_seed is not None and isinstance(config.data, DataConfig):
+        config.data = dataclasses.replace(config.data, split_seed=split_seed)
     config.tamiyo = dataclasses.replace(
         config.tamiyo,
         policy=policy,
@@ -124,6 +141,7 @@ def run_episode(
             session.commit(epoch_tag(epoch, "applied"))
         test = session.trainer.evaluate(session.trainer.data.test)
         last = session.history[-1]
+        sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)
         return EpisodeResult(
             run_id=run_id,
             recipe=config.recipe,
@@ -133,6 +151,7 @@ def run_episode(
             val_accuracy=last.val_accuracy,
             host_params=last.host_params,
             total_params=count_parameters(session.trainer.model),
+            forward_flops=forward_flops(session.trainer.model, sample),
             wall_s=time.perf_counter() - start,
             commands=dict(Counter(c.action for c in session.commands)),
             policy_version=session.tamiyo.policy_version,
@@ -141,3 +160,18 @@ def run_episode(
         if tamiyo is None:
             session.tamiyo.close()
         session.close()
+
+
+def forward_flops(model: nn.Module, sample: torch.Tensor) -> int:
+    """FLOPs of ``model``'s forward on ``sample`` (one sample, batch dimension included).
+
+    Counted at the ATen level, so a seed loaded as an exported program counts like eager code.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter, torch.inference_mode():
+            model(sample)
+    finally:
+        model.train(was_training)
+    return int(counter.get_total_flops())

@@ -34,6 +34,8 @@ class TrainingPlan:
         iterations: PPO iterations after imitation.
         rollouts: Sampled GNN episodes per recipe per iteration.
         epochs: Epochs per episode (None: the recipe's).
+        lr_schedule: Learning-rate schedule of every episode (None: the recipe's); train the
+            policy under the schedule it will be evaluated under.
         first_seed: Seed of the first training episode; later ones count up. Keep it clear of
             evaluation seeds (the growth benchmark evaluates seeds 0, 1, 2, ...).
         gnn: Size of the policy network.
@@ -44,6 +46,7 @@ class TrainingPlan:
     iterations: int = 3
     rollouts: int = 4
     epochs: int | None = None
+    lr_schedule: str | None = None
     first_seed: int = 1000
     gnn: TamiyoGNNConfig = field(default_factory=TamiyoGNNConfig)
     simic: SimicConfig = field(default_factory=SimicConfig)
@@ -126,6 +129,7 @@ def collect_episodes(
             device=device,
             explore=explore,
             policy_version=policy_version,
+            lr_schedule=plan.lr_schedule,
         )
         for seed in seeds
     ]

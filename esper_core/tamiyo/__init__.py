@@ -4,7 +4,13 @@ from esper_core.tamiyo.actions import ActionMasks, Choice, choose, legal_masks
 from esper_core.tamiyo.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from esper_core.tamiyo.build import PreparedPolicy, prepare_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.config import POLICIES, PolicyCompileConfig, RandomPolicyConfig, TamiyoConfig
+from esper_core.tamiyo.config import (
+    POLICIES,
+    PeriodicPolicyConfig,
+    PolicyCompileConfig,
+    RandomPolicyConfig,
+    TamiyoConfig,
+)
 from esper_core.tamiyo.graph import (
     BLUEPRINT_DIM,
     EDGE_TYPES,
@@ -42,6 +48,7 @@ __all__ = [
     "PolicyCompileConfig",
     "PolicyOutput",
     "PreparedPolicy",
+    "PeriodicPolicyConfig",
     "RandomPolicyConfig",
     "RiskConfig",
     "RiskContext",

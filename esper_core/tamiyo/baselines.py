@@ -1,4 +1,4 @@
-"""Baseline policies the learned one is measured against: random germination, and no growth.
+"""Baseline policies the learned one is measured against: random and periodic germination, no growth.
 
 Both keep the heuristic's lifecycle rules (fossilize a seed that passed G4, cull one that failed
 a gate) so that what differs is only *when, where and what* to germinate.
@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.config import RandomPolicyConfig
-from esper_core.tamiyo.heuristic import HeuristicPolicy, _make_command
+from esper_core.tamiyo.config import PeriodicPolicyConfig, RandomPolicyConfig
+from esper_core.tamiyo.heuristic import HeuristicPolicy, _best_safe_fit, _make_command
 
 RANDOM_ISSUER = "random"
+PERIODIC_ISSUER = "periodic"
 NONE_ISSUER = "none"
 
 
@@ -71,6 +72,60 @@ class RandomGerminationPolicy:
             blend_epochs=self.lifecycle.config.blend_epochs,
             blend_schedule=self.lifecycle.config.blend_schedule,
         ).model_copy(update={"issued_by": RANDOM_ISSUER})
+
+
+class PeriodicGrowthPolicy:
+    """Germinates after every k-th epoch into the first DORMANT slot a SAFE blueprint fits.
+
+    The schedule ignores the run's state on purpose: it is the "grow on a timer" rule a learned
+    policy has to beat. The blueprint is the heuristic's choice for the slot (SAFE, lowest risk).
+
+    Args:
+        config: The period.
+        lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules.
+    """
+
+    def __init__(self, config: PeriodicPolicyConfig, lifecycle: HeuristicPolicy) -> None:
+        self.config = config
+        self.lifecycle = lifecycle
+
+    def decide(
+        self, history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate], *, run_id: str
+    ) -> AdaptationCommand:
+        """This epoch's command.
+
+        Raises:
+            ValueError: If ``history`` is empty.
+        """
+        if not history:
+            raise ValueError("history is empty: pass at least the current epoch's packet")
+        current = history[-1]
+        make = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
+        lifecycle = self.lifecycle.lifecycle_command(current.seeds, make)
+        if lifecycle is not None:
+            return lifecycle.model_copy(update={"issued_by": PERIODIC_ISSUER})
+        every = self.config.every
+        if (current.epoch + 1) % every != 0:
+            why = f"epoch {current.epoch} is not the last of a period of {every}"
+            return make(CommandType.WAIT, f"wait (periodic): {why}").model_copy(update={"issued_by": PERIODIC_ISSUER})
+        for slot in current.seeds:
+            if slot.stage is not SeedStage.DORMANT:
+                continue
+            candidate = _best_safe_fit(slot, candidates)
+            if candidate is None:
+                continue
+            return make(
+                CommandType.SEED,
+                f"germinate (periodic, every {every} epochs): {candidate.blueprint_id} into {slot.slot_id}",
+                seed_operation=SeedOperation.GERMINATE,
+                slot_id=slot.slot_id,
+                blueprint_id=candidate.blueprint_id,
+                blend_epochs=self.lifecycle.config.blend_epochs,
+                blend_schedule=self.lifecycle.config.blend_schedule,
+            ).model_copy(update={"issued_by": PERIODIC_ISSUER})
+        return make(CommandType.WAIT, "wait (periodic): no DORMANT slot a SAFE blueprint fits").model_copy(
+            update={"issued_by": PERIODIC_ISSUER}
+        )
 
 
 def no_growth(history: Sequence[SystemStatePacket], *, run_id: str) -> AdaptationCommand:

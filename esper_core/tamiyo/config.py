@@ -11,9 +11,9 @@ from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.risk import RiskConfig
 
-POLICIES = ("heuristic", "gnn", "random", "none")
-"""Who decides: the rule-based heuristic, the (Simic-trained) GNN, random germination, or
-nobody (always WAIT: the host alone)."""
+POLICIES = ("heuristic", "gnn", "random", "periodic", "none")
+"""Who decides: the rule-based heuristic, the (Simic-trained) GNN, random germination, periodic
+germination (every k epochs into the next free slot), or nobody (always WAIT: the host alone)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,6 +64,22 @@ class RandomPolicyConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class PeriodicPolicyConfig:
+    """The periodic-growth baseline.
+
+    Attributes:
+        every: Germinate after every ``every``-th epoch (epochs ``every - 1``, ``2 * every - 1``,
+            ...) into the first DORMANT slot, with the SAFE blueprint of lowest risk that fits it.
+    """
+
+    every: int = 5
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1 (epochs between germinations), got {self.every}")
+
+
+@dataclass(kw_only=True, slots=True)
 class TamiyoConfig:
     """Everything ``TamiyoService`` needs to know.
 
@@ -78,6 +94,7 @@ class TamiyoConfig:
         gnn: Size of the policy network (used when the service builds its own model).
         heuristic: Thresholds of the rule-based policy.
         random: The random-germination baseline's settings.
+        periodic: The periodic-growth baseline's settings.
         risk: Thresholds of the risk engine every proposal passes through.
         breaker: When repeated failures stop Tamiyo from being asked at all.
         compile: How the GNN policy is compiled.
@@ -90,6 +107,7 @@ class TamiyoConfig:
     gnn: TamiyoGNNConfig = field(default_factory=TamiyoGNNConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
     random: RandomPolicyConfig = field(default_factory=RandomPolicyConfig)
+    periodic: PeriodicPolicyConfig = field(default_factory=PeriodicPolicyConfig)
     risk: RiskConfig = field(default_factory=RiskConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     compile: PolicyCompileConfig = field(default_factory=PolicyCompileConfig)

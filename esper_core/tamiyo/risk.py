@@ -17,8 +17,9 @@ of its ``reason``:
 5. ``blueprint_tier``: a HIGH_RISK blueprint (unless allowed) or one riskier than
    ``max_blueprint_risk``: downgraded to the best allowed alternative, else vetoed.
 6. ``param_budget`` / ``latency_budget``: seeds would exceed ``max_param_growth`` times the
-   host's parameters (downgraded to a cheaper allowed blueprint, else vetoed), or the epoch is
-   over ``max_latency_ratio`` times its latency budget (growth vetoed).
+   host's parameters or ``max_seed_params`` in all (downgraded to a cheaper allowed blueprint,
+   else vetoed), or the epoch is over ``max_latency_ratio`` times its latency budget (growth
+   vetoed).
 7. ``predicted_risk``: the GNN's risk head predicts a regression with probability above
    ``max_predicted_risk``: growth is vetoed.
 
@@ -64,6 +65,9 @@ class RiskConfig:
         max_param_growth: Parameters all active seeds may add, as a multiple of the host's (4x
             lets the seed-reference host's only blueprint in, 2.1x its size, and stops a residual
             MLP of 11x the digits-cnn host).
+        max_seed_params: Parameters all active seeds may hold together, in absolute terms; None
+            (default): no absolute cap. The growth benchmark gives a baseline the parameters the
+            policy it is compared with grew, so both end at most the same size.
         max_latency_ratio: Epoch latency over its budget above which growth is vetoed; None
             (default) disables the rule: it reads wall-clock time, so a retried epoch on a busy
             machine could decide differently, and the recipes' 18 ms budget is reported against,
@@ -80,6 +84,7 @@ class RiskConfig:
     allow_high_risk: bool = False
     max_blueprint_risk: float = 0.6
     max_param_growth: float = 4.0
+    max_seed_params: int | None = None
     max_latency_ratio: float | None = None
     max_predicted_risk: float = 0.9
 
@@ -93,6 +98,10 @@ class RiskConfig:
             raise ValueError("max_blueprint_risk and max_predicted_risk are probabilities: keep them in [0, 1]")
         if self.max_param_growth <= 0:
             raise ValueError(f"max_param_growth must be > 0, got {self.max_param_growth}")
+        if self.max_seed_params is not None and self.max_seed_params < 0:
+            raise ValueError(
+                f"max_seed_params must be >= 0 (0 forbids growth) or None (no cap), got {self.max_seed_params}"
+            )
         if self.max_latency_ratio is not None and self.max_latency_ratio <= 0:
             raise ValueError(f"max_latency_ratio must be > 0 or None (off), got {self.max_latency_ratio}")
         self.quarantined = tuple(self.quarantined)
@@ -276,7 +285,11 @@ class RiskEngine:
             return None
         if self._within_budget(ctx, candidate):
             return None
-        why = f"{candidate.blueprint_id} adds {candidate.param_cost} parameters; seeds would hold {_seed_params(ctx) + candidate.param_cost} > {cfg.max_param_growth:g} x host {current.host_params}"
+        total = _seed_params(ctx) + candidate.param_cost
+        limit = f"{cfg.max_param_growth:g} x host {current.host_params}"
+        if cfg.max_seed_params is not None:
+            limit = f"min({limit}, max_seed_params {cfg.max_seed_params})"
+        why = f"{candidate.blueprint_id} adds {candidate.param_cost} parameters; seeds would hold {total} > {limit}"
         return self._downgrade_or_veto("param_budget", ctx, command, why)
 
     def _predicted_risk(
@@ -300,7 +313,9 @@ class RiskEngine:
         return desc.risk <= self.config.max_blueprint_risk
 
     def _within_budget(self, ctx: RiskContext, candidate: BlueprintCandidate) -> bool:
-        return _seed_params(ctx) + candidate.param_cost <= self.config.max_param_growth * ctx.current.host_params
+        total = _seed_params(ctx) + candidate.param_cost
+        cap = self.config.max_seed_params
+        return total <= self.config.max_param_growth * ctx.current.host_params and (cap is None or total <= cap)
 
     def _downgrade_or_veto(
         self, name: str, ctx: RiskContext, command: AdaptationCommand, why: str

@@ -2,7 +2,7 @@
 
 One call per epoch. The GNN runs on every call (its latency, action probabilities, value and
 predicted risk are always observable); who decides is ``TamiyoConfig.policy``: the heuristic
-(default until Simic has trained a policy), the GNN, random germination, or nobody. Every
+(default until Simic has trained a policy), the GNN, random or periodic germination, or nobody. Every
 proposal then passes the risk engine. ``decide_safely`` adds the circuit breaker: an error
 counts as a failure and the epoch gets the safe command (WAIT) instead of an exception.
 """
@@ -26,7 +26,7 @@ from esper_core.contracts import (
     SystemStatePacket,
 )
 from esper_core.tamiyo.actions import Choice, choose, legal_masks
-from esper_core.tamiyo.baselines import RandomGerminationPolicy, decision_seed, no_growth
+from esper_core.tamiyo.baselines import PeriodicGrowthPolicy, RandomGerminationPolicy, decision_seed, no_growth
 from esper_core.tamiyo.breaker import CircuitBreaker
 from esper_core.tamiyo.build import PreparedPolicy, prepare_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
@@ -52,7 +52,7 @@ class Decision:
     Attributes:
         command: The command to carry out (after the risk engine).
         proposal: The deciding policy's own command, before the risk engine.
-        policy: Who proposed: ``heuristic``, ``gnn``, ``random``, ``none`` or ``tamiyo.breaker``.
+        policy: Who proposed: ``heuristic``, ``gnn``, ``random``, ``periodic``, ``none`` or ``tamiyo.breaker``.
         policy_version: Version of the GNN weights served, if any were loaded.
         gnn_latency_ms: Wall time of the policy forward, including reading its result back.
         coverage: Share of graph feature entries that were observed (see ``TamiyoGraph``).
@@ -100,6 +100,7 @@ class TamiyoService:
         self.policy: PreparedPolicy = prepare_policy(self.model, config, cache_dir=cache_dir)
         self.heuristic = HeuristicPolicy(config.heuristic)
         self.random = RandomGerminationPolicy(config.random, self.heuristic)
+        self.periodic = PeriodicGrowthPolicy(config.periodic, self.heuristic)
         self.risk = RiskEngine(config.risk)
         self.breaker = CircuitBreaker(config.breaker)
         self.policy_version: str | None = None
@@ -159,6 +160,8 @@ class TamiyoService:
             )
         elif policy == "random":
             proposal = self.random.decide(history, candidates, run_id=run_id)
+        elif policy == "periodic":
+            proposal = self.periodic.decide(history, candidates, run_id=run_id)
         else:
             proposal = no_growth(history, run_id=run_id)
         verdict = self.risk.review(

@@ -42,6 +42,11 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def figure_png(fig: Figure) -> bytes:
+    """A figure built with matplotlib's object API, rendered on the Agg canvas as PNG bytes."""
+    return _png(fig)
+
+
 def data_uri(png: bytes) -> str:
     """``data:image/png;base64,...``: embeds a PNG in markdown or an image artifact without a file server."""
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")

@@ -13,6 +13,7 @@ from esper_core.tolaria.staging import LoaderConfig
 from esper_core.tolaria.step import StepEngineConfig
 
 OPTIMIZERS = ("sgd", "adam")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -24,6 +25,13 @@ class TrainerConfig:
     lr: float = 0.05
     """Learning rate of the host; seeds get ``lr * lr_scale`` of their command."""
     momentum: float = 0.9
+    lr_schedule: str = "constant"
+    """Learning rate over the run's epochs: ``constant``, or ``cosine`` (half a cosine from the full
+    rate at the first epoch down to ``lr * lr_final_factor`` at the last), set per epoch. It scales
+    every parameter group's rate by the same factor, so a seed's ``lr_scale`` and Tamiyo's learning-rate
+    commands keep their ratios."""
+    lr_final_factor: float = 0.01
+    """The cosine schedule's last-epoch rate as a fraction of ``lr`` (in (0, 1])."""
     weight_decay: float = 0.0
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
@@ -50,6 +58,12 @@ class TrainerConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if not 0.0 < self.lr_final_factor <= 1.0:
+            raise ValueError(
+                f"lr_final_factor must lie in (0, 1] (a fraction of lr; 0 would stop training), got {self.lr_final_factor}"
+            )
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.device not in DEVICE_CHOICES:
@@ -60,3 +74,19 @@ class TrainerConfig:
             raise ValueError("val_batch_size must be >= 1")
         if self.amp not in AMP_CHOICES:
             raise ValueError(f"amp must be one of {AMP_CHOICES}, got {self.amp!r}")
+
+    def lr_factor(self, epoch: int, total_epochs: int | None) -> float:
+        """The schedule's multiple of each group's base rate in ``epoch`` (0-based) of ``total_epochs``.
+
+        Raises:
+            ValueError: ``cosine`` without the run's length.
+        """
+        if self.lr_schedule == "constant":
+            return 1.0
+        if total_epochs is None:
+            raise ValueError("lr_schedule 'cosine' needs the run's length: pass total_epochs to the Trainer")
+        if total_epochs <= 1:
+            return 1.0
+        progress = min(epoch, total_epochs - 1) / (total_epochs - 1)
+        final = self.lr_final_factor
+        return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -78,7 +78,10 @@ class Trainer:
         run_id: str,
         workload: str = "",
         decision_cache: DecisionCache | None = None,
+        total_epochs: int | None = None,
     ) -> None:
+        if config.lr_schedule != "constant" and total_epochs is None:
+            raise ValueError(f"lr_schedule {config.lr_schedule!r} is a function of the run's length: pass total_epochs")
         self.model = model.to(device)
         self.manager = manager
         # The training split goes wherever the loader config puts it; evaluation splits live on
@@ -100,6 +103,7 @@ class Trainer:
         self.device = device
         self.run_id = run_id
         self.epoch = 0
+        self.total_epochs = total_epochs
         self.best_val_loss: float | None = None
         self.optimizer = _optimizer(model.host_parameters(), config)
         manager.bind_optimizer(self.optimizer, base_lr=config.lr)
@@ -165,6 +169,7 @@ class Trainer:
     def train_epoch(self) -> EpochResult:
         """Run one epoch: train on every batch, validate, run the seed gates, build the packet."""
         start = time.perf_counter()
+        self._schedule_lr()
         self.manager.start_epoch()
         self.engine.start_epoch(self.manager.structure_signature())
         self.layer_stats.reset()
@@ -248,6 +253,22 @@ class Trainer:
             train_ms=train_ms,
             total_ms=total_ms,
         )
+
+    def _schedule_lr(self) -> None:
+        """Set this epoch's learning rates from ``TrainerConfig.lr_schedule``.
+
+        Each group remembers the factor it last got (``lr_factor``, saved with the optimizer's
+        state), and its rate is rescaled from that one to this epoch's. Rescaling, rather than
+        setting ``base * factor`` as ``torch.optim.lr_scheduler`` does from the rates it saw at
+        construction, keeps what changed a group's rate since: a seed group added later with its
+        own ``lr_scale``, Tamiyo's learning-rate commands, the halving of a failed-epoch retry.
+        """
+        if self.config.lr_schedule == "constant":
+            return
+        factor = self.config.lr_factor(self.epoch, self.total_epochs)
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor / group.get("lr_factor", 1.0)
+            group["lr_factor"] = factor
 
     def _metrics(
         self, packet: SystemStatePacket, *, train_ms: float, val_ms: float, total_ms: float

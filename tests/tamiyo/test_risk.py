@@ -196,3 +196,17 @@ def test_rules_chain_and_all_are_named() -> None:
 def test_config_rejects_bad_values(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         RiskConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_max_seed_params_caps_what_seeds_hold_in_all() -> None:
+    # Active seed "small" already holds 300 parameters; another 500 would make 800.
+    seeds = (_seed("slot1"), _seed("slot2", SeedStage.FOSSILIZED, param_count=300))
+    history = _history(seeds=seeds)
+    assert _review(_germinate(), history=history, config=RiskConfig(max_seed_params=800)).risk_rule is None
+    capped = _review(_germinate(), history=history, config=RiskConfig(max_seed_params=799))
+    assert capped.command_type is CommandType.WAIT and capped.risk_rule == "param_budget"
+    assert "max_seed_params 799" in capped.reason
+    zero = _review(_germinate("big"), config=RiskConfig(max_seed_params=0))
+    assert zero.command_type is CommandType.WAIT
+    with pytest.raises(ValueError, match="max_seed_params must be >= 0"):
+        RiskConfig(max_seed_params=-1)

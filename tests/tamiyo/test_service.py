@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from esper_core.contracts import CommandType, SeedOperation
-from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
+from esper_core.tamiyo.config import PeriodicPolicyConfig, PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.model import ACTION_NAMES, TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.risk import RiskConfig
 from esper_core.tamiyo.service import SHADOW_NOTE, TamiyoService
@@ -85,6 +85,22 @@ def test_random_and_none_policies() -> None:
     rand = TamiyoService(TamiyoConfig(policy="random", gnn=SMALL))
     actions = {rand.decide(history, candidates, run_id=f"r{i}").command.action for i in range(20)}
     assert actions == {"wait", "germinate"}
+
+
+def test_periodic_policy_germinates_every_k_epochs_into_the_first_free_slot() -> None:
+    candidates = synthetic_candidates(3)
+    service = TamiyoService(TamiyoConfig(policy="periodic", gnn=SMALL, periodic=PeriodicPolicyConfig(every=3)))
+    actions = []
+    for epochs in range(1, 7):
+        history = synthetic_history(num_epochs=epochs, num_slots=2)
+        command = service.decide(history, candidates, run_id="r").command
+        actions.append(command.action)
+        if command.action == "germinate":
+            assert command.issued_by == "periodic" and command.slot_id == history[-1].seeds[0].slot_id
+            assert command.blueprint_id is not None
+    assert actions == ["wait", "wait", "germinate", "wait", "wait", "germinate"]
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        PeriodicPolicyConfig(every=0)
 
 
 def test_the_risk_engine_reviews_every_policy() -> None:

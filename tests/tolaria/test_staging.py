@@ -70,3 +70,11 @@ def test_gpu_prefetch_matches_resident_batches_and_reports_copy_time() -> None:
     assert all(torch.equal(a[0], b[0]) for a, b in zip(resident, staged, strict=True))
     copy_ms, _ = source.drain()
     assert copy_ms > 0
+
+
+def test_split_seed_fixes_the_test_split_across_run_seeds() -> None:
+    a = load_dataset(DataConfig(name="digits", seed=1, split_seed=0))
+    b = load_dataset(DataConfig(name="digits", seed=2, split_seed=0))
+    c = load_dataset(DataConfig(name="digits", seed=2))
+    assert torch.equal(a.test.x, b.test.x) and torch.equal(a.test.y, b.test.y)
+    assert not torch.equal(b.test.x, c.test.x)  # without it the split follows the run's seed

@@ -1,0 +1,63 @@
+"""The growth benchmark's smoke plan end to end (real runs, a real Simic policy), and its input checks.
+
+Numbers are not asserted (they belong to the benchmark run); the report's shape is: every arm,
+the frontier, the paired entries with their intervals, the goals, and the plot on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.growth import GrowthBenchConfig
+from bench.growth_report import ARMS
+from esper_cli.main import main
+from esper_core.settings import EsperSettings
+
+PAIRED = (
+    "learned_minus_heuristic",
+    "learned_minus_random",
+    "heuristic_minus_none",
+    "learned_minus_static_same_params",
+)
+
+
+@pytest.mark.slow
+def test_smoke_plan_writes_the_paired_report_and_the_frontier_plot(
+    compiled_home: EsperSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "baseline"
+    argv = ["bench", "growth", "--recipes", "seed-reference", "--plan", "smoke", "--json"]
+    assert main([*argv, "--home", str(compiled_home.home), "--save-baseline", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["seeds"] == [0, 1] and result["lr_schedule"] == "cosine"
+    report = result["results"]["seed-reference"]
+    assert set(report["arms"]) == set(ARMS)
+    for arm in report["arms"].values():
+        assert {"test_acc_mean", "params_mean", "flops_mean", "wall_s_mean"} <= arm.keys()
+        assert [r["seed"] for r in arm["runs"]] == [0, 1]
+    assert [f["width"] for f in report["frontier"]] == [1.0, 2.0]
+    for name in PAIRED:
+        entry = report["paired"][name]
+        assert entry["n"] == 2 and entry["ci95_low"] <= entry["mean"] <= entry["ci95_high"]
+    # Budget-matched: random's seeds never outgrow the GNN's on the same seed.
+    for gnn, rand in zip(report["arms"]["gnn"]["runs"], report["arms"]["random"]["runs"], strict=True):
+        assert rand["params"] <= gnn["params"]
+    assert "met" in report["goals"]
+    assert json.loads((out / "growth.json").read_text())["results"].keys() == {"seed-reference"}
+    assert (out / "growth_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_options_are_refused_before_any_run(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown growth plan"):
+        GrowthBenchConfig(plan="huge")
+    with pytest.raises(ValueError, match="seeds must be >= 2"):
+        GrowthBenchConfig(seeds=1)
+    with pytest.raises(ValueError, match="overlap Simic's training seeds"):
+        GrowthBenchConfig(seeds=1001)
+    with pytest.raises(ValueError, match="ModelSpec"):
+        GrowthBenchConfig(recipes=("tests.helpers.user_model:recipe",))
+    with pytest.raises(ValueError, match="pass the home"):
+        GrowthBenchConfig(policy_version=3)
