@@ -32,14 +32,25 @@ def local_flow_settings() -> Iterator[None]:
     The flow-run heartbeat exists to detect crashed runs for workers; here the temporary server
     dies with the process, so it only adds its thread's join (~1 s) to every flow run. It can
     only be switched off in-process (the setting takes None, which no environment value gives).
-    Deployments run by workers keep it. The temporary server is started here, one process at a
-    time (``start_temporary_server``), so that several commands started together all work.
+    Deployments run by workers keep it. The temporary server does not check CSRF tokens unless
+    a user switched that on, so its clients skip fetching one (an API call per client, that is
+    per flow run). The temporary server is started here, one process at a time
+    (``start_temporary_server``), so that several commands started together all work.
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
 
-    if get_current_settings().api.url:  # a real server: its crash detection needs the heartbeat
+    settings = get_current_settings()
+    if settings.api.url:  # a real server: its crash detection needs the heartbeat
         yield
         return
     start_temporary_server()
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    updates: dict = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    if not settings.server.api.csrf_protection_enabled:
+        updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
+    with temporary_settings(updates=updates):
         yield

@@ -175,6 +175,12 @@ class LocalPrefect:
     def start_server(self, *, timeout: float = 180.0) -> subprocess.Popen:
         """Start ``prefect server start`` on 127.0.0.1 and wait until its API answers.
 
+        Not ``prefect server start --background``: that pipes the server's output to the CLI
+        process, which exits at once, so nothing keeps ``server.log`` and a server that dies
+        leaves no trace; and ``esper server start`` must watch the server it supervises with
+        its worker. Here the server is a child process writing ``server.log``, stopped with
+        ``stop()``.
+
         Raises:
             RuntimeError: If the server exits or does not answer within ``timeout`` seconds
                 (the message carries the end of ``server.log``).
