@@ -16,6 +16,7 @@ import pytest
 from esper_cli import local_prefect
 
 COMMANDS = 3
+_HOLD = "import sys, time, filelock; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)"
 
 
 @pytest.mark.slow
@@ -42,29 +43,17 @@ def test_three_commands_at_once_on_a_fresh_machine(tmp_path: Path) -> None:
 
 
 def test_a_hung_start_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from filelock import FileLock
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     monkeypatch.setattr(local_prefect, "LOCK_TIMEOUT_S", 0.2)
-    # Another process is starting its server (and hangs): it holds the lock.
+    # Another process is starting its server (and hangs): it holds the lock, then says so.
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time, filelock; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); time.sleep(60)",
-        ]
-        + [str(tmp_path / local_prefect.TEMPORARY_SERVER_LOCK)],
+        [sys.executable, "-c", _HOLD, str(tmp_path / local_prefect.TEMPORARY_SERVER_LOCK)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        probe = FileLock(tmp_path / local_prefect.TEMPORARY_SERVER_LOCK)
-        for _ in range(600):  # until the holder has it
-            try:
-                probe.acquire(timeout=0.05)
-                probe.release()
-            except TimeoutError:
-                break
-        else:
-            raise AssertionError("the holder process never took the lock")
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with (
             temporary_settings(updates={PREFECT_HOME: tmp_path}, restore_defaults={PREFECT_API_URL}),
             pytest.raises(RuntimeError, match="starting its temporary Prefect server.*PREFECT_API_URL"),
