@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from esper_cli.args import positive
+from esper_cli.args import positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 
 
@@ -98,6 +98,7 @@ def _cmd_bench_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_orchestration(args: argparse.Namespace) -> int:
+    quiet_prefect()  # before Prefect is imported: the temporary server's start-up wait
     from bench.orchestration import OrchestrationConfig, run
 
     result = run(OrchestrationConfig(recipe=args.recipe, runs=args.runs, device=args.device, heartbeat=args.heartbeat))
