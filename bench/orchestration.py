@@ -9,14 +9,19 @@ What counts:
   reported apart as ``server_startup_s``.
 - **Esper's work**: the wall time during which a task body ran (the library calls: compile or
   look up kernels, train, decide, apply, finish, render the plot), measured by wrapping each
-  task's function, minus the Prefect artifact API calls made inside a task body. Task bodies
+  task's function, minus the Prefect calls made inside a task body: the artifact API calls and
+  the run logger's records (their Prefect handlers: API log queue and console). Task bodies
   running side by side (the cold run's compiles) count once.
-- **Prefect overhead** = wall - work: the flow run's own API calls (create, Running, Completed),
-  task orchestration (~5 ms and three events a task run), the ``compile_catalog`` subflow (cold
-  registry only), the artifact API calls, logging.
+- **Prefect's fixed cost of a flow run** (``prefect_fixed_cost_s``) = wall - work of a warm
+  run: creating the flow run and its states (the empty-flow floor, ``empty_flow_s``), the task
+  runs (~5 ms and three events each), the artifact API calls (``artifacts_s``), the log records,
+  logging; plus the ``compile_catalog`` subflow on a cold registry only. ``prefect_overhead_share``
+  is that cost as a share of the wall. The part that grows with the run is the log records
+  (one per epoch): ``prefect_per_epoch_ms``; the task runs do not grow with it, since a ``grow``
+  task holds ``ESPER_GROW_TASK_SECONDS`` of epochs.
 
-The flow-run heartbeat is off, as ``esper run`` has it on the temporary server
-(``esper_cli.args.local_flow_settings``). ``--heartbeat`` keeps it, as a deployment run does;
+The flow-run heartbeat is off and clients fetch no CSRF token, as ``esper run`` has it on the
+temporary server (``esper_cli.args.local_flow_settings``). ``--heartbeat`` keeps it, as a deployment run does;
 Prefect then joins the heartbeat thread when the flow returns, which waits up to 1 s after the
 run is already Completed.
 
@@ -47,6 +52,13 @@ from typing import Any
 
 _TASK_MODULES = ("tasks.plan", "tasks.compile", "tasks.train", "tasks.artifacts")
 _ARTIFACT_CALLS = ("create_table_artifact", "create_markdown_artifact", "create_image_artifact")
+_PREFECT_SPANS = ("prefect:artifacts", "prefect:logs")
+
+
+GOAL_FIXED_COST_S = 0.25
+"""The team's ceiling on Prefect's fixed cost of one flow run."""
+GOAL_SHARE = 0.05
+"""The team's ceiling on Prefect's share of the default ``make run`` workload."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -117,14 +129,29 @@ class _Clock:
         self.calls.clear()
         self.intervals.clear()
 
+    def task_spans(self) -> list[tuple[float, float]]:
+        return [i for name, spans in self.intervals.items() if name.startswith("task:") for i in spans]
+
+    def prefect_in_tasks_s(self, name: str) -> float:
+        """Time in the wrapped Prefect calls ``name`` made inside a task body (not the flow's own)."""
+        tasks = self.task_spans()
+        inside = [(a, b) for a, b in self.intervals.get(name, []) if any(s <= a and b <= e for s, e in tasks)]
+        return covered(inside)
+
     def work_s(self) -> float:
-        """Wall time during which any task body ran, less the artifact API calls inside them.
+        """Wall time during which any task body ran, less the Prefect calls inside them.
 
         A union, not a sum: a cold run compiles on two threads at once, and two tasks working
         side by side do not make the flow's wall time any longer.
         """
-        tasks = [i for name, spans in self.intervals.items() if name.startswith("task:") for i in spans]
-        return covered(tasks) - covered(self.intervals.get("prefect:artifacts", []))
+        tasks = self.task_spans()
+        prefect = [
+            (a, b)
+            for name in _PREFECT_SPANS
+            for a, b in self.intervals.get(name, [])
+            if any(s <= a and b <= e for s, e in tasks)
+        ]
+        return covered(tasks) - covered(prefect)
 
 
 @contextlib.contextmanager
@@ -133,8 +160,13 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
     import importlib
 
     from prefect import Task
+    from prefect.logging.handlers import APILogHandler, PrefectConsoleHandler
 
     patched: list[tuple[Any, str, Any]] = []
+    # A log record costs Prefect a model, a queue entry (sent in batches by a thread) and a line.
+    for handler in (APILogHandler, PrefectConsoleHandler):
+        patched.append((handler, "emit", handler.emit))
+        handler.emit = clock.wrap("prefect:logs", handler.emit)
     for module_name in _TASK_MODULES:
         module = importlib.import_module(module_name)
         for value in vars(module).values():
@@ -176,7 +208,7 @@ def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfi
     start = time.perf_counter()
     state = flow(recipe=config.recipe, device=config.device, return_state=True)
     wall = time.perf_counter() - start
-    state.result()  # a failed run raises here rather than being timed as a fast one
+    summary = state.result()  # a failed run raises here rather than being timed as a fast one
     work = clock.work_s()
     tasks = sum(n for name, n in clock.calls.items() if name.startswith("task:"))
     run_time = _settle(state.state_details.flow_run_id, tasks)
@@ -188,6 +220,9 @@ def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfi
         "overhead_s": wall - work,
         "share": (wall - work) / wall,
         "tasks": tasks,
+        "epochs": summary.epochs,
+        "artifacts_s": clock.prefect_in_tasks_s("prefect:artifacts"),
+        "logs_s": clock.prefect_in_tasks_s("prefect:logs"),
         "work_by_task_s": {k.removeprefix("task:"): round(v, 4) for k, v in sorted(clock.seconds.items())},
     }
 
@@ -197,7 +232,12 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="esper-orchestration-") as home, _env(ESPER_HOME=home):
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         from prefect import flow
-        from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+        from prefect.settings import (
+            PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
+            PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+            get_current_settings,
+            temporary_settings,
+        )
 
         from flows.morphogenesis import morphogenesis
 
@@ -209,9 +249,15 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
         empty()
         startup = time.perf_counter() - start
         clock = _Clock()
-        # The heartbeat can only be switched off in-process (its setting takes None, not "").
-        heartbeat = {} if config.heartbeat else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-        with _instrumented(clock), temporary_settings(updates=heartbeat):
+        # As `esper run` has them (esper_cli.args.local_flow_settings): no CSRF token fetch on a
+        # temporary server that does not check them, and no heartbeat unless asked for (it can
+        # only be switched off in-process: its setting takes None, not "").
+        updates: dict[Any, Any] = {}
+        if not get_current_settings().server.api.csrf_protection_enabled:
+            updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
+        if not config.heartbeat:
+            updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+        with _instrumented(clock), temporary_settings(updates=updates):
             frequency = get_current_settings().flows.heartbeat_frequency
             floor = []
             for _ in range(3):
@@ -225,11 +271,17 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
         return {
             "workload": config.recipe,
             "device": config.device,
+            "prefect_fixed_cost_s": round(statistics.median(r["overhead_s"] for r in warm), 3),
+            "goal_fixed_cost_s": GOAL_FIXED_COST_S,
             "prefect_overhead_share": round(median, 4),
-            "goal_share": 0.05,
+            "goal_share": GOAL_SHARE,
+            "prefect_per_epoch_ms": round(1e3 * typical["logs_s"] / max(typical["epochs"], 1), 3),
             "wall_s": round(typical["wall_s"], 3),
             "esper_work_s": round(typical["esper_work_s"], 3),
             "overhead_s": round(typical["overhead_s"], 3),
+            "artifacts_s": round(typical["artifacts_s"], 3),
+            "logs_s": round(typical["logs_s"], 4),
+            "epochs": typical["epochs"],
             "tasks": typical["tasks"],
             "overhead_per_task_ms": round(1e3 * typical["overhead_s"] / typical["tasks"], 2),
             "empty_flow_s": round(statistics.median(floor), 3),

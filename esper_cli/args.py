@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 from collections.abc import Iterator
+
+from esper_cli.local_prefect import prefect_defaults, start_temporary_server
 
 
 def positive(text: str) -> int:
@@ -17,11 +18,11 @@ def positive(text: str) -> int:
 
 
 def quiet_prefect() -> None:
-    """Turn off the Prefect server's usage-analytics call before Prefect is imported.
+    """Esper's Prefect defaults (no analytics call, a longer start-up wait), before Prefect is imported.
 
-    Without a network it only logs an error; users who set the variable keep their choice.
+    Users who set these variables keep their choice (``esper_cli.local_prefect.prefect_defaults``).
     """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    prefect_defaults()
 
 
 @contextlib.contextmanager
@@ -31,12 +32,25 @@ def local_flow_settings() -> Iterator[None]:
     The flow-run heartbeat exists to detect crashed runs for workers; here the temporary server
     dies with the process, so it only adds its thread's join (~1 s) to every flow run. It can
     only be switched off in-process (the setting takes None, which no environment value gives).
-    Deployments run by workers keep it.
+    Deployments run by workers keep it. The temporary server does not check CSRF tokens unless
+    a user switched that on, so its clients skip fetching one (an API call per client, that is
+    per flow run). The temporary server is started here, one process at a time
+    (``start_temporary_server``), so that several commands started together all work.
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
 
-    if get_current_settings().api.url:  # a real server: its crash detection needs the heartbeat
+    settings = get_current_settings()
+    if settings.api.url:  # a real server: its crash detection needs the heartbeat
         yield
         return
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    start_temporary_server()
+    updates: dict = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    if not settings.server.api.csrf_protection_enabled:
+        updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
+    with temporary_settings(updates=updates):
         yield

@@ -1,8 +1,10 @@
-"""A local Prefect server and process worker for the ``esper`` pool, as real subprocesses.
+"""Prefect servers on this machine: the temporary one of an ``esper`` command, and a local one.
 
-Used by ``esper server`` (``make server`` / ``make deploy``) and by the tests that deploy and
-run flows against a real server. Everything binds to 127.0.0.1; the server's database and logs
-live under ``$ESPER_HOME/prefect``.
+``start_temporary_server`` brings up the temporary API server Prefect gives a process that has
+no ``PREFECT_API_URL``, one process at a time per ``PREFECT_HOME``. ``LocalPrefect`` is the
+long-lived server and process worker of ``esper server`` (``make server`` / ``make deploy``) and
+of the tests that deploy and run flows against a real server. Everything binds to 127.0.0.1;
+the local server's database and logs live under ``$ESPER_HOME/prefect``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,63 @@ from pathlib import Path
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 POOL = "esper"
+TEMPORARY_SERVER_LOCK = "esper-temporary-server.lock"
+"""Lock file under ``PREFECT_HOME`` held while a process starts its temporary server."""
+STARTUP_TIMEOUT_S = 120
+"""Default wait for a temporary server to answer. Prefect's own default (20 s) is too short on a
+busy 2-core machine, where importing the server alone has taken longer than that."""
+LOCK_TIMEOUT_S = 900.0
+"""How long a process waits for others to finish starting their temporary servers."""
+
+
+def prefect_defaults() -> None:
+    """Esper's defaults for Prefect settings, applied before Prefect is imported.
+
+    The server's usage-analytics call only logs an error without a network, and the temporary
+    server gets ``STARTUP_TIMEOUT_S`` to answer. Variables a user has set keep their value.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
+
+
+def start_temporary_server() -> str:
+    """Start this process's temporary Prefect API server, one process at a time per ``PREFECT_HOME``.
+
+    Every process without ``PREFECT_API_URL`` runs its own temporary server on the database in
+    ``PREFECT_HOME``, and each server migrates that database while it starts. Several ``esper``
+    commands started together on a fresh machine would migrate it at once (Alembic fails with
+    "expected to match one row") and, on 2 cores, start too slowly for Prefect's timeout. So
+    the start is serialised with a file lock beside the database: the first process creates and
+    migrates it, the next ones find it ready. The lock is released as soon as the server
+    answers, so the commands' flows then run side by side. Prefect keeps the started server for
+    the process (its flows find it running) and stops it when the process exits. Call it only
+    when no ``PREFECT_API_URL`` is set.
+
+    Returns:
+        The API URL of the temporary server.
+
+    Raises:
+        RuntimeError: If the lock is not free within ``LOCK_TIMEOUT_S`` (another process hangs
+            while starting its server), or the server does not answer in time.
+    """
+    from filelock import FileLock, Timeout
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    lock_path = settings.home / TEMPORARY_SERVER_LOCK
+    try:
+        with FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
+            server = SubprocessASGIServer()  # the instance Prefect's clients use for this process
+            server.start(timeout=settings.server.ephemeral.startup_timeout_seconds)
+    except Timeout as e:
+        raise RuntimeError(
+            f"another process has been starting its temporary Prefect server for {LOCK_TIMEOUT_S:.0f} s "
+            f"(lock {lock_path}); stop the hung `esper` or `python` process, or point every command at one "
+            "server with PREFECT_API_URL (see `esper server start`)"
+        ) from e
+    return server.api_url
 
 
 def _prefect(*args: str) -> list[str]:
@@ -115,6 +174,12 @@ class LocalPrefect:
 
     def start_server(self, *, timeout: float = 180.0) -> subprocess.Popen:
         """Start ``prefect server start`` on 127.0.0.1 and wait until its API answers.
+
+        Not ``prefect server start --background``: that pipes the server's output to the CLI
+        process, which exits at once, so nothing keeps ``server.log`` and a server that dies
+        leaves no trace; and ``esper server start`` must watch the server it supervises with
+        its worker. Here the server is a child process writing ``server.log``, stopped with
+        ``stop()``.
 
         Raises:
             RuntimeError: If the server exits or does not answer within ``timeout`` seconds

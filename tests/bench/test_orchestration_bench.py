@@ -26,6 +26,10 @@ def test_benchmark_splits_a_real_run_into_work_and_overhead() -> None:
     assert result["tasks"] == 5  # kernels-ready, start-run, one grow, finish-run, publish-run-artifacts
     assert 0.0 < result["esper_work_s"] < result["wall_s"]
     assert 0.0 < result["prefect_overhead_share"] < 1.0
+    # The fixed cost is the wall not spent in task bodies; the artifacts and log records are in it.
+    assert result["prefect_fixed_cost_s"] > 0.0 and result["goal_fixed_cost_s"] == 0.25
+    assert 0.0 < result["artifacts_s"] < result["overhead_s"] and result["logs_s"] > 0.0
+    assert result["epochs"] == 6 and result["prefect_per_epoch_ms"] > 0.0  # one log record an epoch
     assert 0.0 < result["cold_registry_share"] < 1.0  # concurrent compiles are not counted twice
     assert result["empty_flow_s"] > 0.0 and result["heartbeat_frequency_s"] is None
     assert {"grow", "finish-run", "publish-run-artifacts"} <= set(result["work_by_task_s"])
