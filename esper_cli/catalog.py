@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import get_args
 
 from esper_cli.args import local_flow_settings, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
 from esper_core.recipes import RECIPES
+from esper_core.tezzeret.config import BackendName
 
-BACKENDS = ("export", "aot_inductor")
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 _POLICY = {
     BlueprintTier.SAFE: "compiled, published active and germinated freely",
     BlueprintTier.EXPERIMENTAL: "compiled and germinated only with an explicit approval (--approve ID)",

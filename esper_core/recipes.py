@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import StringConstraints
 
 from esper_core.data import DataConfig
 from esper_core.hosts import HostConfig
@@ -102,6 +105,17 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
     "digits-cnn": digits_cnn,
     "seed-reference": seed_reference,
 }
+
+RecipeName = Literal["digits-cnn", "digits-mlp", "seed-reference"]
+"""The built-in recipe names, for flow parameters the UI offers as a choice; a test keeps it equal
+to ``sorted(RECIPES)``, so adding a recipe means adding its name here too."""
+
+RECIPE_IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+"""A recipe given by import path, ``package.module:function``."""
+
+RecipeRef = RecipeName | Annotated[str, StringConstraints(pattern=RECIPE_IMPORT_PATTERN)]
+"""What a flow's ``recipe`` parameter accepts: a built-in name or an import path. Prefect turns it
+into the parameter schema, so a deployment refuses anything else before a worker starts."""
 
 
 def get_recipe(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from bench.registry import SweepName
 from bench.sweep import SweepReport
 from tasks.artifacts import publish_sweep_artifacts
 from tasks.sweep import bench_case, check_regressions, plan_sweep, write_sweep
@@ -14,7 +15,7 @@ from tasks.sweep import bench_case, check_regressions, plan_sweep, write_sweep
 # deployment (flows/scale_out.py) swaps in Dask, one case per worker process.
 @flow(name="benchmark_sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
 def benchmark_sweep(
-    sweep: str = "nightly",
+    sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
     max_regression: float | None = None,
     baselines_dir: str = "baselines/perf",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
+from esper_core._capabilities import Device
+from esper_core.recipes import RecipeRef
 from esper_core.reports import RunSummary
 from flows.compile_catalog import compile_catalog
 from tasks._runtime import settings
@@ -13,16 +15,16 @@ from tasks.train import finish, grow, kernels_ready, start_run
 
 @flow(name="morphogenesis", log_prints=True)
 def morphogenesis(
-    recipe: str = "digits-mlp",
+    recipe: RecipeRef = "digits-mlp",
     epochs: int | None = None,
-    device: str = "auto",
+    device: Device = "auto",
     seed: int | None = None,
     run_id: str | None = None,
 ) -> RunSummary:
     """Grow a network: compile its seed kernels (unless published), then train / decide / apply per epoch.
 
     Args:
-        recipe: Named recipe (``digits-mlp``, ``seed-reference``).
+        recipe: Named recipe (``digits-mlp``, ``seed-reference``, ...) or ``package.module:function``.
         epochs: Override the recipe's epoch count.
         device: ``auto``, ``cpu`` or ``cuda``.
         seed: Override the recipe's random seed.
