@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esper_cli import deploy_ops
+
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 POOL = "esper"
 
@@ -162,9 +164,26 @@ class LocalPrefect:
             self.run_cli("work-pool", "create", POOL, "--type", "process")
 
     def deploy(self) -> str:
-        """Register every deployment of ``prefect.yaml``; returns the CLI's output."""
+        """Register every deployment of ``prefect.yaml`` and the zombie-run automation.
+
+        Schedules that already existed keep the switch an operator gave them (prefect.yaml's
+        ``active:`` only sets new ones); see ``esper_cli.deploy_ops``.
+
+        Returns:
+            The CLI's output, then a line per schedule switched back and one for the automation.
+        """
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
         self.ensure_pool()
-        return self.run_cli("--no-prompt", "deploy", "--all").stdout
+        with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            switches = deploy_ops.schedule_switches(client)
+            out = self.run_cli("--no-prompt", "deploy", "--all").stdout
+            restored = deploy_ops.restore_schedule_switches(client, switches)
+            lines = [f"kept the schedule switch of {line}" for line in restored]
+            automation = deploy_ops.ensure_zombie_automation(client)
+            lines.append(f"automation {deploy_ops.ZOMBIE_AUTOMATION!r}: {automation}")
+        return "\n".join([out.rstrip(), *lines])
 
     def start_worker(self) -> subprocess.Popen:
         """Reschedule runs orphaned by a dead worker, then start a process worker on the pool."""

@@ -169,3 +169,18 @@ def test_the_schema_accepts_recipe_names_and_import_paths(recipe: str) -> None:
 
     flow = _load("flows/morphogenesis.py:morphogenesis")
     validate({"recipe": recipe}, flow.parameters.model_dump_for_openapi(), raise_on_error=True, ignore_required=True)
+
+
+def test_sweeps_never_overlap_within_a_deployment() -> None:
+    config = _config()
+    limit = config["definitions"]["one_sweep_at_a_time"]
+    assert limit == {"limit": 1, "collision_strategy": "ENQUEUE"}  # a second sweep waits, never runs beside
+    sweeps = [d for d in _deployments() if _load(d["entrypoint"]).name == "benchmark_sweep"]
+    assert len(sweeps) == 2 and all(d["concurrency_limit"] == limit for d in sweeps), sweeps
+
+
+def test_flow_run_processes_send_heartbeats_and_esper_logs() -> None:
+    env = _config()["definitions"]["work_pools"]["esper_process"]["job_variables"]["env"]
+    # Prefect's zombie detection needs heartbeats at least every 30 s; the automation waits 90 s.
+    assert 0 < int(env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]) <= 30
+    assert "esper_core" in env["PREFECT_LOGGING_EXTRA_LOGGERS"].split(",")
