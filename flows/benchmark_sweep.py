@@ -8,12 +8,20 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from bench.registry import SweepName
 from bench.sweep import SweepReport
 from tasks.artifacts import publish_sweep_artifacts
+from tasks.notify import notify_failure
 from tasks.sweep import bench_case, check_regressions, plan_sweep, write_sweep
 
 
 # One case at a time: two benchmarks sharing the cores would time each other. The distributed
 # deployment (flows/scale_out.py) swaps in Dask, one case per worker process.
-@flow(name="benchmark_sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
+# A failed or crashed sweep posts to ESPER_ALERT_WEBHOOK_URL when it is set.
+@flow(
+    name="benchmark_sweep",
+    log_prints=True,
+    task_runner=ThreadPoolTaskRunner(max_workers=1),
+    on_failure=[notify_failure],
+    on_crashed=[notify_failure],
+)
 def benchmark_sweep(
     sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
@@ -30,7 +38,8 @@ def benchmark_sweep(
         baselines_dir: Root of the snapshots; relative paths start at the project directory.
     """
     plan = plan_sweep(sweep, workloads, max_regression, baselines_dir)
-    results = bench_case.map(plan.cases)
+    # .result(): a case that failed fails the sweep with its own error, before anything is written.
+    results = bench_case.map(plan.cases).result()
     report = write_sweep(plan, results)
     publish_sweep_artifacts(report)
     check_regressions(report)

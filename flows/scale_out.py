@@ -22,9 +22,16 @@ from esper_core.tezzeret.config import BackendName
 from flows.benchmark_sweep import benchmark_sweep
 from flows.compile_catalog import compile_catalog
 from tasks._distributed import dask_task_runner
+from tasks.notify import notify_failure
 
 
-@flow(name="benchmark_sweep", log_prints=True, task_runner=dask_task_runner())
+@flow(
+    name="benchmark_sweep",
+    log_prints=True,
+    task_runner=dask_task_runner(),
+    on_failure=[notify_failure],
+    on_crashed=[notify_failure],
+)
 def benchmark_sweep_dask(
     sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
