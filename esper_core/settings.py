@@ -9,6 +9,7 @@ Read from ``ESPER_*`` environment variables, e.g. ``ESPER_HOME=/data/esper``,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,6 +73,12 @@ class EsperSettings(BaseSettings):
         default=None,
         description="POST a JSON message here when a benchmark sweep fails or crashes (e.g. a Slack or Teams "
         "incoming webhook); unset: no notification.",
+    )
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO",
+        description="Level of Esper's own loggers (esper_core.*) in flow runs, whose lines Prefect sends to the "
+        "run's logs (PREFECT_LOGGING_EXTRA_LOGGERS=esper_core, set for deployments in prefect.yaml).",
     )
 
     @field_validator("home")
