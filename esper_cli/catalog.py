@@ -61,8 +61,29 @@ def _cmd_catalog_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_compile_input(args: argparse.Namespace) -> None:
+    """Refuse a bad blueprint id, approval, device or plan before any flow starts.
+
+    The flow would refuse them too, but only after Prefect started a run and logged the error
+    with a traceback. The plan is the flow's own first task body (``plan_compiles.fn``).
+
+    Raises:
+        ValueError: The problem and its fix (main prints it without a traceback).
+    """
+    from esper_core._capabilities import resolve_device
+    from esper_core.karn.catalog import default_catalog
+    from tasks.plan import plan_compiles
+
+    catalog = default_catalog()
+    for blueprint_id in [*(args.blueprints or ()), *(args.approve or ())]:
+        catalog.get(blueprint_id)  # UnknownBlueprintError lists the known ids
+    resolve_device(args.device)
+    plan_compiles.fn(args.recipe, args.blueprints or None, args.backend, args.approve or None)
+
+
 def _cmd_catalog_compile(args: argparse.Namespace) -> int:
     quiet_prefect()
+    _check_compile_input(args)
     from flows.compile_catalog import compile_catalog
 
     with local_flow_settings():

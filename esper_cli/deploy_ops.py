@@ -25,6 +25,9 @@ ZOMBIE_AFTER_S = 90
 """A running flow run without a heartbeat for this long is marked Crashed; three missed
 heartbeats at prefect.yaml's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` of 30 s."""
 
+ZOMBIE_MESSAGE = f"no heartbeat for {ZOMBIE_AFTER_S} s: the flow-run process or its machine died"
+"""The Crashed state's message the automation sets (``esper server worker`` reschedules such runs)."""
+
 ScheduleKey = tuple[str, str]
 """(``flow/deployment``, schedule slug, or the schedule itself where it has no slug)."""
 
@@ -98,7 +101,7 @@ def zombie_automation() -> AutomationCore:
         actions=[
             ChangeFlowRunState(
                 state=StateType.CRASHED,
-                message=f"no heartbeat for {ZOMBIE_AFTER_S} s: the flow-run process or its machine died",
+                message=ZOMBIE_MESSAGE,
             )
         ],
     )

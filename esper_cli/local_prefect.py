@@ -195,9 +195,10 @@ class LocalPrefect:
 
         A run left RUNNING or PENDING whose flow-run process (``infrastructure_pid``) no longer
         exists on this machine is marked Crashed and scheduled again, as ``prefect flow-run
-        retry`` would; its next execution resumes from the last committed epoch. Meant for the
-        single-machine setup of ``esper server``: with workers on several machines, let
-        Prefect's heartbeat-based crash detection mark such runs and retry them instead.
+        retry`` would; its next execution resumes from the last committed epoch. So is a run the
+        zombie automation already marked Crashed (its heartbeats stopped; ``deploy_ops``). The
+        pid check is the local fallback for a worker restarted within the automation's 90 s, on
+        the single machine of ``esper server``; across machines the heartbeats decide.
 
         Returns:
             The ids of the rescheduled flow runs.
@@ -219,11 +220,16 @@ class LocalPrefect:
         with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
             runs = client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+                    state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.CRASHED])
+                    )
                 ),
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])),
             )
             for run in runs:
+                message = run.state.message if run.state else None
+                if run.state_type is StateType.CRASHED and message != deploy_ops.ZOMBIE_MESSAGE:
+                    continue  # crashed for another reason: a person decides whether to retry it
                 pid = run.infrastructure_pid
                 if not pid or not pid.isdigit() or pid_alive(int(pid)):
                     continue

@@ -2,9 +2,13 @@
 
 import logging
 
+from prefect.settings import get_current_settings
+
 from esper_core.settings import EsperSettings
 
-# Prefect sends the records of esper_core.* to the run's logs (PREFECT_LOGGING_EXTRA_LOGGERS in
-# prefect.yaml), but without a level of their own they inherit the root logger's WARNING and the
-# INFO lines (device chosen, step engine compiled or eager, Tamiyo's policy) never get there.
-logging.getLogger("esper_core").setLevel(EsperSettings().log_level)
+# Where Prefect sends esper_core's records to the run's logs (PREFECT_LOGGING_EXTRA_LOGGERS, set
+# for deployments in prefect.yaml), they need a level of their own: they would inherit the root
+# logger's WARNING, and the INFO lines (device, step engine compiled or eager, Tamiyo's policy)
+# would never get there. Elsewhere (the `esper` CLI) the console stays as it was.
+if "esper_core" in (get_current_settings().logging.extra_loggers or ()):
+    logging.getLogger("esper_core").setLevel(EsperSettings().log_level)

@@ -217,3 +217,35 @@ def test_the_server_refuses_a_bad_parameter_before_a_run_exists(local: LocalPref
     with pytest.raises(RuntimeError, match="Validation failed for field 'recipe'"):
         local.run_cli("deployment", "run", "morphogenesis/default", "--param", "recipe=digits-mpl")
     assert _client_call(local, lambda c: len(c.read_flow_runs())) == before
+
+
+def test_a_restarted_worker_reschedules_runs_the_zombie_automation_crashed(local: LocalPrefect) -> None:
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Crashed, Running
+
+    from esper_cli.deploy_ops import ZOMBIE_MESSAGE
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has any more
+    runs = {}
+    with temporary_settings({PREFECT_API_URL: local.api_url}):
+        for reason in (ZOMBIE_MESSAGE, "the flow-run process raised SystemExit"):
+            run = run_deployment("fault_drills/default", timeout=0)
+            _client_call(local, lambda c, r=run: c.update_flow_run(r.id, infrastructure_pid=str(gone.pid)))
+            _client_call(local, lambda c, r=run: c.set_flow_run_state(r.id, Running(), force=True))
+            _client_call(local, lambda c, r=run, m=reason: c.set_flow_run_state(r.id, Crashed(message=m), force=True))
+            runs[reason] = run.id
+    try:
+        rescheduled = local.recover_orphans()
+        assert str(runs[ZOMBIE_MESSAGE]) in rescheduled
+        assert str(runs["the flow-run process raised SystemExit"]) not in rescheduled  # a person decides
+        states = {r: _client_call(local, lambda c, i=i: c.read_flow_run(i).state_type) for r, i in runs.items()}
+        assert states == {
+            ZOMBIE_MESSAGE: StateType.SCHEDULED,
+            "the flow-run process raised SystemExit": StateType.CRASHED,
+        }
+    finally:
+        for run_id in runs.values():  # no worker of a later test may run them
+            _client_call(local, lambda c, i=run_id: c.delete_flow_run(i))
