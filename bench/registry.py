@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -111,6 +111,9 @@ WORKLOADS: dict[str, Workload] = {
         ("digits-cnn", "16-32 channel CNN on the digits as 1x8x8 images, two seed slots"),
     )
 }
+
+SweepName = Literal["nightly", "smoke"]
+"""The named sweeps, for the flow's ``sweep`` parameter (a test keeps it equal to ``SWEEPS``)."""
 
 SWEEPS: dict[str, SweepConfig] = {
     "nightly": SweepConfig(name="nightly", epochs=100, warmup_batches=20),

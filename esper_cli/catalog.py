@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import get_args
 
 from esper_cli.args import local_flow_settings, quiet_prefect
 from esper_cli.progress import follow_task_runs, progress
@@ -11,8 +12,9 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
 from esper_core.karn.profiles import HOST_KINDS
 from esper_core.run.recipes import RECIPES
+from esper_core.tezzeret.config import BackendName
 
-BACKENDS = ("export", "aot_inductor")
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 _POLICY = {
     BlueprintTier.SAFE: "compiled, published active and germinated freely",
     BlueprintTier.EXPERIMENTAL: "compiled and germinated only with an explicit approval (--approve ID)",
@@ -87,8 +89,29 @@ def _cmd_catalog_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_compile_input(args: argparse.Namespace) -> None:
+    """Refuse a bad blueprint id, approval, device or plan before any flow starts.
+
+    The flow would refuse them too, but only after Prefect started a run and logged the error
+    with a traceback. The plan is the flow's own first task body (``plan_compiles.fn``).
+
+    Raises:
+        ValueError: The problem and its fix (main prints it without a traceback).
+    """
+    from esper_core._capabilities import resolve_device
+    from esper_core.karn.catalog import default_catalog
+    from tasks.plan import plan_compiles
+
+    catalog = default_catalog()
+    for blueprint_id in [*(args.blueprints or ()), *(args.approve or ())]:
+        catalog.get(blueprint_id)  # UnknownBlueprintError lists the known ids
+    resolve_device(args.device)
+    plan_compiles.fn(args.recipe, args.blueprints or None, args.backend, args.approve or None)
+
+
 def _cmd_catalog_compile(args: argparse.Namespace) -> int:
     quiet_prefect()
+    _check_compile_input(args)
     from flows.compile_catalog import compile_catalog
 
     display = progress(f"catalog compile {args.recipe}")

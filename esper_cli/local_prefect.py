@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esper_cli import deploy_ops
+
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 POOL = "esper"
 TEMPORARY_SERVER_LOCK = "esper-temporary-server.lock"
@@ -227,9 +229,26 @@ class LocalPrefect:
             self.run_cli("work-pool", "create", POOL, "--type", "process")
 
     def deploy(self) -> str:
-        """Register every deployment of ``prefect.yaml``; returns the CLI's output."""
+        """Register every deployment of ``prefect.yaml`` and the zombie-run automation.
+
+        Schedules that already existed keep the switch an operator gave them (prefect.yaml's
+        ``active:`` only sets new ones); see ``esper_cli.deploy_ops``.
+
+        Returns:
+            The CLI's output, then a line per schedule switched back and one for the automation.
+        """
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
         self.ensure_pool()
-        return self.run_cli("--no-prompt", "deploy", "--all").stdout
+        with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            switches = deploy_ops.schedule_switches(client)
+            out = self.run_cli("--no-prompt", "deploy", "--all").stdout
+            restored = deploy_ops.restore_schedule_switches(client, switches)
+            lines = [f"kept the schedule switch of {line}" for line in restored]
+            automation = deploy_ops.ensure_zombie_automation(client)
+            lines.append(f"automation {deploy_ops.ZOMBIE_AUTOMATION!r}: {automation}")
+        return "\n".join([out.rstrip(), *lines])
 
     def start_worker(self) -> subprocess.Popen:
         """Reschedule runs orphaned by a dead worker, then start a process worker on the pool."""
@@ -241,9 +260,10 @@ class LocalPrefect:
 
         A run left RUNNING or PENDING whose flow-run process (``infrastructure_pid``) no longer
         exists on this machine is marked Crashed and scheduled again, as ``prefect flow-run
-        retry`` would; its next execution resumes from the last committed epoch. Meant for the
-        single-machine setup of ``esper server``: with workers on several machines, let
-        Prefect's heartbeat-based crash detection mark such runs and retry them instead.
+        retry`` would; its next execution resumes from the last committed epoch. So is a run the
+        zombie automation already marked Crashed (its heartbeats stopped; ``deploy_ops``). The
+        pid check is the local fallback for a worker restarted within the automation's 90 s, on
+        the single machine of ``esper server``; across machines the heartbeats decide.
 
         Returns:
             The ids of the rescheduled flow runs.
@@ -265,11 +285,16 @@ class LocalPrefect:
         with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
             runs = client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+                    state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.CRASHED])
+                    )
                 ),
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])),
             )
             for run in runs:
+                message = run.state.message if run.state else None
+                if run.state_type is StateType.CRASHED and message != deploy_ops.ZOMBIE_MESSAGE:
+                    continue  # crashed for another reason: a person decides whether to retry it
                 pid = run.infrastructure_pid
                 if not pid or not pid.isdigit() or pid_alive(int(pid)):
                     continue

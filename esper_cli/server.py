@@ -85,7 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     commands = (
         ("start", "run the server (UI on 127.0.0.1) and a worker for the esper pool in the foreground", _cmd_start),
-        ("deploy", "register every deployment in prefect.yaml with the running server", _cmd_deploy),
+        (
+            "deploy",
+            "register every deployment in prefect.yaml with the running server (keeping each schedule's "
+            "on/off switch) and the automation that marks zombie flow runs Crashed",
+            _cmd_deploy,
+        ),
         ("worker", "run only a worker (after rescheduling runs a dead worker left behind)", _cmd_worker),
         ("env", "print the export lines that point the prefect CLI at the server", _cmd_env),
     )

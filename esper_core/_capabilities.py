@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Literal, get_args
 
 import torch
 
 log = logging.getLogger(__name__)
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
+Device = Literal["auto", "cpu", "cuda"]
+"""A device request: ``auto`` picks CUDA when present, else CPU."""
+
+DEVICE_CHOICES: tuple[str, ...] = get_args(Device)
 
 
 def cuda_available() -> bool:

@@ -3,12 +3,13 @@
 Read from ``ESPER_*`` environment variables, e.g. ``ESPER_HOME=/data/esper``,
 ``ESPER_REGISTRY_URL=postgresql+psycopg://...``, ``ESPER_PROMETHEUS_PORT=9464``,
 ``ESPER_PUSHGATEWAY_URL=http://127.0.0.1:9091``, ``ESPER_DASK_ADDRESS=tcp://127.0.0.1:8786``,
-``ESPER_GROW_TASK_SECONDS=10``.
+``ESPER_GROW_TASK_SECONDS=10``, ``ESPER_COMPILE_TIMEOUT_S=1800``, ``ESPER_ALERT_WEBHOOK_URL=https://...``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +48,37 @@ class EsperSettings(BaseSettings):
         description="How long one `grow` task of a morphogenesis flow trains before handing back to "
         "the flow (it finishes the epoch it is in); 0: a task per epoch. Groups epochs into Prefect "
         "task runs without changing the run: every epoch is committed either way.",
+    )
+
+    # Time limits of the Prefect tasks that can run long: a hung compile, benchmark or epoch fails
+    # its flow run with a message naming the setting instead of holding a worker forever.
+    compile_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Limit of one compile task (one kernel: ~1 s with export, 5-25 s with aot_inductor on 2 CPU "
+        "cores); a task over it fails.",
+    )
+    bench_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Limit of one benchmark case of a sweep (the nightly cases take minutes); a case over it fails.",
+    )
+    train_timeout_s: float = Field(
+        default=7200.0,
+        gt=0,
+        description="Limit of one training task: a morphogenesis `grow` task (about ESPER_GROW_TASK_SECONDS of "
+        "epochs, but at least one whole epoch) or a Simic collect / imitate / improve task.",
+    )
+    alert_webhook_url: SecretStr | None = Field(
+        default=None,
+        description="POST a JSON message here when a benchmark sweep fails or crashes (e.g. a Slack or Teams "
+        "incoming webhook); unset: no notification.",
+    )
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO",
+        description="Level of Esper's own loggers (esper_core.*) in flow runs, whose lines Prefect sends to the "
+        "run's logs (PREFECT_LOGGING_EXTRA_LOGGERS=esper_core, set for deployments in prefect.yaml).",
     )
 
     @field_validator("home")

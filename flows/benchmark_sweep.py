@@ -5,16 +5,25 @@ from __future__ import annotations
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from bench.registry import SweepName
 from bench.sweep import SweepReport
 from tasks.artifacts import publish_growth_artifacts, publish_sweep_artifacts
+from tasks.notify import notify_failure
 from tasks.sweep import bench_case, check_regressions, growth_benchmark, plan_sweep, write_sweep
 
 
 # One case at a time: two benchmarks sharing the cores would time each other. The distributed
 # deployment (flows/scale_out.py) swaps in Dask, one case per worker process.
-@flow(name="benchmark_sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
+# A failed or crashed sweep posts to ESPER_ALERT_WEBHOOK_URL when it is set.
+@flow(
+    name="benchmark_sweep",
+    log_prints=True,
+    task_runner=ThreadPoolTaskRunner(max_workers=1),
+    on_failure=[notify_failure],
+    on_crashed=[notify_failure],
+)
 def benchmark_sweep(
-    sweep: str = "nightly",
+    sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
     max_regression: float | None = None,
     baselines_dir: str = "baselines/perf",
@@ -32,7 +41,8 @@ def benchmark_sweep(
             it under ``baselines/growth/<plan>`` and publish its frontier plot.
     """
     plan = plan_sweep(sweep, workloads, max_regression, baselines_dir)
-    results = bench_case.map(plan.cases)
+    # .result(): a case that failed fails the sweep with its own error, before anything is written.
+    results = bench_case.map(plan.cases).result()
     report = write_sweep(plan, results)
     publish_sweep_artifacts(report)
     if growth_plan is not None:

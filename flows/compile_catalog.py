@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from esper_core._capabilities import Device
 from esper_core.contracts import KernelArtifact
+from esper_core.run.recipes import RecipeRef
+from esper_core.tezzeret.config import BackendName
 from tasks.compile import begin_compile_run, compile_blueprint, finish_compile_run, publish_artifact
 from tasks.plan import plan_compiles
 
@@ -20,16 +21,16 @@ run at once."""
 
 @flow(name="compile_catalog", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=COMPILE_CONCURRENCY))
 def compile_catalog(
-    recipe: str = "digits-mlp",
+    recipe: RecipeRef = "digits-mlp",
     blueprints: list[str] | None = None,
-    device: str = "auto",
-    backend: Literal["export", "aot_inductor"] = "export",
+    device: Device = "auto",
+    backend: BackendName = "export",
     approve: list[str] | None = None,
 ) -> list[KernelArtifact]:
     """Compile (or reuse) and publish the kernels of ``recipe``'s slots.
 
     Args:
-        recipe: Named recipe whose host slots decide the shape profiles.
+        recipe: Named recipe (or ``package.module:function``) whose host slots decide the shape profiles.
         blueprints: Blueprint ids to compile; default: the recipe's own list.
         device: ``auto``, ``cpu`` or ``cuda``.
         backend: Tezzeret backend: ``export`` (fast, default) or ``aot_inductor``.

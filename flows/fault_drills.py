@@ -7,11 +7,11 @@ from typing import Any
 from prefect import flow
 
 from tasks.artifacts import publish_drill_artifacts
-from tasks.drills import check_drills, plan_drills, run_drill
+from tasks.drills import DrillName, check_drills, plan_drills, run_drill
 
 
 @flow(name="fault_drills", log_prints=True)
-def fault_drills(drills: list[str] | None = None) -> list[dict[str, Any]]:
+def fault_drills(drills: list[DrillName] | None = None) -> list[dict[str, Any]]:
     """Run the fault drills one after the other, publish their results, fail if one failed.
 
     Args:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from esper_core.run.recipes import get_recipe
+from esper_core._capabilities import Device
+from esper_core.run.recipes import RecipeRef, get_recipe
 from esper_core.run.reports import RunSummary
 from flows.compile_catalog import compile_catalog
 from tasks._runtime import settings
@@ -14,9 +15,9 @@ from tasks.train import finish, grow, kernels_ready, start_run
 
 @flow(name="morphogenesis", log_prints=True)
 def morphogenesis(
-    recipe: str = "digits-mlp",
+    recipe: RecipeRef = "digits-mlp",
     epochs: int | None = None,
-    device: str = "auto",
+    device: Device = "auto",
     seed: int | None = None,
     run_id: str | None = None,
 ) -> RunSummary:

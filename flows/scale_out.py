@@ -11,20 +11,29 @@ where such a name would shadow Dask's ``distributed`` package.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from prefect import flow
 
+from bench.registry import SweepName
 from bench.sweep import SweepReport
+from esper_core._capabilities import Device
 from esper_core.contracts import KernelArtifact
+from esper_core.run.recipes import RecipeRef
+from esper_core.tezzeret.config import BackendName
 from flows.benchmark_sweep import benchmark_sweep
 from flows.compile_catalog import compile_catalog
 from tasks._distributed import dask_task_runner
+from tasks.notify import notify_failure
 
 
-@flow(name="benchmark_sweep", log_prints=True, task_runner=dask_task_runner())
+@flow(
+    name="benchmark_sweep",
+    log_prints=True,
+    task_runner=dask_task_runner(),
+    on_failure=[notify_failure],
+    on_crashed=[notify_failure],
+)
 def benchmark_sweep_dask(
-    sweep: str = "nightly",
+    sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
     max_regression: float | None = None,
     baselines_dir: str = "baselines/perf",
@@ -37,10 +46,10 @@ def benchmark_sweep_dask(
 
 @flow(name="compile_catalog", log_prints=True, task_runner=dask_task_runner())
 def compile_catalog_dask(
-    recipe: str = "digits-mlp",
+    recipe: RecipeRef = "digits-mlp",
     blueprints: list[str] | None = None,
-    device: str = "auto",
-    backend: Literal["export", "aot_inductor"] = "export",
+    device: Device = "auto",
+    backend: BackendName = "export",
     approve: list[str] | None = None,
 ) -> list[KernelArtifact]:
     """``compile_catalog`` with its compiles fanned out on Dask worker processes (same parameters)."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from prefect import flow
 
-from esper_core.run.simic_train import get_plan
+from esper_core._capabilities import Device
+from esper_core.run.recipes import RecipeRef
+from esper_core.run.simic_train import PlanName, get_plan
 from tasks.policy import collect, imitate_policy, improve_policy
 
 
 @flow(name="train_policy", log_prints=True)
-def train_policy(recipes: list[str] | None = None, plan: str = "default", device: str = "cpu") -> int:
+def train_policy(recipes: list[RecipeRef] | None = None, plan: PlanName = "default", device: Device = "cpu") -> int:
     """Train a policy version on ``recipes`` and publish every stage to the registry.
 
     Running Tamiyos with ``policy="gnn"`` pick the newest version up between epochs.

@@ -34,6 +34,7 @@ from esper_core.pipeline import (
     tezzeret_config,
 )
 from esper_core.urza.service import Urza
+from tasks._limits import limited
 from tasks._runtime import service_sink, settings
 
 
@@ -48,10 +49,11 @@ class StagedKernel:
 
 
 def transient(task: Task, task_run: TaskRun, state: State) -> bool:
-    """Retry condition: retry anything but a ``ValueError`` (bad input fails the same way again)."""
+    """Retry condition: retry anything but a ``ValueError`` (bad input fails the same way again)
+    or a timeout (the same compile would run out of time again)."""
     del task, task_run
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, ValueError)
+    return not isinstance(error, ValueError | TimeoutError)
 
 
 def _urza() -> Urza:
@@ -83,6 +85,7 @@ def begin_compile_run(recipe: str, jobs: list[CompileJob], device: str = "auto",
     retry_delay_seconds=2,
     retry_condition_fn=transient,
     cache_policy=NO_CACHE,
+    **limited("compile"),
 )
 def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
     """Compile ``job`` unless Urza already holds its artifact here; stage the blob."""

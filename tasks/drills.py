@@ -9,12 +9,15 @@ A drill's dict says whether it passed under ``passed`` and which checks held und
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from esper_core.run.drills import run_rollback_drill, run_timeout_drill
+
+DrillName = Literal["rollback", "timeout"]
+"""The drills' names, for the flow's ``drills`` parameter (a test keeps it equal to ``DRILLS``)."""
 
 DRILLS: dict[str, Callable[[], dict[str, Any]]] = {"timeout": run_timeout_drill, "rollback": run_rollback_drill}
 """Drill name -> drill; each runs in a temporary ESPER_HOME of its own."""

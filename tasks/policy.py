@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from esper_core.run.simic_train import collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.simic.records import SimicStore
+from tasks._limits import limited, retry_unless_timed_out
 from tasks._runtime import settings
 
 
@@ -20,7 +21,14 @@ def _store() -> SimicStore:
     return SimicStore.open(s.home, s.registry_db_url)
 
 
-@task(name="collect-episodes", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
+@task(
+    name="collect-episodes",
+    retries=1,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_timed_out,
+    cache_policy=NO_CACHE,
+    **limited("train"),
+)
 def collect(
     recipe: str,
     plan: str,
@@ -44,7 +52,14 @@ def collect(
     return [r.run_id for r in results]
 
 
-@task(name="imitate-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
+@task(
+    name="imitate-policy",
+    retries=1,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_timed_out,
+    cache_policy=NO_CACHE,
+    **limited("train"),
+)
 def imitate_policy(run_ids: list[str], plan: str) -> int:
     """Imitate the decisions of ``run_ids``; returns the published version."""
     store = _store()
@@ -54,7 +69,14 @@ def imitate_policy(run_ids: list[str], plan: str) -> int:
         store.close()
 
 
-@task(name="improve-policy", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
+@task(
+    name="improve-policy",
+    retries=1,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_timed_out,
+    cache_policy=NO_CACHE,
+    **limited("train"),
+)
 def improve_policy(version: int, rollout_run_ids: list[str], demonstration_run_ids: list[str], plan: str) -> int:
     """One PPO update of ``version`` on its rollouts; returns the published version."""
     store = _store()

@@ -18,6 +18,7 @@ from bench.growth import GrowthBenchConfig, save_baseline
 from bench.growth import run as run_growth
 from bench.registry import BenchCase, SweepConfig, get_sweep, plan_cases
 from bench.sweep import CaseResult, SweepReport, compare, previous_sweep, run_case, sweep_directory, write_snapshot
+from tasks._limits import limited, retry_unless_timed_out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +49,14 @@ def plan_sweep(sweep: str, workloads: list[str] | None, max_regression: float | 
 
 
 # NO_CACHE: a timing is only worth anything fresh. One retry covers a worker lost mid-case.
-@task(name="bench-case", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(
+    name="bench-case",
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_timed_out,
+    cache_policy=NO_CACHE,
+    **limited("bench"),
+)
 def bench_case(case: BenchCase) -> CaseResult:
     """Time one (workload, device, seeds) case: Esper and bare PyTorch, interleaved."""
     return run_case(case)

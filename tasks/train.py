@@ -34,6 +34,7 @@ from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import START_TAG, RunHandle, RunSession, epoch_tag, epochs_applied
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
+from tasks._limits import limited
 from tasks._runtime import forget, prometheus, remember, session_for, settings
 
 
@@ -142,7 +143,7 @@ def _retry_unless_halted(task: Any, task_run: Any, state: Any) -> bool:
     # A halt is the run's own verdict after repeated failed epochs: a retry would repeat it.
     try:
         state.result()
-    except TrainingHalted:
+    except (TrainingHalted, TimeoutError):  # a timed-out task would run out of time again
         return False
     except Exception:  # noqa: BLE001 - any other failure is worth the retry policy
         return True
@@ -190,6 +191,7 @@ def grow_epoch(session: RunSession, epoch: int) -> EpochReport:
     retry_delay_seconds=1,
     retry_condition_fn=_retry_unless_halted,
     cache_policy=NO_CACHE,
+    **limited("train"),
 )
 def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growth:
     """Run epochs ``first``, ``first + 1``, ... before ``stop`` until this task has worked ``task_seconds``.

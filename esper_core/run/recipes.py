@@ -15,7 +15,9 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from typing import Annotated, Literal
 
+from pydantic import StringConstraints
 from torch.utils.data import TensorDataset
 
 from esper_core.data import DataConfig, DataSpec, DataSplits
@@ -126,7 +128,18 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
 }
 
 
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+RecipeName = Literal["digits-cnn", "digits-mlp", "mnist1d-cnn", "mnist1d-mlp", "seed-reference"]
+"""The built-in recipe names, for flow parameters the UI offers as a choice; a test keeps it equal
+to ``sorted(RECIPES)``, so adding a recipe means adding its name here too."""
+
+RECIPE_IMPORT_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
+"""A recipe given by import path, ``package.module:function``."""
+
+RecipeRef = RecipeName | Annotated[str, StringConstraints(pattern=RECIPE_IMPORT_PATTERN)]
+"""What a flow's ``recipe`` parameter accepts: a built-in name or an import path. Prefect turns it
+into the parameter schema, so a deployment refuses anything else before a worker starts."""
+
+IMPORT_PATH = re.compile(RECIPE_IMPORT_PATTERN)
 """``package.module:function``: how a user's recipe is named."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -66,6 +67,10 @@ class TrainingPlan:
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"episodes need >= 2 epochs for a reward, got {self.epochs}")
 
+
+PlanName = Literal["default", "smoke"]
+"""The named training plans, for the ``train_policy`` flow's ``plan`` parameter (a test keeps it
+equal to ``PLANS``)."""
 
 PLANS: dict[str, TrainingPlan] = {
     "default": TrainingPlan(),

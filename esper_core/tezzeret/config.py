@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -34,6 +35,8 @@ class Backend(StrEnum):
 
 
 _COMPILERS = {Backend.EXPORT: "torch.export", Backend.AOT_INDUCTOR: "aot_inductor"}
+BackendName = Literal["export", "aot_inductor"]
+"""The values of ``Backend``, for flow parameters and CLI choices (a test keeps them equal)."""
 COMPILER_NAME = Backend.EXPORT.compiler
 """Compiler name of the default backend (kept for callers that predate backends)."""
 

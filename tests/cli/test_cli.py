@@ -73,3 +73,28 @@ def test_bench_seed_reference_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_console_script_is_installed() -> None:
     out = subprocess.run([sys.executable, "-m", "esper_cli", "--help"], capture_output=True, text=True, check=True)
     assert "Grow neural networks" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nope"], "unknown blueprint 'nope': known blueprints are"),
+        (["lowrank_adapter", "--approve", "nope"], "unknown blueprint 'nope'"),
+        (["glu_block"], "pass --approve glu_block"),
+    ],
+)
+def test_catalog_compile_refuses_bad_input_before_any_flow_starts(
+    argv: list[str], message: str, esper_home: EsperSettings
+) -> None:
+    # A real process, as a user runs it: the message, and neither a traceback nor a flow run.
+    done = subprocess.run(
+        [sys.executable, "-m", "esper_cli", "catalog", "compile", *argv, "--recipe", "seed-reference"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert any(line.startswith("esper: error: ") and message in line for line in done.stderr.splitlines()), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "flow run" not in (done.stdout + done.stderr).lower()
+    assert not (esper_home.home / "registry.db").exists()  # nothing was started

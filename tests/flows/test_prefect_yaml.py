@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
@@ -97,3 +98,89 @@ def test_workers_find_the_code_without_a_preset_variable() -> None:
     directory = step["prefect.deployments.steps.set_working_directory"]["directory"]
     build_ids = [next(iter(s.values())).get("id") for s in config["build"]]
     assert directory == "{{ project.stdout }}" and "project" in build_ids
+
+
+def test_choice_types_list_exactly_the_registered_names() -> None:
+    # One edit adds a recipe, sweep, plan or drill: the registry and its Literal, kept equal here.
+    from bench.registry import SWEEPS, SweepName
+    from esper_core._capabilities import DEVICE_CHOICES, Device
+    from esper_core.run.recipes import RECIPES, RecipeName
+    from esper_core.run.simic_train import PLANS, PlanName
+    from esper_core.tezzeret.config import Backend, BackendName
+    from tasks.drills import DRILLS, DrillName
+
+    assert sorted(get_args(RecipeName)) == sorted(RECIPES), "add the new recipe's name to RecipeName"
+    assert sorted(get_args(SweepName)) == sorted(SWEEPS)
+    assert sorted(get_args(PlanName)) == sorted(PLANS)
+    assert sorted(get_args(DrillName)) == sorted(DRILLS)
+    assert sorted(get_args(BackendName)) == sorted(b.value for b in Backend)
+    assert get_args(Device) == DEVICE_CHOICES
+
+
+# Parameters with a fixed set of values offer that set in the schema (the UI shows a choice).
+CHOICES = {
+    ("morphogenesis", "device"): ["auto", "cpu", "cuda"],
+    ("compile_catalog", "backend"): ["export", "aot_inductor"],
+    ("benchmark_sweep", "sweep"): ["nightly", "smoke"],
+    ("train_policy", "plan"): ["default", "smoke"],
+}
+
+
+def test_fixed_choices_are_enums_in_every_deployments_schema() -> None:
+    from esper_core.run.recipes import RECIPE_IMPORT_PATTERN, RECIPES
+
+    for d in _deployments():
+        flow = _load(d["entrypoint"])
+        properties = flow.parameters.model_dump()["properties"]
+        for (flow_name, parameter), values in CHOICES.items():
+            if flow.name == flow_name:
+                assert properties[parameter]["enum"] == values, (d["entrypoint"], parameter)
+        if "recipe" in properties:
+            names, import_path = properties["recipe"]["anyOf"]
+            assert sorted(names["enum"]) == sorted(RECIPES) and import_path["pattern"] == RECIPE_IMPORT_PATTERN
+
+
+@pytest.mark.parametrize(
+    ("flow_name", "parameters"),
+    [
+        ("morphogenesis", {"recipe": "digits-mpl"}),
+        ("morphogenesis", {"recipe": "my_recipes.py"}),
+        ("morphogenesis", {"device": "gpu"}),
+        ("compile_catalog", {"backend": "inductor"}),
+        ("benchmark_sweep", {"sweep": "weekly"}),
+        ("train_policy", {"plan": "big"}),
+        ("train_policy", {"recipes": ["digits-mlp", "nope"]}),
+        ("fault_drills", {"drills": ["flood"]}),
+    ],
+)
+def test_the_schema_refuses_a_value_outside_the_choices(flow_name: str, parameters: dict) -> None:
+    # What the server checks for `enforce_parameter_schema` before a run is created.
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    flow = next(f for d in _deployments() if (f := _load(d["entrypoint"])).name == flow_name)
+    schema = flow.parameters.model_dump_for_openapi()
+    with pytest.raises(ValidationError, match=next(iter(parameters))):
+        validate(parameters, schema, raise_on_error=True, ignore_required=True)
+
+
+@pytest.mark.parametrize("recipe", ["digits-cnn", "my_lab.recipes:wide_mlp", "recipes:small"])
+def test_the_schema_accepts_recipe_names_and_import_paths(recipe: str) -> None:
+    from prefect.utilities.schema_tools import validate
+
+    flow = _load("flows/morphogenesis.py:morphogenesis")
+    validate({"recipe": recipe}, flow.parameters.model_dump_for_openapi(), raise_on_error=True, ignore_required=True)
+
+
+def test_sweeps_never_overlap_within_a_deployment() -> None:
+    config = _config()
+    limit = config["definitions"]["one_sweep_at_a_time"]
+    assert limit == {"limit": 1, "collision_strategy": "ENQUEUE"}  # a second sweep waits, never runs beside
+    sweeps = [d for d in _deployments() if _load(d["entrypoint"]).name == "benchmark_sweep"]
+    assert len(sweeps) == 2 and all(d["concurrency_limit"] == limit for d in sweeps), sweeps
+
+
+def test_flow_run_processes_send_heartbeats_and_esper_logs() -> None:
+    env = _config()["definitions"]["work_pools"]["esper_process"]["job_variables"]["env"]
+    # Prefect's zombie detection needs heartbeats at least every 30 s; the automation waits 90 s.
+    assert 0 < int(env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]) <= 30
+    assert "esper_core" in env["PREFECT_LOGGING_EXTRA_LOGGERS"].split(",")

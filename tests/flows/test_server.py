@@ -180,3 +180,72 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     session.close()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test_loss"] == clean.test_loss and summary["seeds"] == clean.seeds
+
+
+def _nightly_schedule(client: Any) -> Any:
+    (schedule,) = client.read_deployment_by_name("benchmark_sweep/nightly").schedules
+    return schedule
+
+
+def test_redeploy_keeps_the_operators_schedule_switch_and_one_zombie_automation(local: LocalPrefect) -> None:
+    from esper_cli.deploy_ops import ZOMBIE_AFTER_S, ZOMBIE_AUTOMATION
+
+    deployment_id = _client_call(local, lambda c: c.read_deployment_by_name("benchmark_sweep/nightly").id)
+    first = _client_call(local, _nightly_schedule)
+    assert first.active is False and first.slug == "nightly"  # as prefect.yaml registers it
+    # An operator switches the nightly sweep on (the UI's toggle makes the same call).
+    _client_call(local, lambda c: c.update_deployment_schedule(deployment_id, first.id, active=True))
+    try:
+        out = local.deploy()
+        assert "kept the schedule switch of benchmark_sweep/nightly nightly: on" in out, out
+        again = _client_call(local, _nightly_schedule)
+        assert again.active is True and again.slug == "nightly"
+    finally:
+        # Off again: no worker of the other tests may pick up a 03:00 sweep.
+        _client_call(local, lambda c: c.update_deployment_schedule(deployment_id, again.id, active=False))
+
+    (automation,) = _client_call(local, lambda c: c.read_automations_by_name(ZOMBIE_AUTOMATION))
+    trigger = automation.trigger
+    assert trigger.posture == "Proactive" and trigger.within.total_seconds() == ZOMBIE_AFTER_S
+    assert trigger.after == {"prefect.flow-run.heartbeat"} and "prefect.flow-run.heartbeat" in trigger.expect
+    assert [a.type for a in automation.actions] == ["change-flow-run-state"]
+    assert automation.actions[0].state.value == "CRASHED" and automation.enabled
+
+
+def test_the_server_refuses_a_bad_parameter_before_a_run_exists(local: LocalPrefect) -> None:
+    before = _client_call(local, lambda c: len(c.read_flow_runs()))
+    with pytest.raises(RuntimeError, match="Validation failed for field 'recipe'"):
+        local.run_cli("deployment", "run", "morphogenesis/default", "--param", "recipe=digits-mpl")
+    assert _client_call(local, lambda c: len(c.read_flow_runs())) == before
+
+
+def test_a_restarted_worker_reschedules_runs_the_zombie_automation_crashed(local: LocalPrefect) -> None:
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Crashed, Running
+
+    from esper_cli.deploy_ops import ZOMBIE_MESSAGE
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has any more
+    runs = {}
+    with temporary_settings({PREFECT_API_URL: local.api_url}):
+        for reason in (ZOMBIE_MESSAGE, "the flow-run process raised SystemExit"):
+            run = run_deployment("fault_drills/default", timeout=0)
+            _client_call(local, lambda c, r=run: c.update_flow_run(r.id, infrastructure_pid=str(gone.pid)))
+            _client_call(local, lambda c, r=run: c.set_flow_run_state(r.id, Running(), force=True))
+            _client_call(local, lambda c, r=run, m=reason: c.set_flow_run_state(r.id, Crashed(message=m), force=True))
+            runs[reason] = run.id
+    try:
+        rescheduled = local.recover_orphans()
+        assert str(runs[ZOMBIE_MESSAGE]) in rescheduled
+        assert str(runs["the flow-run process raised SystemExit"]) not in rescheduled  # a person decides
+        states = {r: _client_call(local, lambda c, i=i: c.read_flow_run(i).state_type) for r, i in runs.items()}
+        assert states == {
+            ZOMBIE_MESSAGE: StateType.SCHEDULED,
+            "the flow-run process raised SystemExit": StateType.CRASHED,
+        }
+    finally:
+        for run_id in runs.values():  # no worker of a later test may run them
+            _client_call(local, lambda c, i=run_id: c.delete_flow_run(i))

@@ -1,0 +1,67 @@
+"""Time limits of the long-running tasks (compile, benchmark, training) and what a timeout says.
+
+Each limit is a Prefect ``timeout_seconds`` read from ``EsperSettings`` when the task module is
+imported, i.e. when a flow-run process starts: set ``ESPER_COMPILE_TIMEOUT_S``,
+``ESPER_BENCH_TIMEOUT_S`` or ``ESPER_TRAIN_TIMEOUT_S`` in the worker's environment. A task over
+its limit fails (it is not retried: the same work would run out of time again) and logs which
+setting to raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from prefect import Task, get_run_logger
+from prefect.client.schemas.objects import State, TaskRun
+
+from esper_core.settings import EsperSettings
+
+LimitKind = Literal["compile", "bench", "train"]
+
+_SETTINGS: dict[str, str] = {"compile": "compile_timeout_s", "bench": "bench_timeout_s", "train": "train_timeout_s"}
+
+
+def setting_name(kind: LimitKind) -> str:
+    """The environment variable that sets the limit of ``kind`` tasks, e.g. ``ESPER_COMPILE_TIMEOUT_S``."""
+    return "ESPER_" + _SETTINGS[kind].upper()
+
+
+def time_limit(kind: LimitKind) -> float:
+    """The configured limit of ``kind`` tasks in seconds."""
+    return float(getattr(EsperSettings(), _SETTINGS[kind]))
+
+
+def timed_out(state: State) -> bool:
+    """Whether a failed task state is Prefect's timeout (its exception is a ``TimeoutError``)."""
+    return isinstance(state.result(raise_on_failure=False), TimeoutError)
+
+
+def timeout_message(task_name: str, limit_s: float, kind: LimitKind) -> str:
+    """What a task over its limit reports: the task, the limit and the setting that raises it."""
+    return (
+        f"task {task_name!r} ran past its time limit of {limit_s:g} s and was stopped; if this work "
+        f"needs longer, raise {setting_name(kind)} (seconds) in the worker's environment"
+    )
+
+
+def explain_timeout(kind: LimitKind) -> Callable[[Task, TaskRun, State], None]:
+    """An ``on_failure`` hook that logs ``timeout_message`` to the task run when it timed out."""
+
+    def hook(task: Task, task_run: TaskRun, state: State) -> None:
+        del task_run
+        if timed_out(state):
+            get_run_logger().error(timeout_message(task.name, task.timeout_seconds or 0.0, kind))
+
+    return hook
+
+
+def limited(kind: LimitKind) -> dict[str, Any]:
+    """The ``@task`` options of a ``kind`` task: its time limit and the hook that explains a timeout."""
+    return {"timeout_seconds": time_limit(kind), "on_failure": [explain_timeout(kind)]}
+
+
+def retry_unless_timed_out(task: Task, task_run: TaskRun, state: State) -> bool:
+    """Retry condition of a limited task: anything but a timeout is worth the retry policy."""
+    del task, task_run
+    return not timed_out(state)
