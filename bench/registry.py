@@ -76,6 +76,9 @@ class SweepConfig:
     """Fail the sweep when a gated figure grows by more than this share over the previous sweep."""
     gated: tuple[str, ...] = ("p50_ms", "ratio_p50")
     """Figures that fail the sweep; p50 rather than p95 because p95 on shared machines is noise."""
+    growth_plan: str | None = None
+    """Also run the growth benchmark with this plan (``smoke``, ``default``), keep it under
+    ``baselines/growth/<plan>`` and publish its frontier plot; None: timings only."""
 
     def __post_init__(self) -> None:
         if self.epochs < 5:
@@ -112,11 +115,14 @@ WORKLOADS: dict[str, Workload] = {
     )
 }
 
-SweepName = Literal["nightly", "smoke"]
+SweepName = Literal["growth", "nightly", "smoke"]
 """The named sweeps, for the flow's ``sweep`` parameter (a test keeps it equal to ``SWEEPS``)."""
 
 SWEEPS: dict[str, SweepConfig] = {
     "nightly": SweepConfig(name="nightly", epochs=100, warmup_batches=20),
+    # The growth benchmark's default plan (20 paired seeds: tens of minutes on 2 cores) after a
+    # short timing sweep; its frontier plot is published with the sweep's artifacts.
+    "growth": SweepConfig(name="growth", workloads=("seed-reference",), growth_plan="default"),
     # Checks the sweep machinery end to end (tests, a new worker machine); 5 epochs are too
     # few for timings to mean anything, so nothing is gated.
     "smoke": SweepConfig(

@@ -27,26 +27,24 @@ def benchmark_sweep(
     workloads: list[str] | None = None,
     max_regression: float | None = None,
     baselines_dir: str = "baselines/perf",
-    growth_plan: str | None = None,
 ) -> SweepReport:
     """Time the named sweep's workloads on every device present and compare with the last sweep.
 
     Args:
-        sweep: Named sweep in ``bench/registry.py`` (``nightly``, ``smoke``).
+        sweep: Named sweep in ``bench/registry.py`` (``nightly``, ``smoke``, ``growth``: also the
+            growth benchmark, its results under ``baselines/growth/<plan>`` and its frontier plot).
         workloads: Narrow the sweep to these workloads (default: the sweep's own list).
         max_regression: Override the sweep's threshold (``0.25``: fail when a gated figure is
             more than 25 % above the previous sweep's).
         baselines_dir: Root of the snapshots; relative paths start at the project directory.
-        growth_plan: Also run the growth benchmark with this plan (``smoke``, ``default``), keep
-            it under ``baselines/growth/<plan>`` and publish its frontier plot.
     """
     plan = plan_sweep(sweep, workloads, max_regression, baselines_dir)
     # .result(): a case that failed fails the sweep with its own error, before anything is written.
     results = bench_case.map(plan.cases).result()
     report = write_sweep(plan, results)
     publish_sweep_artifacts(report)
-    if growth_plan is not None:
-        publish_growth_artifacts(growth_benchmark(growth_plan, "baselines/growth"))
+    if plan.config.growth_plan is not None:
+        publish_growth_artifacts(growth_benchmark(plan.config.growth_plan, "baselines/growth"))
     check_regressions(report)
     print(f"sweep {report.name}: {len(report.rows)} figures, compared with {report.previous or 'nothing'}")
     return report

@@ -121,7 +121,7 @@ def test_choice_types_list_exactly_the_registered_names() -> None:
 CHOICES = {
     ("morphogenesis", "device"): ["auto", "cpu", "cuda"],
     ("compile_catalog", "backend"): ["export", "aot_inductor"],
-    ("benchmark_sweep", "sweep"): ["nightly", "smoke"],
+    ("benchmark_sweep", "sweep"): ["growth", "nightly", "smoke"],
     ("train_policy", "plan"): ["default", "smoke"],
 }
 
