@@ -198,23 +198,28 @@ def warmup_probe(cache_dir: str, device: str, mode: str | None) -> dict[str, flo
     policy(*inputs)  # eager is warm before the compile starts, as in a running service
     start = time.perf_counter()
     policy.warm(*inputs)
-    during_ms = []
+    during_ms: dict[str, list[float]] = {"warming": [], "loading": []}
     # Decisions every 100 ms while the compile runs: all eager, none waits for the compiler, but
-    # they share the CPU (and the GIL) with it.
+    # they share the CPU with the child process and, while loading, the GIL with this one's thread.
     while not policy.wait_until_idle(0.1):
+        stage = policy.stage
         call = time.perf_counter()
         policy(*inputs)[0].sum().item()
-        during_ms.append((time.perf_counter() - call) * 1e3)
+        during_ms[stage if stage in during_ms else "loading"].append((time.perf_counter() - call) * 1e3)
     warmup_s = time.perf_counter() - start
     if not policy.compile_enabled:
         raise RuntimeError(f"compile fell back: {policy.fallback_reason}")
     policy.close()
-    during = latency_stats(during_ms or [0.0])
+    during = latency_stats([*during_ms["warming"], *during_ms["loading"]] or [0.0])
     return {
         "warmup_s": warmup_s,
+        "cache_warm_s": policy.cache_warm_s,
+        "load_s": policy.load_s,
         "during_p50_ms": during.p50_ms,
         "during_max_ms": during.max_ms,
-        "during_calls": len(during_ms),
+        "during_warming_max_ms": max(during_ms["warming"], default=0.0),
+        "during_loading_max_ms": max(during_ms["loading"], default=0.0),
+        "during_calls": len(during_ms["warming"]) + len(during_ms["loading"]),
     }
 
 
