@@ -24,6 +24,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")
     print(f"commands   {summary.commands}")
+    print(
+        f"tamiyo     worst decision {summary.tamiyo_decision_max_ms:.0f} ms, {summary.tamiyo_timeouts} deadline misses"
+    )
     print(f"outputs    {summary.run_dir}/ (summary.json, telemetry.jsonl, baseline.json, report.md)")
     return 0
 
