@@ -32,9 +32,9 @@ def _run(home: EsperSettings, run_id: str) -> dict[str, Any]:
     session.close()
     return {
         "epochs": [(p.epoch, p.train_loss, p.val_loss, p.val_accuracy) for p in session.history],
-        "commands": [
-            (c.epoch, c.action, c.slot_id, c.blueprint_id, c.issued_by, c.reason, c.scores) for c in session.commands
-        ],
+        # Not the GNN's shadow scores: its graph holds measured latencies (epoch, lookup), which
+        # are telemetry and differ from run to run; the heuristic decides without them.
+        "commands": [(c.epoch, c.action, c.slot_id, c.blueprint_id, c.issued_by, c.reason) for c in session.commands],
         "test": (summary.test_accuracy, summary.test_loss, summary.seeds),
     }
 
