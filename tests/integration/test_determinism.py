@@ -40,6 +40,7 @@ def _run(home: EsperSettings, run_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two runs, each measuring a real Inductor compile of the step
 def test_a_fresh_and_a_used_home_give_identical_runs(compiled_home: EsperSettings) -> None:
     assert not (compiled_home.home / "step_decisions.json").exists()
     fresh = _run(compiled_home, "fresh")
