@@ -29,6 +29,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"commands   {summary.commands}")
     mib = summary.checkpoints["bytes"] / 2**20
     print(f"checkpoints {summary.checkpoints['files']} kept, {mib:.1f} MiB")
+    print(
+        f"tamiyo     worst decision {summary.tamiyo_decision_max_ms:.0f} ms, {summary.tamiyo_timeouts} deadline misses"
+    )
     print(f"outputs    {summary.run_dir}/ (summary.json, telemetry.jsonl, baseline.json, report.md)")
     return 0
 

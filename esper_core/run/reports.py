@@ -10,7 +10,7 @@ from typing import Any
 
 from esper_core.contracts import SeedStage
 from esper_core.run.session import RunSession
-from esper_core.telemetry import write_baseline
+from esper_core.telemetry import read_jsonl, write_baseline
 from esper_core.tolaria.loop import count_parameters
 
 
@@ -35,6 +35,10 @@ class RunSummary:
     run_dir: str
     checkpoints: dict[str, int]
     """What the run keeps on disk: ``files`` (committed checkpoints) and their ``bytes``."""
+    tamiyo_decision_max_ms: float = 0.0
+    """Worst Tamiyo decision latency of the run (timed-out ones included)."""
+    tamiyo_timeouts: int = 0
+    """Decisions that missed ``SafetyConfig.tamiyo_deadline_ms`` and became a WAIT."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -61,6 +65,7 @@ def finish_run(session: RunSession) -> RunSummary:
         field_reports=dict(Counter(r.outcome.value for r in session.reports)),
         run_dir=str(session.run_dir),
         checkpoints={"files": len(session.checkpoints.tags()), "bytes": session.checkpoints.size_bytes()},
+        **_decision_latency(Path(session.run_dir) / "telemetry.jsonl"),
     )
     run_dir = Path(session.run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
@@ -85,6 +90,16 @@ def finish_run(session: RunSession) -> RunSummary:
     )
     (run_dir / "report.md").write_text(render_report(session, summary))
     return summary
+
+
+def _decision_latency(telemetry: Path) -> dict[str, Any]:
+    """The worst decision latency and the timeout count over every epoch the run committed
+    (read from its telemetry: the epochs may have run in other processes)."""
+    packets = read_jsonl(telemetry) if telemetry.exists() else []
+    metrics = [m for p in packets for m in p.metrics]
+    latencies = [m.value for m in metrics if m.name == "tamiyo.decision.latency_ms"]
+    timeouts = sum(m.value for m in metrics if m.name == "tolaria.timeout.tamiyo_total")
+    return {"tamiyo_decision_max_ms": max(latencies, default=0.0), "tamiyo_timeouts": int(timeouts)}
 
 
 def render_report(session: RunSession, summary: RunSummary) -> str:

@@ -316,13 +316,21 @@ class RunSession:
             )
             command = decision.command
         else:
+            # The deadline covers the deciding policy only: the GNN's shadow scoring (when the
+            # heuristic decides) runs after it, so its timing can never turn into a WAIT.
             outcome = call_with_deadline(
                 lambda: self.tamiyo.decide(
-                    history, candidates, run_id=self.run_id, reports=reports, total_epochs=self.config.epochs
+                    history,
+                    candidates,
+                    run_id=self.run_id,
+                    reports=reports,
+                    total_epochs=self.config.epochs,
+                    shadow=False,
                 ),
                 self.config.trainer.safety.tamiyo_deadline_ms,
             )
             metrics.append(MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms"))
+            self.timings["decide_ms"].append(outcome.elapsed_ms)
             if outcome.timed_out or outcome.error is not None or outcome.value is None:
                 breaker.record_failure("timeout" if outcome.timed_out else f"{type(outcome.error).__name__}")
                 command = self.rails.tamiyo_missed(
@@ -330,9 +338,8 @@ class RunSession:
                 )
             else:
                 breaker.record_success()
-                decision = outcome.value
+                decision = self.tamiyo.add_shadow(outcome.value, history, candidates, total_epochs=self.config.epochs)
                 command = decision.command
-                self.timings["decide_ms"].append(outcome.elapsed_ms)
                 self.timings["gnn_ms"].append(decision.gnn_latency_ms)
                 metrics += decision_metrics(decision)
         command = self.rails.filter(command)

@@ -27,17 +27,23 @@ class PolicyCompileConfig:
         mode: ``torch.compile`` mode; ``reduce-overhead`` adds CUDA graphs on CUDA and is the
             same as the default on CPU.
         dynamic: Compile with dynamic shapes (graphs differ in node and edge counts).
+        backend: ``torch.compile`` backend; ``eager`` or ``aot_eager`` skip code generation
+            (fast, for tests).
         background: Compile on a background thread while eager serves decisions; False
             compiles before ``prepare_policy`` returns (benchmarks, tests).
         max_shapes: Shape signatures compiled at most (each new one is compiled in the
             background on first sight); later ones are served eagerly.
+        warmup_timeout_s: Longest the background compile's child process may take (its cold
+            compile, see ``esper_core.tamiyo.warmup``) before compiling is given up for good.
     """
 
     enabled: bool = True
     mode: str | None = "reduce-overhead"
     dynamic: bool = True
+    backend: str = "inductor"
     background: bool = True
     max_shapes: int = 8
+    warmup_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -45,6 +51,8 @@ class PolicyCompileConfig:
             raise ValueError(f"compile mode must be one of {modes}, got {self.mode!r}")
         if self.max_shapes < 1:
             raise ValueError(f"max_shapes must be >= 1, got {self.max_shapes}")
+        if self.warmup_timeout_s <= 0:
+            raise ValueError(f"warmup_timeout_s must be > 0 seconds, got {self.warmup_timeout_s}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -5,10 +5,16 @@ predicted risk are always observable); who decides is ``TamiyoConfig.policy``: t
 (default until Simic has trained a policy), the GNN, random or periodic germination, or nobody. Every
 proposal then passes the risk engine. ``decide_safely`` adds the circuit breaker: an error
 counts as a failure and the epoch gets the safe command (WAIT) instead of an exception.
+
+When the GNN does not decide, its forward is side work (shadow scoring): ``decide(...,
+shadow=False)`` leaves it out and ``add_shadow`` adds it afterwards, so a caller's deadline
+covers only the policy that decides, and a slow shadow forward (a busy machine, a compile
+warming up) can never turn the heuristic's command into a timeout WAIT.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -114,6 +120,7 @@ class TamiyoService:
         run_id: str,
         reports: Sequence[FieldReport] = (),
         total_epochs: int | None = None,
+        shadow: bool = True,
     ) -> Decision:
         """Decide this epoch's command (errors propagate; see ``decide_safely``).
 
@@ -123,6 +130,8 @@ class TamiyoService:
             run_id: Run the command belongs to.
             reports: The run's field reports so far (the risk engine reads them).
             total_epochs: Length of the run (the graph's ``progress`` feature).
+            shadow: Run the GNN's shadow scoring now when another policy decides; False leaves
+                it to ``add_shadow`` (callers that hold the decision to a deadline).
 
         Returns:
             The decision.
@@ -131,17 +140,12 @@ class TamiyoService:
             ValueError: If ``history`` is empty.
         """
         graph = build_graph(history, candidates, total_epochs=total_epochs)
-        x_dict, edge_index_dict = self.policy.inputs(graph)
-        start = time.perf_counter()
-        out = self.policy(x_dict, edge_index_dict)
-        # .tolist() waits for the device, so the timing covers the whole forward.
-        probs: list[float] = torch.softmax(out.action_logits[0].float(), dim=-1).tolist()
-        gnn_latency_ms = (time.perf_counter() - start) * 1e3
-        action_probs = dict(zip(ACTION_NAMES, probs, strict=True))
-        value, predicted_risk = float(out.value[0]), float(out.risk[0])
-        log_prob = None
         policy = self.config.policy
+        scores: _Scores | None = None
+        log_prob = None
         if policy == "gnn":
+            scores = self._score(graph)
+            out = scores.out
             choice = choose(
                 out,
                 legal_masks(history[-1], candidates),
@@ -152,12 +156,6 @@ class TamiyoService:
             log_prob = choice.log_prob
         elif policy == "heuristic":
             proposal = self.heuristic.decide(history, candidates, run_id=run_id)
-            proposal = proposal.model_copy(
-                update={
-                    "reason": f"{proposal.reason} {SHADOW_NOTE}",
-                    "scores": {**proposal.scores, **{f"gnn.{n}": p for n, p in action_probs.items()}},
-                }
-            )
         elif policy == "random":
             proposal = self.random.decide(history, candidates, run_id=run_id)
         elif policy == "periodic":
@@ -170,25 +168,93 @@ class TamiyoService:
                 history=history,
                 candidates=candidates,
                 reports=reports,
-                predicted_risk=predicted_risk if policy == "gnn" else None,
+                predicted_risk=scores.predicted_risk if scores is not None else None,
             ),
         )
-        fallbacks = self.policy.fallback_total - self._reported_fallbacks
-        self._reported_fallbacks = self.policy.fallback_total
-        return Decision(
+        decision = Decision(
             command=verdict.command,
             proposal=proposal,
             policy=policy,
             policy_version=self.policy_version,
-            gnn_latency_ms=gnn_latency_ms,
             coverage=graph.coverage,
             missing=graph.missing,
-            action_probs=action_probs,
-            value=value,
-            predicted_risk=predicted_risk,
             log_prob=log_prob,
             risk_rules=verdict.rules,
+        )
+        if scores is not None:
+            return self._with_scores(decision, scores)
+        return self.add_shadow(decision, history, candidates, total_epochs=total_epochs) if shadow else decision
+
+    def add_shadow(
+        self,
+        decision: Decision,
+        history: Sequence[SystemStatePacket],
+        candidates: Sequence[BlueprintCandidate],
+        *,
+        total_epochs: int | None = None,
+    ) -> Decision:
+        """``decision`` with the GNN's shadow scores (when another policy decided it).
+
+        The heuristic's command and proposal also carry the GNN's action probabilities
+        (``gnn.<action>`` scores) and ``SHADOW_NOTE``. Decisions the GNN made, or that already
+        carry scores, and the breaker's fallback decisions are returned unchanged.
+
+        Args:
+            decision: From ``decide(..., shadow=False)`` for the same ``history`` and ``candidates``.
+            history: The run's packets, oldest first.
+            candidates: Blueprints that could be germinated.
+            total_epochs: Length of the run.
+
+        Returns:
+            The decision with ``action_probs``, ``value``, ``predicted_risk``, ``gnn_latency_ms``
+            and the compile state filled in (unchanged, and the error logged, if the forward fails).
+        """
+        if decision.action_probs is not None or decision.policy not in ("heuristic", "random", "none"):
+            return decision
+        try:
+            scores = self._score(build_graph(history, candidates, total_epochs=total_epochs))
+        # Side work: a failing shadow forward must not change (or stop) the decision it annotates.
+        except Exception:  # noqa: BLE001
+            log.exception(
+                "Tamiyo's shadow GNN scoring failed; the %s decision stands without GNN scores", decision.policy
+            )
+            return decision
+        decision = self._with_scores(decision, scores)
+        if decision.policy != "heuristic":
+            return decision
+        update = {"reason": f"{{}} {SHADOW_NOTE}", "scores": {f"gnn.{n}": p for n, p in scores.action_probs.items()}}
+        return dataclasses.replace(
+            decision,
+            command=_annotated(decision.command, update),
+            proposal=_annotated(decision.proposal, update),
+        )
+
+    def _score(self, graph: TamiyoGraph) -> _Scores:
+        x_dict, edge_index_dict = self.policy.inputs(graph)
+        start = time.perf_counter()
+        out = self.policy(x_dict, edge_index_dict)
+        # .tolist() waits for the device, so the timing covers the whole forward.
+        probs: list[float] = torch.softmax(out.action_logits[0].float(), dim=-1).tolist()
+        latency_ms = (time.perf_counter() - start) * 1e3
+        return _Scores(
+            out=out,
+            action_probs=dict(zip(ACTION_NAMES, probs, strict=True)),
+            value=float(out.value[0]),
+            predicted_risk=float(out.risk[0]),
+            latency_ms=latency_ms,
             compiled=self.policy.last_call_compiled,
+        )
+
+    def _with_scores(self, decision: Decision, scores: _Scores) -> Decision:
+        fallbacks = self.policy.fallback_total - self._reported_fallbacks
+        self._reported_fallbacks = self.policy.fallback_total
+        return dataclasses.replace(
+            decision,
+            gnn_latency_ms=scores.latency_ms,
+            action_probs=scores.action_probs,
+            value=scores.value,
+            predicted_risk=scores.predicted_risk,
+            compiled=scores.compiled,
             compile_enabled=self.policy.compile_enabled,
             compile_fallbacks=fallbacks,
         )
@@ -322,6 +388,25 @@ class TamiyoService:
             },
             **fields,
         )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Scores:
+    """One GNN forward as a decision reports it."""
+
+    out: PolicyOutput
+    action_probs: dict[str, float]
+    value: float
+    predicted_risk: float
+    latency_ms: float
+    compiled: bool
+
+
+def _annotated(command: AdaptationCommand, update: dict[str, Any]) -> AdaptationCommand:
+    """``command`` with the shadow note appended to its reason and the GNN's scores added."""
+    return command.model_copy(
+        update={"reason": update["reason"].format(command.reason), "scores": {**command.scores, **update["scores"]}}
+    )
 
 
 def _generator(run_id: str, epoch: int) -> torch.Generator:

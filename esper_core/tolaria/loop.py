@@ -111,6 +111,7 @@ class Trainer:
         self.engine = StepEngine(
             self._train_step,
             zero_grad=self._zero_grad,
+            parameters=lambda: [p for group in self.optimizer.param_groups for p in group["params"]],
             config=config.step,
             device=device,
             workload=workload or f"{type(model).__name__}{model.layer_widths}:b{batch_size}",

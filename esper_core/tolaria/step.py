@@ -3,8 +3,12 @@
 One guarded path (seed 000 change 1, seed 001 WP-99 2.1 / WP-100): the engine runs
 ``compile_warmup_steps`` eager steps, then (``compile="auto"``) times eager steps, compiles the
 closure once, times compiled steps, and keeps the faster — the decision is measured, not assumed
-(on CPU small steps are slower compiled: digits MLP 14.8 -> 20.3 ms an epoch). The decision is
-cached per environment and workload, so later runs skip the measurement. A compile failure falls
+(on CPU small steps are slower compiled: digits MLP 14.8 -> 20.3 ms an epoch). Timings are noisy
+(a loaded machine has flipped the choice), so ``auto`` may only pick a compiled step that
+reproduces the eager step bit for bit (loss and every gradient, checked on each shadow step):
+otherwise which path won the race would change the run's numbers, and the same recipe and seed
+would give different results on a busy and an idle machine. The decision is cached per
+environment and workload, so later runs skip the measurement. A compile failure falls
 back to eager for good, logged once and reported as ``tolaria.compile_fallback``. CUDA graphs
 (``enable_graphs``) replay the eager step in the steady state; on a device without CUDA the
 request is reported as ``tolaria.graph_fallback`` and training continues eagerly.
@@ -17,7 +21,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,8 @@ class StepEngine:
     Args:
         step_fn: forward + loss + backward on ``(x, y)``, returning the detached loss sum.
         zero_grad: clears gradients before an eager or compiled step.
+        parameters: the parameters the step computes gradients for (read at each check, so
+            seeds added later count): ``auto`` compares the compiled step's gradients with eager's.
         config: engine settings.
         device: where the step runs (graphs need CUDA).
         workload: identifies the model and batch shape for the decision cache.
@@ -106,6 +112,7 @@ class StepEngine:
         step_fn: StepFn,
         *,
         zero_grad: Callable[[], None],
+        parameters: Callable[[], Iterable[torch.Tensor]],
         config: StepEngineConfig,
         device: torch.device,
         workload: str,
@@ -113,6 +120,7 @@ class StepEngine:
     ) -> None:
         self.step_fn = step_fn
         self.zero_grad = zero_grad
+        self.parameters = parameters
         self.config = config
         self.device = device
         self.cache = cache
@@ -143,6 +151,8 @@ class StepEngine:
         self._cached_choice: tuple[bool, str] | None = None
         # A measured decision waiting for the next epoch boundary: (compiled?, reason).
         self._pending: tuple[bool, str] | None = None
+        # The first difference between a shadow compiled step and the eager step, if any.
+        self._mismatch: str | None = None
         self._setup_graphs()
         self._apply_cached_decision()
 
@@ -165,7 +175,9 @@ class StepEngine:
         if self.config.compile != "auto" or self.cache is None:
             return
         cached = self.cache.get(self.cache_key)
-        if cached is None:
+        # A compiled choice is only trusted when its exactness was checked (entries written
+        # before the check existed are measured again).
+        if cached is None or (cached["compiled"] and not cached.get("exact", False)):
             return
         log.info("step engine: cached decision for this workload: %s", "compiled" if cached["compiled"] else "eager")
         self._cached_choice = (
@@ -239,11 +251,18 @@ class StepEngine:
         if len(self._timings["eager"]) < cfg.measure_steps:
             return self._timed("eager", self._eager, x, y)
         compiled = self._compiled(x, y)
-        if compiled is not None and len(self._timings["compiled"]) < cfg.measure_steps:
-            self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
-            if len(self._timings["compiled"]) == cfg.measure_steps:
-                self._decide()
-        return self._eager(x, y)
+        if compiled is None or len(self._timings["compiled"]) >= cfg.measure_steps:
+            return self._eager(x, y)
+        shadow_loss = self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
+        shadow_grads = [None if p.grad is None else p.grad.clone() for p in self.parameters()]
+        loss = self._eager(x, y)
+        if self._mismatch is None:
+            self._mismatch = _first_mismatch(shadow_loss, loss, shadow_grads, [p.grad for p in self.parameters()])
+        # Decided after the full measurement even when a mismatch shows early: the decision
+        # step stays fixed by the configuration, like a cached decision's.
+        if len(self._timings["compiled"]) == cfg.measure_steps:
+            self._decide()
+        return loss
 
     def _eager(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._run_fn(self.step_fn, x, y)
@@ -313,14 +332,26 @@ class StepEngine:
         return loss
 
     def _decide(self) -> None:
+        """Choose the path (applied at the next epoch boundary); a compiled step that is not
+        exact is never chosen, however fast, so the choice cannot change the run's numbers."""
+        exact, mismatch = self._mismatch is None, self._mismatch
         eager = statistics.median(self._timings["eager"])
         compiled = statistics.median(self._timings["compiled"])
-        faster = compiled < eager * (1.0 - self.config.decision_margin)
-        self._pending = (faster, f"median step eager {eager:.3f} ms vs compiled {compiled:.3f} ms")
+        faster = exact and compiled < eager * (1.0 - self.config.decision_margin)
+        reason = f"median step eager {eager:.3f} ms vs compiled {compiled:.3f} ms"
+        if not exact:
+            reason = f"compiled step differs from eager ({mismatch}), eager kept so timings cannot change the numbers"
+        self._pending = (faster, reason)
         if self.cache is not None:
             self.cache.put(
                 self.cache_key,
-                {"compiled": faster, "eager_ms": eager, "compiled_ms": compiled, "warmup_ms": self.warmup_ms},
+                {
+                    "compiled": faster,
+                    "exact": exact,
+                    "eager_ms": eager,
+                    "compiled_ms": compiled,
+                    "warmup_ms": self.warmup_ms,
+                },
             )
 
     def _choose(self, *, compiled: bool, reason: str) -> None:
@@ -367,6 +398,7 @@ class StepEngine:
         self.fallback_reason = state["fallback_reason"]
         self.compiled_epochs = int(state["compiled_epochs"])
         self._timings = {"eager": [], "compiled": []}
+        self._mismatch = None
 
     # ------------------------------------------------------------------ telemetry
 
@@ -408,6 +440,23 @@ class StepEngine:
 
     def _event(self, name: str, level: TelemetryLevel, message: str, **attributes: str | float | bool) -> None:
         self._events.append(TelemetryEvent(name=name, level=level, message=message, attributes=attributes))
+
+
+def _first_mismatch(
+    shadow_loss: torch.Tensor,
+    loss: torch.Tensor,
+    shadow_grads: list[torch.Tensor | None],
+    grads: list[torch.Tensor | None],
+) -> str | None:
+    """Where the compiled (shadow) step's result differs from the eager step's, or None when
+    the loss and every gradient are bitwise equal."""
+    if not torch.equal(shadow_loss, loss):
+        return f"loss {float(shadow_loss):.9g} vs {float(loss):.9g}"
+    for i, (a, b) in enumerate(zip(shadow_grads, grads, strict=True)):
+        if (a is None) != (b is None) or (a is not None and b is not None and not torch.equal(a, b)):
+            diff = "missing" if a is None or b is None else f"max |diff| {float((a - b).abs().max()):.3g}"
+            return f"gradient of parameter {i}: {diff}"
+    return None
 
 
 def _sync(device: torch.device) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._dynamo import register_backend
 
 from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype, host_to_device, prepare_policy, use_compiler_cache
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
@@ -85,15 +86,39 @@ def test_a_decision_is_never_blocked_by_the_background_compile(monkeypatch: pyte
         return call
 
     _fake_compile(monkeypatch, slow)
-    policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(), dtype=None)
+    # The child process compiles for real (it does not see the fake), with a backend that is quick.
+    config = PolicyCompileConfig(backend="eager", mode=None)
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
     assert policy.warm(*_inputs())
-    assert compiling.wait(10)
+    assert compiling.wait(300)
+    assert policy.stage == "loading" and policy.cache_warm_s > 0
     policy(*_inputs())  # served while compiling: eager, immediately
     assert not policy.last_call_compiled and not policy.compile_enabled
     release.set()
     assert policy.wait_until_idle(10)
     policy(*_inputs())
     assert policy.compile_enabled and policy.last_call_compiled and calls == ["compiled", "compiled"]
+    assert policy.stage == "idle" and policy.ready_after_s is not None and policy.ready_after_s >= policy.cache_warm_s
+    policy.close(timeout=10)
+
+
+@register_backend
+def esper_test_in_process_only_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dynamo's signature
+    return gm.forward
+
+
+def test_a_failing_warmup_process_falls_back_to_eager_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Registered in this process only: the child process cannot compile with it and exits 1.
+    config = PolicyCompileConfig(backend="esper_test_in_process_only_backend", mode=None)
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+    with caplog.at_level("WARNING", logger="esper_core.tamiyo.build"):
+        assert policy.warm(*_inputs())
+        assert policy.wait_until_idle(300)
+    assert policy.fallback_total == 1 and not policy.compile_enabled
+    assert "warm-up process failed" in (policy.fallback_reason or "")
+    assert sum("compile disabled" in r.message for r in caplog.records) == 1
+    policy(*_inputs())
+    assert not policy.last_call_compiled and policy.eager_calls == 1
     policy.close(timeout=10)
 
 
@@ -207,7 +232,8 @@ def test_real_compile_matches_eager_without_graph_breaks_and_never_blocks(tmp_pa
     policy.warm(x, e)
     eager = policy(x, e)  # the compile has only just started: eager serves
     assert not policy.last_call_compiled
-    assert policy.wait_until_idle(240), "the background compile did not finish"
+    assert policy.wait_until_idle(600), "the background compile did not finish"
+    assert policy.cache_warm_s > 0 and policy.load_s > 0  # cold in the child, hot here
     compiled = policy(x, e)
     assert policy.compile_enabled and policy.last_call_compiled, policy.fallback_reason
     for a, b in zip(eager, compiled, strict=True):
@@ -216,7 +242,7 @@ def test_real_compile_matches_eager_without_graph_breaks_and_never_blocks(tmp_pa
     # A graph with one slot specialises a dimension (0/1): served eagerly, compiled in the background.
     policy(*_inputs(num_slots=1))
     assert not policy.last_call_compiled and policy.fallback_total == 0 and policy.compile_enabled
-    assert policy.wait_until_idle(240)
+    assert policy.wait_until_idle(600)
     policy(*_inputs(num_slots=1))
     assert policy.last_call_compiled
     policy.close(timeout=60)

@@ -138,3 +138,26 @@ def test_config_rejects_unknown_device_policy_and_misplaced_explore() -> None:
 def test_config_rejects_cuda_without_a_gpu() -> None:
     with pytest.raises(ValueError, match="set device='cpu'"):
         TamiyoConfig(device="cuda")
+
+
+def test_shadow_scoring_can_be_left_out_and_added_after_the_decision(service: TamiyoService) -> None:
+    history, candidates = synthetic_history(num_epochs=2, num_layers=3, num_slots=1), synthetic_candidates(3)
+    bare = service.decide(history, candidates, run_id="run-1", total_epochs=10, shadow=False)
+    assert bare.action_probs is None and bare.gnn_latency_ms == 0.0 and not bare.command.scores
+    assert not bare.command.reason.endswith(SHADOW_NOTE)
+    full = service.decide(history, candidates, run_id="run-1", total_epochs=10)
+    shadowed = service.add_shadow(bare, history, candidates, total_epochs=10)
+    assert shadowed.command.reason == full.command.reason and shadowed.command.scores == full.command.scores
+    assert shadowed.action_probs == full.action_probs and shadowed.proposal == shadowed.command
+    assert service.add_shadow(shadowed, history, candidates, total_epochs=10) is shadowed  # scored once
+
+
+def test_a_failing_shadow_forward_leaves_the_decision_as_it_was(
+    service: TamiyoService, caplog: pytest.LogCaptureFixture
+) -> None:
+    history, candidates = synthetic_history(num_epochs=2, num_layers=3, num_slots=1), synthetic_candidates(3)
+    bare = service.decide(history, candidates, run_id="run-1", shadow=False)
+    service.policy.model.action_head = None  # type: ignore[assignment]  # the forward now raises
+    with caplog.at_level("ERROR", logger="esper_core.tamiyo.service"):
+        assert service.add_shadow(bare, history, candidates) is bare
+    assert "shadow GNN scoring failed" in caplog.text

@@ -24,6 +24,17 @@ def esper_test_broken_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dyn
     raise RuntimeError("deliberately broken compiler backend")
 
 
+@register_backend
+def esper_test_inexact_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dynamo's backend signature
+    """Runs the graph as traced but nudges every floating output: fast enough, numerically off."""
+
+    def run(*args):  # noqa: ANN002, ANN202
+        outs = gm(*args)
+        return type(outs)(o * (1 + 1e-6) if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outs)
+
+    return run
+
+
 def _trainer(*, home: Path | None = None, recipe: str = "seed-reference", **step: object) -> Trainer:
     config = get_recipe(recipe)
     fields = {"compile_backend": "aot_eager", "compile_warmup_steps": 1, "measure_steps": 3, **step}
@@ -73,6 +84,33 @@ def test_auto_measures_both_paths_decides_and_caches(tmp_path: Path) -> None:
     assert _decision_epoch(again, 3) == switched_at
     assert again.engine.use_compiled == engine.use_compiled
     assert not again.engine._timings["eager"] and not again.engine._timings["compiled"]
+
+
+def test_auto_never_chooses_a_compiled_step_that_changes_the_numbers(tmp_path: Path) -> None:
+    # Whatever the timings say (on a loaded machine they flip), an inexact compiled step is
+    # never kept: the run's losses are the eager run's, bit for bit.
+    _, eager = _names(_trainer(compile="off"), 3)
+    trainer = _trainer(home=tmp_path, compile="auto", compile_backend="esper_test_inexact_backend", decision_margin=0.0)
+    names, losses = _names(trainer, 3)
+    assert "tolaria.compile_disabled" in names and not trainer.engine.use_compiled
+    assert losses == eager
+    (decision,) = json.loads((tmp_path / "step_decisions.json").read_text()).values()
+    assert decision["exact"] is False and decision["compiled"] is False
+
+
+def test_a_cached_compiled_choice_without_an_exactness_check_is_measured_again(tmp_path: Path) -> None:
+    trainer = _trainer(home=tmp_path, compile="auto", compile_backend="esper_test_inexact_backend")
+    cache = tmp_path / "step_decisions.json"
+    # What an earlier version left after a noisy measurement: "compiled is faster", unchecked.
+    cache.write_text(
+        json.dumps(
+            {trainer.engine.cache_key: {"compiled": True, "eager_ms": 9.0, "compiled_ms": 1.0, "warmup_ms": 1.0}}
+        )
+    )
+    again = _trainer(home=tmp_path, compile="auto", compile_backend="esper_test_inexact_backend")
+    _names(again, 3)
+    assert not again.engine.use_compiled and len(again.engine._timings["compiled"]) == 3
+    assert json.loads(cache.read_text())[again.engine.cache_key]["exact"] is False
 
 
 def test_compiled_step_matches_eager_numerics() -> None:
