@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from esper_core.data import DataSpec
 from esper_core.hosts import HostConfig
@@ -74,3 +77,24 @@ def test_the_user_model_trains_on_its_dataset_through_the_loader() -> None:
     result = trainer.train_epoch()
     assert result.packet.val_accuracy > 0.34  # better than chance after one epoch on easy blobs
     assert [layer.name for layer in result.packet.layers] == ["stem", "body.1", "head"]
+
+
+def test_a_streamed_dataset_gives_the_same_batches_with_workers_and_after_a_restart() -> None:
+    """A user's Dataset read by DataLoader workers: same batches as in-process, epoch by epoch,
+    and a fresh trainer (a resumed run in a new process) sees the same ones again."""
+    config = get_recipe("tests.helpers.user_model:recipe", device="cpu")
+    inline = build_trainer(config, catalog=default_catalog(), run_id="a")
+    workers = get_recipe("tests.helpers.user_model:recipe", device="cpu")
+    workers.trainer = dataclasses.replace(
+        workers.trainer, loader=dataclasses.replace(workers.trainer.loader, num_workers=2)
+    )
+    pooled = build_trainer(workers, catalog=default_catalog(), run_id="b")
+    for epoch in (0, 3):
+        a = [(x.clone(), y.clone()) for x, y in inline.batches.epoch(epoch)]
+        b = list(pooled.batches.epoch(epoch))
+        assert len(a) == len(b) == 8  # 256 samples in batches of 32
+        assert all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b, strict=True))
+    again = build_trainer(config, catalog=default_catalog(), run_id="c")
+    assert all(
+        torch.equal(ya, yb) for (_, ya), (_, yb) in zip(inline.batches.epoch(3), again.batches.epoch(3), strict=True)
+    )
