@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
@@ -24,6 +24,24 @@ NONE_ISSUER = "none"
 def decision_seed(run_id: str, epoch: int, salt: str = "") -> int:
     """A seed that depends only on run and epoch, so a retried decision draws the same numbers."""
     return zlib.crc32(f"{salt}:{run_id}:{epoch}".encode())
+
+
+def _lifecycle_first(
+    lifecycle: HeuristicPolicy, history: Sequence[SystemStatePacket], run_id: str, issuer: str
+) -> tuple[SystemStatePacket, Callable[..., AdaptationCommand], AdaptationCommand | None]:
+    """The current packet, a command maker for this epoch, and the lifecycle rules' command
+    (fossilise on G4, cull on failure) if one applies: the baselines keep those rules and only
+    decide germination themselves.
+
+    Raises:
+        ValueError: If ``history`` is empty.
+    """
+    if not history:
+        raise ValueError("history is empty: pass at least the current epoch's packet")
+    current = history[-1]
+    make = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
+    command = lifecycle.lifecycle_command(current.seeds, make)
+    return current, make, None if command is None else command.model_copy(update={"issued_by": issuer})
 
 
 class RandomGerminationPolicy:
@@ -46,13 +64,9 @@ class RandomGerminationPolicy:
         Raises:
             ValueError: If ``history`` is empty.
         """
-        if not history:
-            raise ValueError("history is empty: pass at least the current epoch's packet")
-        current = history[-1]
-        make = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
-        lifecycle = self.lifecycle.lifecycle_command(current.seeds, make)
+        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, RANDOM_ISSUER)
         if lifecycle is not None:
-            return lifecycle.model_copy(update={"issued_by": RANDOM_ISSUER})
+            return lifecycle
         options = [
             (s, c) for s in current.seeds if s.stage is SeedStage.DORMANT for c in candidates if c.fits(s.shape_profile)
         ]
@@ -97,13 +111,9 @@ class PeriodicGrowthPolicy:
         Raises:
             ValueError: If ``history`` is empty.
         """
-        if not history:
-            raise ValueError("history is empty: pass at least the current epoch's packet")
-        current = history[-1]
-        make = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
-        lifecycle = self.lifecycle.lifecycle_command(current.seeds, make)
+        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, PERIODIC_ISSUER)
         if lifecycle is not None:
-            return lifecycle.model_copy(update={"issued_by": PERIODIC_ISSUER})
+            return lifecycle
         every = self.config.every
         if (current.epoch + 1) % every != 0:
             why = f"epoch {current.epoch} is not the last of a period of {every}"
