@@ -28,10 +28,11 @@ from esper_core._capabilities import resolve_device
 from esper_core.contracts import SystemStatePacket
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import find_published
+from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied
 from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import RunSummary, finish_run
-from esper_core.run.session import START_TAG, RunHandle, RunSession, epoch_tag, epochs_applied
+from esper_core.run.session import RunHandle, RunSession
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
 from tasks._limits import limited

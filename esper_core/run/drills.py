@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from esper_core.contracts import TelemetryPacket
+from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import read_jsonl

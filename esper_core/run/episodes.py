@@ -19,9 +19,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from esper_core.contracts import new_id
 from esper_core.data import DataConfig
+from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.service import TamiyoService

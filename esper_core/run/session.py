@@ -34,6 +34,7 @@ from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.build import build_trainer
+from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
@@ -52,7 +53,6 @@ from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalte
 from esper_core.urza.errors import RegistryError
 from esper_core.urza.service import Urza
 
-START_TAG = "start"
 FIELD_REPORT_WINDOW = 2
 """Epochs after a command before its outcome is judged."""
 _NEUTRAL_BAND = 0.005
@@ -69,27 +69,6 @@ class RunHandle:
 
 def _total_params(packet: SystemStatePacket) -> int:
     return packet.host_params + sum(s.param_count for s in packet.seeds if s.stage.is_active)
-
-
-def epoch_tag(epoch: int, phase: str) -> str:
-    """Checkpoint tag of ``phase`` (``trained`` / ``applied``) of ``epoch``."""
-    return f"epoch-{epoch:04d}-{phase}"
-
-
-_PHASES = ("trained", "applied")
-
-
-def tag_order(tag: str) -> int:
-    """Position of a commit in a run: ``start`` first, then each epoch's trained and applied."""
-    if tag == START_TAG:
-        return -1
-    _, epoch, phase = tag.split("-")
-    return 2 * int(epoch) + _PHASES.index(phase)
-
-
-def epochs_applied(tag: str | None) -> int:
-    """How many epochs are fully done (trained, decided, applied) at commit ``tag``."""
-    return 0 if tag is None else (tag_order(tag) + 1) // 2
 
 
 class RunSession:

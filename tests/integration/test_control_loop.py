@@ -7,8 +7,9 @@ import json
 import pytest
 
 from esper_core.contracts import CommandType, SeedStage
+from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.reports import finish_run
-from esper_core.run.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from esper_core.run.commits import epoch_tag
 from esper_core.run.reports import finish_run
-from esper_core.run.session import RunSession, epoch_tag
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 
 EPOCHS = 3  # the step engine decides at step 18 (~1 epoch of digits-mlp) and switches after it

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from esper_core.contracts import CommandType
+from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.episodes import episode_config, run_episode
-from esper_core.run.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore, report_id_for
 from esper_core.tamiyo.breaker import BreakerState

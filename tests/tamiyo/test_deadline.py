@@ -6,8 +6,9 @@ import dataclasses
 import time
 from typing import Any
 
+from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import START_TAG, RunSession, epoch_tag
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.build import PreparedPolicy
 from esper_core.telemetry import read_jsonl

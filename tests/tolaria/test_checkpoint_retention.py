@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from esper_core.run.session import START_TAG, RunSession, epoch_tag, epochs_applied, tag_order
+from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
+from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.checkpoint import CheckpointConfig, CheckpointStore, retained
 
