@@ -328,7 +328,12 @@ class Trainer:
         workers = self.config.loader.num_workers
         # Its own generator: starting a loader draws a seed, which must not come from the global RNG.
         loader = DataLoader(
-            split.dataset, batch_size=size, shuffle=False, num_workers=workers, generator=torch.Generator()
+            split.dataset,
+            batch_size=size,
+            shuffle=False,
+            num_workers=workers,
+            generator=torch.Generator(),
+            multiprocessing_context=self.config.loader.multiprocessing_context if workers > 0 else None,
         )
         for x, y in loader:
             yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

@@ -45,6 +45,11 @@ class LoaderConfig:
     """Batches each worker loads ahead (needs num_workers > 0)."""
     pin_memory_device: str = ""
     """Device DataLoader pins for, e.g. ``cuda`` (empty: the training device when it is CUDA)."""
+    multiprocessing_context: str = "forkserver"
+    """How DataLoader workers start (``forkserver``, ``spawn`` or ``fork``). Not ``fork`` by
+    default: a worker forked from a process whose other threads hold locks (a Prefect flow run's
+    API client and event threads) can die at start, seen as "DataLoader worker exited
+    unexpectedly". The data set must then be picklable, as on macOS and Windows."""
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -52,6 +57,10 @@ class LoaderConfig:
         if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
             raise ValueError(
                 "persistent_workers and prefetch_factor need num_workers > 0; set num_workers or drop them"
+            )
+        if self.multiprocessing_context not in ("forkserver", "spawn", "fork"):
+            raise ValueError(
+                f"multiprocessing_context must be forkserver, spawn or fork, got {self.multiprocessing_context!r}"
             )
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
@@ -112,6 +121,7 @@ class BatchSource:
                 pin_memory=cuda,
                 pin_memory_device=(config.pin_memory_device or str(device)) if cuda else "",
                 generator=self._generator,
+                multiprocessing_context=config.multiprocessing_context if config.num_workers > 0 else None,
             )
         self._stream = torch.cuda.Stream(device) if self.prefetch else None
 
