@@ -35,7 +35,7 @@ from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import RunHandle, RunSession
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
-from tasks._limits import limited
+from tasks._limits import limited, timeout_message
 from tasks._runtime import forget, prometheus, remember, session_for, settings
 
 
@@ -223,7 +223,14 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
             report.seeds,
         )
         epoch += 1
-        if time.perf_counter() - start >= task_seconds:
+        elapsed = time.perf_counter() - start
+        # Prefect's own limit interrupts with SIGALRM, which it may defer while one of its shielded
+        # calls (the log line above) runs, and then lose: checking between epochs as well makes
+        # the limit hold whatever the timing. Everything up to here is committed.
+        limit = grow.timeout_seconds
+        if limit is not None and elapsed > limit and epoch < stop:
+            raise TimeoutError(timeout_message("grow", limit, "train"))
+        if elapsed >= task_seconds:
             break
     return Growth(epochs=tuple(reports), next_epoch=epoch)
 

@@ -53,9 +53,10 @@ def test_a_task_over_its_limit_fails_naming_task_limit_and_setting(
         "raise ESPER_TRAIN_TIMEOUT_S (seconds) in the worker's environment"
     )
     logs = flow_run_logs(state.state_details.flow_run_id, expected)
-    assert expected in logs, logs
-    # Not retried: the same epochs would run out of time again.
-    assert sum(m.startswith("Task run exceeded timeout") for m in logs) == 1, logs
+    # Not retried (the same epochs would run out of time again): the failure is explained once,
+    # whether Prefect's alarm or the check between epochs stopped the task.
+    assert sum(m == expected for m in logs) == 1, logs
+    assert sum(m.startswith("Task run exceeded timeout") for m in logs) <= 1, logs
 
 
 def test_limits_come_from_the_environment_of_the_flow_run_process() -> None:
