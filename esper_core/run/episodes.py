@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from esper_core.contracts import new_id
 from esper_core.data import DataConfig
-from esper_core.run.commits import START_TAG, epoch_tag
+from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
@@ -27,7 +27,6 @@ from esper_core.settings import EsperSettings
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.tolaria.loop import count_parameters
-from esper_core.urza.service import Urza
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,15 +125,8 @@ def run_episode(
     if tamiyo is not None:
         tamiyo.breaker.reset()
     start = time.perf_counter()
-    session = RunSession(
-        config=config,
-        settings=settings,
-        run_id=run_id,
-        urza=Urza.open(settings.home, settings.registry_db_url),
-        tamiyo=tamiyo,
-    )
+    session = RunSession.begin(config=config, settings=settings, run_id=run_id, tamiyo=tamiyo)
     try:
-        session.commit(START_TAG)
         for epoch in range(config.epochs):
             session.train_epoch()
             session.commit(epoch_tag(epoch, "trained"))

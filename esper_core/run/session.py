@@ -20,7 +20,6 @@ from esper_core.contracts import (
     FieldReport,
     KernelArtifact,
     MetricPoint,
-    Outcome,
     SeedOperation,
     SeedStage,
     SystemStatePacket,
@@ -36,10 +35,11 @@ from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.build import build_trainer
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
+from esper_core.run.field_reports import judge_pending
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
-from esper_core.simic.records import DecisionRecord, SimicStore, report_id_for
+from esper_core.simic.records import DecisionRecord, SimicStore
 from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
@@ -53,11 +53,6 @@ from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalte
 from esper_core.urza.errors import RegistryError
 from esper_core.urza.service import Urza
 
-FIELD_REPORT_WINDOW = 2
-"""Epochs after a command before its outcome is judged."""
-_NEUTRAL_BAND = 0.005
-"""Relative validation-loss change inside which an outcome counts as neutral."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunHandle:
@@ -65,10 +60,6 @@ class RunHandle:
 
     run_id: str
     run_dir: str
-
-
-def _total_params(packet: SystemStatePacket) -> int:
-    return packet.host_params + sum(s.param_count for s in packet.seeds if s.stage.is_active)
 
 
 class RunSession:
@@ -146,12 +137,26 @@ class RunSession:
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = {"run_id": run_id, "recipe": recipe, "epochs": epochs, "device": device, "seed": seed}
         (run_dir / "run.json").write_text(json.dumps(spec, indent=2))
+        return cls.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra_sink)
+
+    @classmethod
+    def begin(
+        cls,
+        *,
+        config: RunConfig,
+        settings: EsperSettings,
+        run_id: str,
+        extra_sink: TelemetrySink | None = None,
+        tamiyo: TamiyoService | None = None,
+    ) -> RunSession:
+        """A new run of ``config`` on the settings' registry, with its start committed."""
         session = cls(
             config=config,
             settings=settings,
             run_id=run_id,
             urza=Urza.open(settings.home, settings.registry_db_url),
             extra_sink=extra_sink,
+            tamiyo=tamiyo,
         )
         session.commit(START_TAG)
         return session
@@ -447,33 +452,9 @@ class RunSession:
         return load_kernel(artifact, self.urza.fetch_blob(artifact), catalog=self.catalog, device=self.device)
 
     def _judge_pending(self, packet: SystemStatePacket) -> None:
-        keep = []
-        for command, loss0, acc0 in self._pending:
-            waited = packet.epoch - command.epoch
-            if waited < FIELD_REPORT_WINDOW:
-                keep.append((command, loss0, acc0))
-                continue
-            rel = (packet.val_loss - loss0) / max(loss0, 1e-12)
-            outcome = (
-                Outcome.NEUTRAL if abs(rel) <= _NEUTRAL_BAND else (Outcome.SUCCESS if rel < 0 else Outcome.REGRESSION)
-            )
-            deltas = {"val_loss": packet.val_loss - loss0, "val_accuracy": packet.val_accuracy - acc0}
-            before = next((p for p in self.history if p.epoch == command.epoch), None)
-            if before is not None:
-                deltas["train_loss"] = packet.train_loss - before.train_loss
-                deltas["params"] = float(_total_params(packet) - _total_params(before))
-            report = FieldReport(
-                # Derived from the command: re-judging it after a retry gives the same report id.
-                report_id=report_id_for(command),
-                run_id=self.run_id,
-                command=command,
-                outcome=outcome,
-                observation_epochs=waited,
-                metric_deltas=deltas,
-            )
-            self.reports.append(report)
-            self._report_outbox.append(report)
-        self._pending = keep
+        reports, self._pending = judge_pending(self._pending, packet, self.history, run_id=self.run_id)
+        self.reports.extend(reports)
+        self._report_outbox.extend(reports)
 
     # ------------------------------------------------------------------ commits
 

@@ -10,8 +10,9 @@ import functools
 import random
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage, SystemStatePacket
+from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage, SeedState, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.config import PeriodicPolicyConfig, RandomPolicyConfig
 from esper_core.tamiyo.heuristic import HeuristicPolicy, _best_safe_fit, _make_command
@@ -39,9 +40,31 @@ def _lifecycle_first(
     if not history:
         raise ValueError("history is empty: pass at least the current epoch's packet")
     current = history[-1]
-    make = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
-    command = lifecycle.lifecycle_command(current.seeds, make)
-    return current, make, None if command is None else command.model_copy(update={"issued_by": issuer})
+    plain = functools.partial(_make_command, run_id=run_id, epoch=current.epoch)
+
+    def make(command_type: CommandType, reason: str, **fields: Any) -> AdaptationCommand:  # noqa: ANN401
+        return plain(command_type, reason, **fields).model_copy(update={"issued_by": issuer})
+
+    return current, make, lifecycle.lifecycle_command(current.seeds, make)
+
+
+def _germinate(
+    make: Callable[..., AdaptationCommand],
+    reason: str,
+    slot: SeedState,
+    candidate: BlueprintCandidate,
+    lifecycle: HeuristicPolicy,
+) -> AdaptationCommand:
+    """A germinate command for ``candidate`` into ``slot``, on the heuristic's blend ramp."""
+    return make(
+        CommandType.SEED,
+        reason,
+        seed_operation=SeedOperation.GERMINATE,
+        slot_id=slot.slot_id,
+        blueprint_id=candidate.blueprint_id,
+        blend_epochs=lifecycle.config.blend_epochs,
+        blend_schedule=lifecycle.config.blend_schedule,
+    )
 
 
 class RandomGerminationPolicy:
@@ -74,18 +97,13 @@ class RandomGerminationPolicy:
         draw = rng.random()
         if not options or draw >= self.config.germinate_prob:
             why = "no germinable dormant slot" if not options else f"draw {draw:.3f} >= p {self.config.germinate_prob}"
-            return make(CommandType.WAIT, f"wait (random): {why}").model_copy(update={"issued_by": RANDOM_ISSUER})
+            return make(CommandType.WAIT, f"wait (random): {why}")
         slot, candidate = rng.choice(options)
-        return make(
-            CommandType.SEED,
+        reason = (
             f"germinate (random): draw {draw:.3f} < p {self.config.germinate_prob}; "
-            f"{candidate.blueprint_id} into {slot.slot_id}, one of {len(options)} (slot, blueprint) options",
-            seed_operation=SeedOperation.GERMINATE,
-            slot_id=slot.slot_id,
-            blueprint_id=candidate.blueprint_id,
-            blend_epochs=self.lifecycle.config.blend_epochs,
-            blend_schedule=self.lifecycle.config.blend_schedule,
-        ).model_copy(update={"issued_by": RANDOM_ISSUER})
+            f"{candidate.blueprint_id} into {slot.slot_id}, one of {len(options)} (slot, blueprint) options"
+        )
+        return _germinate(make, reason, slot, candidate, self.lifecycle)
 
 
 class PeriodicGrowthPolicy:
@@ -117,25 +135,16 @@ class PeriodicGrowthPolicy:
         every = self.config.every
         if (current.epoch + 1) % every != 0:
             why = f"epoch {current.epoch} is not the last of a period of {every}"
-            return make(CommandType.WAIT, f"wait (periodic): {why}").model_copy(update={"issued_by": PERIODIC_ISSUER})
+            return make(CommandType.WAIT, f"wait (periodic): {why}")
         for slot in current.seeds:
             if slot.stage is not SeedStage.DORMANT:
                 continue
             candidate = _best_safe_fit(slot, candidates)
             if candidate is None:
                 continue
-            return make(
-                CommandType.SEED,
-                f"germinate (periodic, every {every} epochs): {candidate.blueprint_id} into {slot.slot_id}",
-                seed_operation=SeedOperation.GERMINATE,
-                slot_id=slot.slot_id,
-                blueprint_id=candidate.blueprint_id,
-                blend_epochs=self.lifecycle.config.blend_epochs,
-                blend_schedule=self.lifecycle.config.blend_schedule,
-            ).model_copy(update={"issued_by": PERIODIC_ISSUER})
-        return make(CommandType.WAIT, "wait (periodic): no DORMANT slot a SAFE blueprint fits").model_copy(
-            update={"issued_by": PERIODIC_ISSUER}
-        )
+            reason = f"germinate (periodic, every {every} epochs): {candidate.blueprint_id} into {slot.slot_id}"
+            return _germinate(make, reason, slot, candidate, self.lifecycle)
+        return make(CommandType.WAIT, "wait (periodic): no DORMANT slot a SAFE blueprint fits")
 
 
 def no_growth(history: Sequence[SystemStatePacket], *, run_id: str) -> AdaptationCommand:
