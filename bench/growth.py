@@ -34,10 +34,9 @@ from typing import Any
 
 from bench.growth_report import ARMS, GROWING_ARMS, format_table, frontier_png, summarise_recipe
 from esper_core.data import load_dataset
-from esper_core.hosts import HostConfig
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import compile_job, find_published, publish_kernel
-from esper_core.run.config import RunConfig
+from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.run.recipes import get_recipe
@@ -89,8 +88,8 @@ class GrowthBenchConfig:
     """Options of the growth benchmark.
 
     Attributes:
-        recipes: Recipes to grow on (built-in names or import paths; their host must be a
-            built-in ``HostConfig``, whose widths the frontier scales).
+        recipes: Recipes to grow on (built-in names or import paths); the frontier scales
+            their host's widths (``HostConfig.scaled``, or ``ModelSpec.build_scaled``).
         plan: Name of a ``GrowthPlan`` in ``PLANS``.
         seeds: Override the plan's number of seeds (>= 2: a paired interval needs two).
         epochs: Override the plan's epochs per run.
@@ -126,10 +125,11 @@ class GrowthBenchConfig:
             )
         for recipe in self.recipes:
             host = get_recipe(recipe).host
-            if not isinstance(host, HostConfig):
+            if isinstance(host, ModelSpec) and host.build_scaled is None:
                 raise ValueError(
-                    f"recipe {recipe!r} has its own model (ModelSpec): the static frontier widens a "
-                    "built-in host (HostConfig); benchmark a recipe with one"
+                    f"recipe {recipe!r} has its own model without ModelSpec.build_scaled: the static "
+                    "frontier needs the model at other widths; give the recipe's ModelSpec "
+                    "build_scaled=lambda factor: MyNet(width=round(32 * factor))"
                 )
 
     @property
@@ -232,9 +232,7 @@ def _arm_config(
     )
     run_config.tamiyo = dataclasses.replace(run_config.tamiyo, periodic=PeriodicPolicyConfig(every=plan.periodic_every))
     if width != 1.0:
-        host = run_config.host
-        assert isinstance(host, HostConfig)  # checked by GrowthBenchConfig
-        run_config.host = dataclasses.replace(host, hidden=tuple(max(1, round(w * width)) for w in host.hidden))
+        run_config.host = run_config.host.scaled(width)
     return run_config
 
 

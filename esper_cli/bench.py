@@ -9,7 +9,6 @@ from pathlib import Path
 from esper_cli.args import positive, quiet_prefect
 from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.hosts import HostConfig
 from esper_core.run.recipes import RECIPES
 
 
@@ -244,10 +243,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--recipes",
         nargs="+",
         default=["digits-mlp", "digits-cnn"],
-        # Built-in hosts (HostConfig): the static frontier widens them.
-        choices=sorted(name for name, factory in RECIPES.items() if isinstance(factory().host, HostConfig)),
         metavar="RECIPE",
-        help="recipes to grow on, any of %(choices)s (default: digits-mlp digits-cnn)",
+        # Checked by GrowthBenchConfig: an import path is allowed if its host can change width.
+        help=f"recipes to grow on: built-in names ({', '.join(sorted(RECIPES))}) or pkg.mod:fn import paths "
+        "whose host scales (HostConfig, or ModelSpec with build_scaled) (default: digits-mlp digits-cnn)",
     )
     b_growth.add_argument(
         "--plan",

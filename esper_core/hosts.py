@@ -6,6 +6,7 @@ A host is a plain ``nn.Module`` whose activations pass through ``SeedSlot``s at 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -44,6 +45,16 @@ class HostConfig:
             raise ValueError(f"slot_inputs {bad} out of range: this host has layers 0..{n_layers - 1}")
         if len(set(self.slot_inputs)) != len(self.slot_inputs):
             raise ValueError(f"slot_inputs has duplicates: {self.slot_inputs}")
+
+    def scaled(self, factor: float) -> HostConfig:
+        """This host with every hidden width multiplied by ``factor`` (rounded, at least 1).
+
+        Raises:
+            ValueError: If ``factor`` is not positive.
+        """
+        if factor <= 0:
+            raise ValueError(f"a width factor must be > 0, got {factor}")
+        return dataclasses.replace(self, hidden=tuple(max(1, round(w * factor)) for w in self.hidden))
 
 
 class MLPHost(nn.Module):

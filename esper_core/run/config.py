@@ -8,6 +8,8 @@ data is a bundled data set (``DataConfig``) or the user's (``DataSpec``).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +47,11 @@ class ModelSpec:
     """Dotted module names from ``model.named_modules()``, e.g. ``("layer1", "blocks.2.mlp")``."""
     batch_max: int = 512
     """Largest batch a slot must accept; seed kernels are compiled for it."""
+    build_scaled: Callable[[float], nn.Module] | None = None
+    """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
+    multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
+    growth`` train the static frontier a grown network is measured against; without it the
+    benchmark refuses the recipe."""
 
     def __post_init__(self) -> None:
         if not callable(self.build):
@@ -58,6 +65,25 @@ class ModelSpec:
             raise ValueError("ModelSpec needs at least one slot: name a module whose output a seed may grow on")
         if self.batch_max < 2:
             raise ValueError(f"batch_max must be >= 2, got {self.batch_max}")
+        if self.build_scaled is not None and not callable(self.build_scaled):
+            raise ValueError(
+                "ModelSpec.build_scaled must be a function build_scaled(factor) returning an nn.Module, "
+                f"got {type(self.build_scaled).__name__}"
+            )
+
+    def scaled(self, factor: float) -> ModelSpec:
+        """This spec with every hidden width multiplied by ``factor`` (through ``build_scaled``).
+
+        Raises:
+            ValueError: If the spec has no ``build_scaled`` or ``factor`` is not positive.
+        """
+        if self.build_scaled is None:
+            raise ValueError(
+                "this ModelSpec cannot change width: give it build_scaled=lambda factor: MyNet(width=round(32 * factor))"
+            )
+        if factor <= 0:
+            raise ValueError(f"a width factor must be > 0, got {factor}")
+        return dataclasses.replace(self, build=functools.partial(self.build_scaled, factor))
 
 
 @dataclass(kw_only=True, slots=True)

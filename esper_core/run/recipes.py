@@ -105,17 +105,33 @@ def _mnist1d(name: str, host: ModelSpec, blueprints: tuple[str, ...]) -> RunConf
     )
 
 
+def _mnist1d_cnn_at(factor: float, *, channels: int) -> MNIST1DCNN:
+    return MNIST1DCNN(channels=max(1, round(channels * factor)))
+
+
+def _mnist1d_mlp_at(factor: float, *, width: int) -> MNIST1DMLP:
+    return MNIST1DMLP(width=max(1, round(width * factor)))
+
+
 def mnist1d_cnn() -> RunConfig:
     """A narrow 1-D CNN on MNIST-1D (8 channels: ~78 % alone, the paper's 25: ~91 %), seeds on
     the (C, L) outputs of its second and third convolutions: room to grow."""
-    host = ModelSpec(build=functools.partial(MNIST1DCNN, channels=8), slots=("act2", "act3"))
+    host = ModelSpec(
+        build=functools.partial(MNIST1DCNN, channels=8),
+        build_scaled=functools.partial(_mnist1d_cnn_at, channels=8),
+        slots=("act2", "act3"),
+    )
     return _mnist1d("mnist1d-cnn", host, ("seq_conv_residual", "seq_pointwise_adapter", "seq_depthwise_separable"))
 
 
 def mnist1d_mlp() -> RunConfig:
     """A narrow MLP on MNIST-1D (width 32: ~55 % alone, width 100: ~65 %), seeds on the
     outputs of both hidden layers."""
-    host = ModelSpec(build=functools.partial(MNIST1DMLP, width=32), slots=("act1", "act2"))
+    host = ModelSpec(
+        build=functools.partial(MNIST1DMLP, width=32),
+        build_scaled=functools.partial(_mnist1d_mlp_at, width=32),
+        slots=("act1", "act2"),
+    )
     return _mnist1d("mnist1d-mlp", host, ("residual_mlp", "lowrank_adapter"))
 
 

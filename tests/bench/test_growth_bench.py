@@ -57,7 +57,7 @@ def test_bad_options_are_refused_before_any_run(tmp_path: Path) -> None:
         GrowthBenchConfig(seeds=1)
     with pytest.raises(ValueError, match="overlap Simic's training seeds"):
         GrowthBenchConfig(seeds=1001)
-    with pytest.raises(ValueError, match="ModelSpec"):
+    with pytest.raises(ValueError, match="without ModelSpec.build_scaled"):
         GrowthBenchConfig(recipes=("tests.helpers.user_model:recipe",))
     with pytest.raises(ValueError, match="pass the home"):
         GrowthBenchConfig(policy_version=3)

@@ -98,3 +98,25 @@ def test_a_streamed_dataset_gives_the_same_batches_with_workers_and_after_a_rest
     assert all(
         torch.equal(ya, yb) for (_, ya), (_, yb) in zip(inline.batches.epoch(3), again.batches.epoch(3), strict=True)
     )
+
+
+def test_a_model_spec_scales_its_widths_through_build_scaled() -> None:
+    spec = get_recipe("mnist1d-cnn").host
+    assert isinstance(spec, ModelSpec)
+    assert spec.build().channels == 8 and spec.scaled(1.0).build().channels == 8
+    assert spec.scaled(2.0).build().channels == 16 and spec.scaled(0.5).build().channels == 4
+    assert spec.scaled(2.0).slots == spec.slots
+    with pytest.raises(ValueError, match="width factor must be > 0"):
+        spec.scaled(0.0)
+    fixed = get_recipe("tests.helpers.user_model:recipe").host
+    with pytest.raises(ValueError, match="give it build_scaled="):
+        fixed.scaled(2.0)
+    with pytest.raises(ValueError, match="build_scaled must be a function"):
+        ModelSpec(build=torch.nn.Identity, slots=("x",), build_scaled=3)
+
+
+def test_a_builtin_host_scales_every_hidden_width() -> None:
+    assert HostConfig(hidden=(64, 32)).scaled(0.5).hidden == (32, 16)
+    assert HostConfig(hidden=(1, 3)).scaled(0.1).hidden == (1, 1)
+    with pytest.raises(ValueError, match="width factor must be > 0"):
+        HostConfig().scaled(-1.0)
