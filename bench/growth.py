@@ -158,7 +158,7 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
     settings = EsperSettings(home=home)
     start = time.perf_counter()
     report("compiling kernels", 0, total)
-    _compile_kernels(settings, config.recipes, config.device)
+    compile_kernels(settings, config.recipes, config.device)
     compile_s = time.perf_counter() - start
     simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
     store = SimicStore.open(home)
@@ -187,7 +187,7 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
                     budget = gnn.total_params - gnn.host_params
                     risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=budget)
                     run_config.tamiyo = dataclasses.replace(run_config.tamiyo, risk=risk)
-                run_id = _fresh(settings, f"growth-{recipe}-{arm}-w{width:g}-s{seed}")
+                run_id = fresh_run_id(settings, f"growth-{recipe}-{arm}-w{width:g}-s{seed}")
                 result = run_episode(run_config, settings=settings, run_id=run_id)
                 (arms[arm] if width == 1.0 else frontier[width]).append(result)
                 done += 1
@@ -236,7 +236,8 @@ def _arm_config(
     return run_config
 
 
-def _compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: str) -> None:
+def compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: str) -> None:
+    """Compile and publish every kernel ``recipes`` may germinate that ``settings``' registry lacks."""
     urza = Urza.open(settings.home)
     catalog = default_catalog()
     try:
@@ -286,7 +287,7 @@ def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan
     return version
 
 
-def _fresh(settings: EsperSettings, run_id: str) -> str:
+def fresh_run_id(settings: EsperSettings, run_id: str) -> str:
     """``run_id``, with the folder of an earlier benchmark run of the same id removed.
 
     Ids are deterministic so that a rerun draws the same random numbers (the random arm's and

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from esper_cli.args import positive, quiet_prefect
@@ -136,19 +137,30 @@ def _cmd_bench_mnist1d(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
-    import sys
-
     from bench.growth import cli
+
+    return _with_bar(cli, args, "growth")
+
+
+def _cmd_bench_headroom(args: argparse.Namespace) -> int:
+    from bench.headroom import cli
+
+    return _with_bar(cli, args, "headroom")
+
+
+def _with_bar(cli: Callable[..., int], args: argparse.Namespace, name: str) -> int:
+    """Run a benchmark ``cli(args, progress=...)`` with a bar on stderr while it runs (minutes to
+    an hour); stdout keeps only the report. No bar with ``--json`` or when stderr is no terminal."""
+    import sys
 
     if args.json or not sys.stderr.isatty():
         return cli(args)
-    # A bar on stderr while it runs (minutes to an hour); stdout keeps only the report.
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("growth", total=None)
+        task = bar.add_task(name, total=None)
 
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total)
@@ -264,6 +276,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--save-baseline", type=Path, default=None, metavar="DIR", help="write growth.json and growth_frontier.png here"
     )
     b_growth.set_defaults(func=_cmd_bench_growth)
+    b_headroom = bench.add_parser(
+        "headroom", help="best fixed growth schedule in hindsight vs the heuristic: what a learned policy could gain"
+    )
+    b_headroom.add_argument(
+        "--recipe", default="mnist1d-cnn", help="built-in recipe name or pkg.mod:fn (default: %(default)s)"
+    )
+    b_headroom.add_argument(
+        "--plan",
+        default="default",
+        choices=("default", "smoke"),
+        help="default: 4 training seeds, 10 held-out, recipe epochs, 3 germination points; smoke: 2+2 seeds, 3 epochs",
+    )
+    b_headroom.add_argument("--train-seeds", type=positive, default=None, help="Simic training seeds to rank on")
+    b_headroom.add_argument("--holdout-seeds", type=positive, default=None, help="held-out seeds to confirm on")
+    b_headroom.add_argument(
+        "--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)"
+    )
+    b_headroom.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_headroom.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b_headroom.add_argument("--save-baseline", type=Path, default=None, metavar="DIR", help="write headroom.json here")
+    b_headroom.set_defaults(func=_cmd_bench_headroom)
     b_mnist1d = bench.add_parser("mnist1d", help="static MNIST-1D hosts (logistic, MLP, CNN) vs the paper's accuracy")
     b_mnist1d.add_argument("--seeds", type=positive, default=5, help="seeds per host (default: %(default)s)")
     b_mnist1d.add_argument(

@@ -46,6 +46,11 @@ class HostConfig:
         if len(set(self.slot_inputs)) != len(self.slot_inputs):
             raise ValueError(f"slot_inputs has duplicates: {self.slot_inputs}")
 
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        """Ids of the host's seed slots (``slot<i>``: the slot on layer ``i``'s input)."""
+        return tuple(f"slot{i}" for i in sorted(self.slot_inputs))
+
     def scaled(self, factor: float) -> HostConfig:
         """This host with every hidden width multiplied by ``factor`` (rounded, at least 1).
 

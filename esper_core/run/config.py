@@ -71,6 +71,11 @@ class ModelSpec:
                 f"got {type(self.build_scaled).__name__}"
             )
 
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        """Ids of the seed slots: the module names themselves."""
+        return tuple(self.slots)
+
     def scaled(self, factor: float) -> ModelSpec:
         """This spec with every hidden width multiplied by ``factor`` (through ``build_scaled``).
 
@@ -125,8 +130,27 @@ class RunConfig:
                 f"val_batch_size {self.trainer.val_batch_size} exceeds the slots' batch_max "
                 f"{self.host.batch_max}: seeds are guarded for at most batch_max samples; lower it"
             )
+        self._check_schedule()
         if self.data.batch_size > self.host.batch_max:
             raise ValueError(
                 f"batch_size {self.data.batch_size} exceeds the slots' batch_max "
                 f"{self.host.batch_max}; raise host.batch_max or lower the batch size"
             )
+
+    def _check_schedule(self) -> None:
+        """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints."""
+        allowed = (*self.blueprints, *self.approved_blueprints)
+        for g in self.tamiyo.schedule:
+            if g.slot not in self.host.slot_ids:
+                raise ValueError(
+                    f"scheduled germination at epoch {g.epoch}: no slot {g.slot!r}; slots are {self.host.slot_ids}"
+                )
+            if g.blueprint not in allowed:
+                raise ValueError(
+                    f"scheduled germination at epoch {g.epoch}: blueprint {g.blueprint!r} is not among the run's "
+                    f"blueprints {allowed}; add it to RunConfig.blueprints"
+                )
+            if g.epoch >= self.epochs:
+                raise ValueError(
+                    f"scheduled germination at epoch {g.epoch} never happens: the run has epochs 0..{self.epochs - 1}"
+                )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
-from esper_core.tamiyo.config import PolicyCompileConfig
+from esper_core.tamiyo.config import PolicyCompileConfig, ScheduledGermination
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.tolaria.loop import count_parameters
 
@@ -74,11 +75,13 @@ def episode_config(
     policy_version: int | None = None,
     lr_schedule: str | None = None,
     split_seed: int | None = None,
+    schedule: Sequence[ScheduledGermination] = (),
 ) -> RunConfig:
     """The recipe's configuration with the deciding policy set, for an episode.
 
     ``lr_schedule`` (None: the recipe's) overrides ``TrainerConfig.lr_schedule``; ``split_seed``
-    fixes the split of a bundled data set whatever the seed (a user's ``DataSpec`` splits itself).
+    fixes the split of a bundled data set whatever the seed (a user's ``DataSpec`` splits itself);
+    ``schedule`` is policy ``scheduled``'s list of germinations.
 
     The training step is kept eager (``trainer.step.compile="off"``): episodes are short and many,
     and a step compile (10-40 s on 2 CPU cores, decided per workload) would dominate their wall
@@ -91,14 +94,16 @@ def episode_config(
         config.trainer = dataclasses.replace(config.trainer, lr_schedule=lr_schedule)
     if split_seed is not None and isinstance(config.data, DataConfig):
         config.data = dataclasses.replace(config.data, split_seed=split_seed)
-    config.tamiyo = dataclasses.replace(
+    tamiyo = dataclasses.replace(
         config.tamiyo,
         policy=policy,
         explore=explore,
         policy_version=policy_version,
+        schedule=tuple(schedule),
         compile=PolicyCompileConfig(enabled=False),
     )
-    return config
+    # Replaced, not assigned: RunConfig checks the schedule against its slots and blueprints.
+    return dataclasses.replace(config, tamiyo=tamiyo)
 
 
 def run_episode(

@@ -9,6 +9,7 @@ from esper_core.tamiyo.config import (
     PeriodicPolicyConfig,
     PolicyCompileConfig,
     RandomPolicyConfig,
+    ScheduledGermination,
     TamiyoConfig,
 )
 from esper_core.tamiyo.graph import (
@@ -54,6 +55,7 @@ __all__ = [
     "RiskContext",
     "RiskEngine",
     "RiskVerdict",
+    "ScheduledGermination",
     "TamiyoConfig",
     "TamiyoGNN",
     "TamiyoGNNConfig",

@@ -1,6 +1,7 @@
-"""Baseline policies the learned one is measured against: random and periodic germination, no growth.
+"""Baseline policies the learned one is measured against: random, periodic and scheduled
+germination, no growth.
 
-Both keep the heuristic's lifecycle rules (fossilize a seed that passed G4, cull one that failed
+All keep the heuristic's lifecycle rules (fossilize a seed that passed G4, cull one that failed
 a gate) so that what differs is only *when, where and what* to germinate.
 """
 
@@ -14,11 +15,12 @@ from typing import Any
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage, SeedState, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.config import PeriodicPolicyConfig, RandomPolicyConfig
+from esper_core.tamiyo.config import PeriodicPolicyConfig, RandomPolicyConfig, ScheduledGermination
 from esper_core.tamiyo.heuristic import HeuristicPolicy, _best_safe_fit, _make_command
 
 RANDOM_ISSUER = "random"
 PERIODIC_ISSUER = "periodic"
+SCHEDULED_ISSUER = "scheduled"
 NONE_ISSUER = "none"
 
 
@@ -145,6 +147,51 @@ class PeriodicGrowthPolicy:
             reason = f"germinate (periodic, every {every} epochs): {candidate.blueprint_id} into {slot.slot_id}"
             return _germinate(make, reason, slot, candidate, self.lifecycle)
         return make(CommandType.WAIT, "wait (periodic): no DORMANT slot a SAFE blueprint fits")
+
+
+class ScheduledGrowthPolicy:
+    """Germinates exactly what a fixed schedule says, when it says it.
+
+    The schedule is the "best fixed schedule in hindsight" a learned policy's headroom is
+    measured against (``bench.headroom``). A germination is issued after its epoch if its slot is
+    DORMANT then; otherwise it is skipped (the WAIT's reason says why), never postponed, so a
+    schedule means the same thing in every run.
+
+    Args:
+        schedule: The germinations, at distinct epochs.
+        lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules, which take precedence.
+    """
+
+    def __init__(self, schedule: Sequence[ScheduledGermination], lifecycle: HeuristicPolicy) -> None:
+        self.by_epoch = {g.epoch: g for g in schedule}
+        self.lifecycle = lifecycle
+
+    def decide(
+        self, history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate], *, run_id: str
+    ) -> AdaptationCommand:
+        """This epoch's command.
+
+        Raises:
+            ValueError: If ``history`` is empty.
+        """
+        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, SCHEDULED_ISSUER)
+        if lifecycle is not None:
+            return lifecycle
+        due = self.by_epoch.get(current.epoch)
+        if due is None:
+            return make(CommandType.WAIT, f"wait (scheduled): nothing scheduled after epoch {current.epoch}")
+        slot = current.seed(due.slot)
+        candidate = next((c for c in candidates if c.blueprint_id == due.blueprint), None)
+        if slot.stage is not SeedStage.DORMANT:
+            why = f"slot {due.slot} is {slot.stage.name}, not DORMANT"
+        elif candidate is None:
+            why = f"blueprint {due.blueprint} has no active kernel in the registry"
+        elif not candidate.fits(slot.shape_profile):
+            why = f"blueprint {due.blueprint} has no kernel for slot {due.slot}'s profile {slot.shape_profile}"
+        else:
+            reason = f"germinate (scheduled at epoch {due.epoch}): {due.blueprint} into {due.slot}"
+            return _germinate(make, reason, slot, candidate, self.lifecycle)
+        return make(CommandType.WAIT, f"wait (scheduled): skipped the germination at epoch {due.epoch}: {why}")
 
 
 def no_growth(history: Sequence[SystemStatePacket], *, run_id: str) -> AdaptationCommand:

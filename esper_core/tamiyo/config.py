@@ -11,9 +11,10 @@ from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.risk import RiskConfig
 
-POLICIES = ("heuristic", "gnn", "random", "periodic", "none")
+POLICIES = ("heuristic", "gnn", "random", "periodic", "scheduled", "none")
 """Who decides: the rule-based heuristic, the (Simic-trained) GNN, random germination, periodic
-germination (every k epochs into the next free slot), or nobody (always WAIT: the host alone)."""
+germination (every k epochs into the next free slot), a fixed schedule of germinations
+(``TamiyoConfig.schedule``), or nobody (always WAIT: the host alone)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,6 +88,29 @@ class PeriodicPolicyConfig:
             raise ValueError(f"every must be >= 1 (epochs between germinations), got {self.every}")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduledGermination:
+    """One germination of a fixed schedule (policy ``scheduled``).
+
+    Attributes:
+        epoch: Epoch after which the germinate command is issued (0-based).
+        slot: Slot id (a ``ModelSpec`` slot's module name, or ``slot<i>`` of a built-in host).
+        blueprint: Blueprint id; one of the run's ``blueprints``.
+    """
+
+    epoch: int
+    slot: str
+    blueprint: str
+
+    def __post_init__(self) -> None:
+        if self.epoch < 0:
+            raise ValueError(f"a scheduled germination's epoch must be >= 0, got {self.epoch}")
+        if not self.slot or not self.blueprint:
+            raise ValueError(
+                f"a scheduled germination needs a slot and a blueprint, got {self.slot!r}, {self.blueprint!r}"
+            )
+
+
 @dataclass(kw_only=True, slots=True)
 class TamiyoConfig:
     """Everything ``TamiyoService`` needs to know.
@@ -103,6 +127,8 @@ class TamiyoConfig:
         heuristic: Thresholds of the rule-based policy.
         random: The random-germination baseline's settings.
         periodic: The periodic-growth baseline's settings.
+        schedule: The germinations of policy ``scheduled``, at distinct epochs (one command an
+            epoch); the run's configuration checks their slots and blueprints.
         risk: Thresholds of the risk engine every proposal passes through.
         breaker: When repeated failures stop Tamiyo from being asked at all.
         compile: How the GNN policy is compiled.
@@ -116,6 +142,7 @@ class TamiyoConfig:
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
     random: RandomPolicyConfig = field(default_factory=RandomPolicyConfig)
     periodic: PeriodicPolicyConfig = field(default_factory=PeriodicPolicyConfig)
+    schedule: tuple[ScheduledGermination, ...] = ()
     risk: RiskConfig = field(default_factory=RiskConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     compile: PolicyCompileConfig = field(default_factory=PolicyCompileConfig)
@@ -127,6 +154,17 @@ class TamiyoConfig:
         if self.policy_version is not None and self.policy_version < 1:
             raise ValueError(
                 f"policy_version must be >= 1 (Simic numbers versions from 1) or None, got {self.policy_version}"
+            )
+        self.schedule = tuple(self.schedule)
+        if self.policy == "scheduled" and not self.schedule:
+            raise ValueError("policy 'scheduled' needs TamiyoConfig.schedule; for no growth at all use policy='none'")
+        if self.schedule and self.policy != "scheduled":
+            raise ValueError(f"a schedule is followed only by policy='scheduled', got policy {self.policy!r}")
+        epochs = [g.epoch for g in self.schedule]
+        if len(set(epochs)) != len(epochs):
+            raise ValueError(
+                f"scheduled germinations share an epoch ({sorted(epochs)}): Tamiyo issues one command an "
+                "epoch; move one to a later epoch"
             )
         if self.explore and self.policy != "gnn":
             raise ValueError(f"explore=True samples the GNN's actions: it needs policy='gnn', got {self.policy!r}")

@@ -292,9 +292,13 @@ def _ever_germinated(history: Sequence[SystemStatePacket]) -> bool:
 
 
 def _best_safe_fit(slot: SeedState, candidates: Sequence[BlueprintCandidate]) -> BlueprintCandidate | None:
-    """The SAFE candidate fitting ``slot`` with the lowest risk, then latency (ties: first)."""
+    """The SAFE candidate fitting ``slot`` with the lowest risk, then fewest parameters, then id.
+
+    Never by measured latency: a kernel's p95 varies with the machine's load, and a choice that
+    depends on it would make two runs of the same seed grow different networks.
+    """
     fits = [c for c in candidates if c.descriptor.tier is BlueprintTier.SAFE and c.fits(slot.shape_profile)]
-    return min(fits, key=lambda c: (c.descriptor.risk, c.latency_p95_ms), default=None)
+    return min(fits, key=lambda c: (c.descriptor.risk, c.param_cost, c.blueprint_id), default=None)
 
 
 def _measured(measured: dict[str, float]) -> str:

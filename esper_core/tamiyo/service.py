@@ -2,8 +2,8 @@
 
 One call per epoch. The GNN runs on every call (its latency, action probabilities, value and
 predicted risk are always observable); who decides is ``TamiyoConfig.policy``: the heuristic
-(default until Simic has trained a policy), the GNN, random or periodic germination, or nobody. Every
-proposal then passes the risk engine. ``decide_safely`` adds the circuit breaker: an error
+(default until Simic has trained a policy), the GNN, random, periodic or scheduled germination, or
+nobody. Every proposal then passes the risk engine. ``decide_safely`` adds the circuit breaker: an error
 counts as a failure and the epoch gets the safe command (WAIT) instead of an exception.
 
 When the GNN does not decide, its forward is side work (shadow scoring): ``decide(...,
@@ -32,7 +32,13 @@ from esper_core.contracts import (
     SystemStatePacket,
 )
 from esper_core.tamiyo.actions import Choice, choose, legal_masks
-from esper_core.tamiyo.baselines import PeriodicGrowthPolicy, RandomGerminationPolicy, decision_seed, no_growth
+from esper_core.tamiyo.baselines import (
+    PeriodicGrowthPolicy,
+    RandomGerminationPolicy,
+    ScheduledGrowthPolicy,
+    decision_seed,
+    no_growth,
+)
 from esper_core.tamiyo.breaker import CircuitBreaker
 from esper_core.tamiyo.build import PreparedPolicy, prepare_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
@@ -58,7 +64,7 @@ class Decision:
     Attributes:
         command: The command to carry out (after the risk engine).
         proposal: The deciding policy's own command, before the risk engine.
-        policy: Who proposed: ``heuristic``, ``gnn``, ``random``, ``periodic``, ``none`` or ``tamiyo.breaker``.
+        policy: Who proposed: ``heuristic``, ``gnn``, ``random``, ``periodic``, ``scheduled``, ``none`` or ``tamiyo.breaker``.
         policy_version: Version of the GNN weights served, if any were loaded.
         gnn_latency_ms: Wall time of the policy forward, including reading its result back.
         coverage: Share of graph feature entries that were observed (see ``TamiyoGraph``).
@@ -107,6 +113,7 @@ class TamiyoService:
         self.heuristic = HeuristicPolicy(config.heuristic)
         self.random = RandomGerminationPolicy(config.random, self.heuristic)
         self.periodic = PeriodicGrowthPolicy(config.periodic, self.heuristic)
+        self.scheduled = ScheduledGrowthPolicy(config.schedule, self.heuristic)
         self.risk = RiskEngine(config.risk)
         self.breaker = CircuitBreaker(config.breaker)
         self.policy_version: str | None = None
@@ -160,6 +167,8 @@ class TamiyoService:
             proposal = self.random.decide(history, candidates, run_id=run_id)
         elif policy == "periodic":
             proposal = self.periodic.decide(history, candidates, run_id=run_id)
+        elif policy == "scheduled":
+            proposal = self.scheduled.decide(history, candidates, run_id=run_id)
         else:
             proposal = no_growth(history, run_id=run_id)
         verdict = self.risk.review(

@@ -120,3 +120,21 @@ def test_a_builtin_host_scales_every_hidden_width() -> None:
     assert HostConfig(hidden=(1, 3)).scaled(0.1).hidden == (1, 1)
     with pytest.raises(ValueError, match="width factor must be > 0"):
         HostConfig().scaled(-1.0)
+
+
+def test_a_schedule_must_name_the_runs_slots_blueprints_and_epochs() -> None:
+    from esper_core.run import ScheduledGermination, TamiyoConfig
+
+    def with_schedule(epoch: int, slot: str, blueprint: str) -> RunConfig:
+        config = get_recipe("mnist1d-cnn", epochs=10)
+        germination = ScheduledGermination(epoch=epoch, slot=slot, blueprint=blueprint)
+        return dataclasses.replace(config, tamiyo=TamiyoConfig(policy="scheduled", schedule=(germination,)))
+
+    assert with_schedule(3, "act2", "seq_conv_residual").tamiyo.schedule[0].slot == "act2"
+    with pytest.raises(ValueError, match=r"no slot 'slot1'; slots are \('act2', 'act3'\)"):
+        with_schedule(3, "slot1", "seq_conv_residual")
+    with pytest.raises(ValueError, match="add it to RunConfig.blueprints"):
+        with_schedule(3, "act2", "residual_mlp")
+    with pytest.raises(ValueError, match="never happens: the run has epochs 0..9"):
+        with_schedule(10, "act2", "seq_conv_residual")
+    assert HostConfig(slot_inputs=(2, 1)).slot_ids == ("slot1", "slot2")

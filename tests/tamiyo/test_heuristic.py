@@ -71,6 +71,7 @@ def _candidate(
     tier: BlueprintTier = BlueprintTier.SAFE,
     risk: float = 0.2,
     latency: float = 1.0,
+    params: int = 1000,
     profiles: frozenset[str] = frozenset({"w32", "w64"}),
 ) -> BlueprintCandidate:
     return BlueprintCandidate(
@@ -84,7 +85,7 @@ def _candidate(
         ),
         shape_profiles=profiles,
         latency_p95_ms=latency,
-        param_cost=1000,
+        param_cost=params,
     )
 
 
@@ -202,7 +203,7 @@ def test_waits_when_no_safe_blueprint_fits() -> None:
     assert "no SAFE blueprint among 2 candidate(s)" in command.reason and "w64" in command.reason
 
 
-def test_chooses_highest_grad_norm_slot_and_lowest_risk_safe_blueprint() -> None:
+def test_chooses_highest_grad_norm_slot_and_lowest_risk_then_smallest_safe_blueprint() -> None:
     seeds = (
         _dormant("on-fc1", "fc1"),
         _dormant("on-fc2", "fc2"),  # host grad_norm 0.9: the largest
@@ -212,14 +213,16 @@ def test_chooses_highest_grad_norm_slot_and_lowest_risk_safe_blueprint() -> None
     candidates = [
         _candidate("safe-risky", risk=0.5),
         _candidate("experimental", tier=BlueprintTier.EXPERIMENTAL, risk=0.01),
-        _candidate("safe-slow", risk=0.1, latency=5.0),
-        _candidate("safe-fast", risk=0.1, latency=2.0),
+        # Equal risk: fewest parameters wins, whatever the measured latency (it varies with load).
+        _candidate("safe-big-fast", risk=0.1, latency=1.0, params=5000),
+        _candidate("safe-small-slow", risk=0.1, latency=5.0, params=1000),
+        _candidate("safe-small-slow-b", risk=0.1, latency=0.5, params=1000),
         _candidate("safe-other-profile", risk=0.0, profiles=frozenset({"w32"})),
     ]
     command = _decide(_history(FLAT, seeds), candidates)
-    assert (command.slot_id, command.blueprint_id) == ("on-fc2", "safe-fast")
+    assert (command.slot_id, command.blueprint_id) == ("on-fc2", "safe-small-slow")
     assert "grad_norm 0.9" in command.reason and "risk 0.1" in command.reason
-    assert "p95 2 ms" in command.reason
+    assert "p95 5 ms" in command.reason
 
 
 def test_skips_the_best_slot_when_no_safe_blueprint_fits_it() -> None:

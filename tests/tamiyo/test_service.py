@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from esper_core.contracts import CommandType, SeedOperation
-from esper_core.tamiyo.config import PeriodicPolicyConfig, PolicyCompileConfig, TamiyoConfig
+from esper_core.tamiyo.config import PeriodicPolicyConfig, PolicyCompileConfig, ScheduledGermination, TamiyoConfig
 from esper_core.tamiyo.model import ACTION_NAMES, TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.risk import RiskConfig
 from esper_core.tamiyo.service import SHADOW_NOTE, TamiyoService
@@ -101,6 +101,40 @@ def test_periodic_policy_germinates_every_k_epochs_into_the_first_free_slot() ->
     assert actions == ["wait", "wait", "germinate", "wait", "wait", "germinate"]
     with pytest.raises(ValueError, match="every must be >= 1"):
         PeriodicPolicyConfig(every=0)
+
+
+def test_scheduled_policy_germinates_what_the_schedule_says_and_skips_a_busy_slot() -> None:
+    candidates = synthetic_candidates(3)
+    dormant = synthetic_history(num_epochs=1, num_slots=2)[-1].seeds[0]
+    fitting = next(c.blueprint_id for c in candidates if c.fits(dormant.shape_profile))
+    schedule = (
+        ScheduledGermination(epoch=1, slot=dormant.slot_id, blueprint=fitting),
+        ScheduledGermination(epoch=3, slot="slot1", blueprint=fitting),  # slot1 holds a seed: skipped
+    )
+    service = TamiyoService(TamiyoConfig(policy="scheduled", gnn=SMALL, schedule=schedule))
+    commands = []
+    for epochs in range(1, 6):
+        history = synthetic_history(num_epochs=epochs, num_slots=2)
+        commands.append(service.decide(history, candidates, run_id="r").proposal)
+    assert [c.action for c in commands] == ["wait", "germinate", "wait", "wait", "wait"]
+    assert (commands[1].slot_id, commands[1].blueprint_id, commands[1].issued_by) == (
+        dormant.slot_id,
+        fitting,
+        "scheduled",
+    )
+    assert "skipped the germination at epoch 3: slot slot1 is" in commands[3].reason
+
+
+def test_a_bad_schedule_is_refused_with_its_fix() -> None:
+    g = ScheduledGermination(epoch=2, slot="slot1", blueprint="bp0")
+    with pytest.raises(ValueError, match="needs TamiyoConfig.schedule"):
+        TamiyoConfig(policy="scheduled")
+    with pytest.raises(ValueError, match="only by policy='scheduled'"):
+        TamiyoConfig(policy="heuristic", schedule=(g,))
+    with pytest.raises(ValueError, match="share an epoch"):
+        TamiyoConfig(policy="scheduled", schedule=(g, ScheduledGermination(epoch=2, slot="slot2", blueprint="bp0")))
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        ScheduledGermination(epoch=-1, slot="slot1", blueprint="bp0")
 
 
 def test_the_risk_engine_reviews_every_policy() -> None:
