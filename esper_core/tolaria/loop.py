@@ -116,6 +116,7 @@ class Trainer:
             device=device,
             workload=workload or f"{type(model).__name__}{model.layer_widths}:b{batch_size}",
             cache=decision_cache,
+            run_steps=None if total_epochs is None else total_epochs * -(-len(self.data.train) // batch_size),
         )
         self.grad_pool = GradientBufferPool(model.host_parameters())
         self.grad_norms = GradNormAccumulator()

@@ -55,6 +55,12 @@ class StepEngineConfig:
     """Steps timed on each path when ``compile='auto'`` decides."""
     decision_margin: float = 0.05
     """Compiled must be at least this much faster (fraction) to be chosen."""
+    compile_min_run_s: float = 60.0
+    """``auto`` compiles only if the rest of the run, timed eagerly, would last at least this
+    long (median eager step x steps left, when the run's length is known): a CPU compile costs
+    10-40 s, which a run of a few seconds never earns back. The choice only ever falls back to
+    the eager step, so it cannot change a run's numbers; it is not cached (it depends on the
+    run's length, not the workload). 0 compiles whatever the length."""
     enable_graphs: bool = False
     """Capture the steady-state eager step as a CUDA graph (CUDA only)."""
     enable_graph_pool_reuse: bool = True
@@ -69,6 +75,8 @@ class StepEngineConfig:
             raise ValueError(f"measure_steps must be >= 3 for a median to mean anything, got {self.measure_steps}")
         if not 0.0 <= self.decision_margin < 1.0:
             raise ValueError(f"decision_margin must lie in [0, 1), got {self.decision_margin}")
+        if self.compile_min_run_s < 0:
+            raise ValueError(f"compile_min_run_s must be >= 0 seconds (0: always measure), got {self.compile_min_run_s}")
 
 
 class DecisionCache:
@@ -105,6 +113,7 @@ class StepEngine:
         device: where the step runs (graphs need CUDA).
         workload: identifies the model and batch shape for the decision cache.
         cache: where decisions are remembered; None measures every time.
+        run_steps: steps of the whole run, if known (``compile_min_run_s`` needs it).
     """
 
     def __init__(
@@ -117,8 +126,10 @@ class StepEngine:
         device: torch.device,
         workload: str,
         cache: DecisionCache | None = None,
+        run_steps: int | None = None,
     ) -> None:
         self.step_fn = step_fn
+        self.run_steps = run_steps
         self.zero_grad = zero_grad
         self.parameters = parameters
         self.config = config
@@ -250,6 +261,9 @@ class StepEngine:
             return self._eager(x, y)
         if len(self._timings["eager"]) < cfg.measure_steps:
             return self._timed("eager", self._eager, x, y)
+        if not self._timings["compiled"] and (short := self._too_short_to_compile()) is not None:
+            self._pending = (False, short)
+            return self._eager(x, y)
         compiled = self._compiled(x, y)
         if compiled is None or len(self._timings["compiled"]) >= cfg.measure_steps:
             return self._eager(x, y)
@@ -263,6 +277,19 @@ class StepEngine:
         if len(self._timings["compiled"]) == cfg.measure_steps:
             self._decide()
         return loss
+
+    def _too_short_to_compile(self) -> str | None:
+        """Why the rest of the run is too short to repay a compile, or None if it is not (or
+        its length is unknown)."""
+        if self.run_steps is None or self.config.compile_min_run_s == 0:
+            return None
+        left_s = statistics.median(self._timings["eager"]) * max(0, self.run_steps - self.steps) / 1e3
+        if left_s >= self.config.compile_min_run_s:
+            return None
+        return (
+            f"the run's {self.run_steps - self.steps} remaining steps take ~{left_s:.1f} s eagerly, "
+            f"under compile_min_run_s={self.config.compile_min_run_s:g}: a compile could not pay for itself"
+        )
 
     def _eager(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._run_fn(self.step_fn, x, y)

@@ -37,7 +37,14 @@ def esper_test_inexact_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dy
 
 def _trainer(*, home: Path | None = None, recipe: str = "seed-reference", **step: object) -> Trainer:
     config = get_recipe(recipe)
-    fields = {"compile_backend": "aot_eager", "compile_warmup_steps": 1, "measure_steps": 3, **step}
+    # compile_min_run_s=0: these runs last milliseconds, and the tests are about measuring.
+    fields = {
+        "compile_backend": "aot_eager",
+        "compile_warmup_steps": 1,
+        "measure_steps": 3,
+        "compile_min_run_s": 0.0,
+        **step,
+    }
     config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, **fields))
     return build_trainer(config, catalog=default_catalog(), run_id="t", home=home)
 
@@ -84,6 +91,26 @@ def test_auto_measures_both_paths_decides_and_caches(tmp_path: Path) -> None:
     assert _decision_epoch(again, 3) == switched_at
     assert again.engine.use_compiled == engine.use_compiled
     assert not again.engine._timings["eager"] and not again.engine._timings["compiled"]
+
+
+def test_auto_does_not_compile_a_run_too_short_to_repay_it(tmp_path: Path) -> None:
+    # seed-reference: 6 epochs of 4 steps, a few milliseconds in all.
+    trainer = _trainer(home=tmp_path, compile="auto", compile_min_run_s=60.0)
+    _, eager = _names(_trainer(compile="off"), 3)
+    events, losses = [], []
+    for _ in range(3):
+        result = trainer.train_epoch()
+        events += result.events
+        losses.append(result.packet.train_loss)
+    engine = trainer.engine
+    assert engine.decided and not engine.use_compiled and engine.compiled_fn is None
+    assert not engine._timings["compiled"] and losses == eager
+    (chosen,) = [e for e in events if e.name.startswith("tolaria.compile")]
+    assert chosen.name == "tolaria.compile_disabled" and "compile_min_run_s=60" in chosen.message
+    # Not cached: the next run of the same workload may be long enough.
+    assert not (tmp_path / "step_decisions.json").exists()
+    with pytest.raises(ValueError, match="compile_min_run_s must be >= 0"):
+        StepEngineConfig(compile_min_run_s=-1.0)
 
 
 def test_auto_never_chooses_a_compiled_step_that_changes_the_numbers(tmp_path: Path) -> None:
