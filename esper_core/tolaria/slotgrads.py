@@ -51,7 +51,7 @@ def batch_stats(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> to
     n = y.shape[0]
     loss_sum = loss.detach().float() * n
     if classifies(logits, y):
-        correct = (logits.detach().argmax(dim=1) == y).sum().float()
+        correct = (logits.detach().argmax(dim=1) == y).sum(dtype=torch.float32)
         counted = loss_sum.new_full((), float(n))
     else:
         correct = torch.zeros_like(loss_sum)
