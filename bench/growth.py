@@ -169,6 +169,7 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
         version = config.policy_version or _train_policy(settings, store, simic, config)
         training_s = time.perf_counter() - trained
         policy = store.get_policy(version)
+        policy.require_current_inputs()  # a stale --policy-version fails here, before any run
     finally:
         store.close()
     done = 0

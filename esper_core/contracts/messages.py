@@ -196,6 +196,11 @@ class SeedState(Message):
     ``layer`` names the host layer whose input activation the slot transforms; ``shape_profile`` is the
     Karn profile name of that activation (artifacts must match it). ``metrics`` keys written by
     Kasmina: ``grad_norm``, ``samples``, ``val_loss_with_seed``, ``val_loss_without_seed``.
+
+    ``activation_grad_norm`` is Tolaria's bottleneck signal at the slot, measured whatever the
+    stage (DORMANT slots too): the root-mean-square over a probe batch of each sample's norm of
+    the loss gradient with respect to the activation leaving the slot. None where it was not
+    measured (packets recorded before it existed, or a non-finite value).
     """
 
     slot_id: str = Field(min_length=1)
@@ -211,6 +216,7 @@ class SeedState(Message):
     param_count: int = Field(default=0, ge=0)
     metrics: dict[str, float] = Field(default_factory=dict)
     last_gate: GateVerdict | None = None
+    activation_grad_norm: float | None = Field(default=None, ge=0.0)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -230,13 +236,19 @@ class LayerState(Message):
 
 
 class SystemStatePacket(Message):
-    """Everything Tamiyo sees about the run at the end of one epoch."""
+    """Everything Tamiyo sees about the run at the end of one epoch.
+
+    ``train_accuracy`` is the share of training samples the epoch's training steps classified
+    correctly (from the logits of each step, as the weights were at that step); None when the
+    targets are not class indices, and in packets recorded before it existed.
+    """
 
     run_id: str = Field(min_length=1)
     epoch: int = Field(ge=0)
     train_loss: float
     val_loss: float
     val_accuracy: float = Field(ge=0.0, le=1.0)
+    train_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
     learning_rate: float = Field(gt=0.0)
     epoch_latency_ms: float = Field(ge=0.0)
     latency_budget_ms: float = Field(gt=0.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -377,8 +377,15 @@ class SeedManager:
         seed = self._slot(slot_id).seed
         return [] if seed is None else list(seed.parameters())
 
-    def export_seed_states(self) -> tuple[SeedState, ...]:
-        """A ``SeedState`` per slot, in forward order (plain Python: no tensor work)."""
+    def export_seed_states(
+        self, *, activation_grad_norms: Mapping[str, float | None] | None = None
+    ) -> tuple[SeedState, ...]:
+        """A ``SeedState`` per slot, in forward order (plain Python: no tensor work).
+
+        Args:
+            activation_grad_norms: Tolaria's bottleneck signal per slot id, if measured.
+        """
+        norms = activation_grad_norms or {}
         states = []
         for sid, slot in self.slots.items():
             seed = self._seeds.get(sid)
@@ -397,6 +404,7 @@ class SeedManager:
                     param_count=sum(p.numel() for p in self.seed_parameters(sid)),
                     metrics=dict(seed.metrics) if seed else {},
                     last_gate=self._last_gate.get(sid),
+                    activation_grad_norm=norms.get(sid),
                 )
             )
         return tuple(states)

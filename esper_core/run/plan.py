@@ -2,21 +2,23 @@
 
 Planning needs no weights: the host is built on the meta device (a user's model too), so the
 slots' shapes come from a dry forward. The plan is handed to compilation (which kernels to build),
-to the session (each blueprint's parameter cost at each slot profile, for Tamiyo's candidates)
-and to readiness checks (are all kernels published?), so a run loads its data and probes its
+to the session (each blueprint's parameter cost and capacity at each slot profile, for Tamiyo's
+candidates) and to readiness checks (are all kernels published?), so a run loads its data and probes its
 model once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from esper_core.data import Dataset, load_dataset
 from esper_core.hosts import Host
+from esper_core.karn.capacity import SeedCapacity, seed_capacity
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.policy import require_approval
 from esper_core.karn.profiles import ShapeProfile
@@ -37,6 +39,8 @@ class RunPlan:
         slots: Slot id -> shape profile name, in slot order.
         jobs: Every (blueprint, slot profile) kernel the run may germinate.
         param_costs: ``(blueprint_id, profile)`` -> parameters the seed adds there.
+        capacities: ``(blueprint_id, profile)`` -> what the seed adds there (parameters, FLOPs
+            per sample, linear or not); filled by ``plan_run``, empty in compile-only plans.
     """
 
     recipe: str
@@ -44,6 +48,7 @@ class RunPlan:
     slots: dict[str, str]
     jobs: tuple[CompileJob, ...]
     param_costs: dict[tuple[str, str], int]
+    capacities: dict[tuple[str, str], SeedCapacity] = field(default_factory=dict)
 
     @property
     def profiles(self) -> list[str]:
@@ -80,7 +85,7 @@ def plan_run(
         ApprovalRequiredError: a non-safe blueprint that ``approved`` does not name.
     """
     data = data or load_dataset(config.data)
-    return _plan(
+    plan = _plan(
         config,
         catalog=catalog,
         feature_shape=data.feature_shape,
@@ -88,6 +93,15 @@ def plan_run(
         backend=backend,
         approved=approved,
     )
+    capacities = {key: _capacity(catalog, *key) for key in plan.param_costs}
+    return dataclasses.replace(plan, capacities=capacities)
+
+
+@functools.lru_cache(maxsize=256)
+def _capacity(catalog: KarnCatalog, blueprint_id: str, profile: str) -> SeedCapacity:
+    """``seed_capacity`` at the catalogue's default parameters, once per process: it builds and
+    probes the real module (10-300 ms a recipe), and a catalogue is immutable."""
+    return seed_capacity(catalog, blueprint_id, ShapeProfile.parse(profile))
 
 
 @functools.lru_cache(maxsize=16)

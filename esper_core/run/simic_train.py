@@ -184,8 +184,13 @@ def train_ppo(
 
     Returns:
         The new version (method ``ppo``, parent ``version``).
+
+    Raises:
+        IncompatiblePolicyError: ``version`` was trained on other graph inputs (retrain from
+            imitation with the ``train_policy`` flow).
     """
     parent = store.get_policy(version)
+    parent.require_current_inputs()  # before any rollout is read: fine-tuning stale weights is wrong too
     model = TamiyoGNN(parent.gnn)
     model.load_state_dict(store.load_weights(parent))
     records, reports = store.decisions(rollout_run_ids), store.field_reports(rollout_run_ids)

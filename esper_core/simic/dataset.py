@@ -146,7 +146,9 @@ def build_samples(
 
 def _sample(record: DecisionRecord, reward: float, outcome: Outcome | None) -> Sample | None:
     state = record.state
-    graph = build_graph(state.history, state.candidates, total_epochs=state.total_epochs)
+    graph = build_graph(
+        state.history, state.candidates, total_epochs=state.total_epochs, param_budget=state.param_budget
+    )
     masks = legal_masks(state.current, state.candidates)
     try:
         action, slot, blueprint, blend = choice_of(record.proposal, graph.slot_ids, graph.blueprint_ids)

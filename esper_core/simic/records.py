@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine, func, select
 from esper_core.contracts import AdaptationCommand, FieldReport, SystemStatePacket
 from esper_core.simic.models import DecisionRow, FieldReportRow, PolicyRow
 from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.graph import FEATURE_DIMS, TREND_WINDOW
+from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES, TREND_WINDOW
 from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.service import Decision
 from esper_core.urza import schema
@@ -54,11 +54,14 @@ class DecisionState:
         history: The last ``TREND_WINDOW`` packets, oldest first.
         candidates: The blueprint candidates, in node order.
         total_epochs: Length of the run, if known.
+        param_budget: Parameters the active seeds could hold (``Decision.param_budget``); None
+            in states recorded before it was (the graph's budget feature stays unobserved).
     """
 
     history: tuple[SystemStatePacket, ...]
     candidates: tuple[BlueprintCandidate, ...]
     total_epochs: int | None
+    param_budget: int | None = None
 
     @property
     def current(self) -> SystemStatePacket:
@@ -72,6 +75,7 @@ class DecisionState:
                 "history": [json.loads(p.to_json()) for p in self.history],
                 "candidates": [c.to_dict() for c in self.candidates],
                 "total_epochs": self.total_epochs,
+                "param_budget": self.param_budget,
             },
             separators=(",", ":"),
         )
@@ -84,6 +88,7 @@ class DecisionState:
             history=tuple(SystemStatePacket.model_validate(p) for p in data["history"]),
             candidates=tuple(BlueprintCandidate.from_dict(c) for c in data["candidates"]),
             total_epochs=data["total_epochs"],
+            param_budget=data.get("param_budget"),
         )
 
 
@@ -128,6 +133,7 @@ class DecisionRecord:
                 history=tuple(history[-TREND_WINDOW:]),
                 candidates=tuple(candidates),
                 total_epochs=total_epochs,
+                param_budget=decision.param_budget,
             ),
             log_prob=decision.log_prob,
             value=decision.value,
@@ -164,6 +170,35 @@ class PolicyVersion:
     def label(self) -> str:
         """``v<version>``: how commands and telemetry name it."""
         return f"v{self.version}"
+
+    def require_current_inputs(self) -> None:
+        """Refuse a policy trained on other graph inputs than this code builds.
+
+        The GNN's input layers are as wide as the feature tuples of ``tamiyo.graph``; weights
+        trained before a feature was added (or removed, or reordered) would read every column
+        after it as a different feature. Widths are checked for every version; names too for
+        versions that recorded them (``provenance["graph_features"]``).
+
+        Raises:
+            IncompatiblePolicyError: The widths or names differ (the message says how to fix it).
+        """
+        widths = {nt: (self.feature_dims.get(nt), dim) for nt, dim in FEATURE_DIMS.items()}
+        changed = [f"{nt} {old} -> {new}" for nt, (old, new) in widths.items() if old != new]
+        names = self.provenance.get("graph_features")
+        if not changed and names is not None:
+            changed = [nt for nt, current in FEATURE_NAMES.items() if tuple(names.get(nt, ())) != current]
+        if changed:
+            raise IncompatiblePolicyError(
+                f"policy {self.label} was trained on other graph inputs than Tamiyo builds now "
+                f"({', '.join(changed)}): its weights would read the wrong features. Retrain with the "
+                "train_policy flow (prefect deployment run 'train_policy/default', or "
+                "train_policy(recipes=[...])) and serve the new version, or pin TamiyoConfig.policy_version "
+                "to a version trained on the current inputs"
+            )
+
+
+class IncompatiblePolicyError(ValueError):
+    """A stored policy was trained on graph inputs that differ from the current builder's."""
 
 
 class SimicStore:
@@ -293,7 +328,11 @@ class SimicStore:
             "size_bytes": len(data),
             "gnn_config_json": json.dumps(dataclasses.asdict(gnn)),
             "feature_dims_json": json.dumps(FEATURE_DIMS),
-            "provenance_json": json.dumps(provenance, default=str),
+            # The feature names let a later builder refuse these weights even at equal widths.
+            "provenance_json": json.dumps(
+                {**provenance, "graph_features": {nt: list(names) for nt, names in FEATURE_NAMES.items()}},
+                default=str,
+            ),
             "status": "active",
         }
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
@@ -462,6 +501,7 @@ def _to_policy(row: Any) -> PolicyVersion:  # noqa: ANN401  (a Core row of simic
 
 __all__ = [
     "DecisionRecord",
+    "IncompatiblePolicyError",
     "DecisionState",
     "PolicyVersion",
     "RegistryError",

@@ -31,6 +31,8 @@ def refresh_policy(
     Raises:
         ValueError: The version's network size differs from the service's (the message says
             which ``TamiyoConfig.gnn`` to use), or the pinned version does not exist.
+        IncompatiblePolicyError: The version was trained on other graph feature widths (or
+            names) than Tamiyo builds now: retrain with the ``train_policy`` flow.
     """
     if service.config.policy != "gnn" or store is None:
         return None
@@ -53,6 +55,7 @@ def refresh_policy(
         return None
     if service.policy_version == policy.label:
         return policy
+    policy.require_current_inputs()
     if policy.gnn != service.model.config:
         raise ValueError(
             f"policy {policy.label} was trained with {policy.gnn}, but this Tamiyo runs {service.model.config}: "

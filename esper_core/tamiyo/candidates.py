@@ -1,4 +1,5 @@
-"""What Tamiyo knows about a blueprint it may germinate: Karn's descriptor plus Urza's facts."""
+"""What Tamiyo knows about a blueprint it may germinate: Karn's descriptor plus Urza's facts,
+and what the seed adds at each slot profile (Karn's capacity measurement, made at planning)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from esper_core.contracts import BlueprintDescriptor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CandidateCapacity:
+    """What the blueprint adds at one slot profile (``esper_core.karn.capacity.SeedCapacity``).
+
+    Attributes:
+        profile: The shape profile's name.
+        parameters: Trainable parameters the seed adds there.
+        flops_per_sample: Its forward FLOPs for one sample.
+        linear: Its delta is affine in the slot's input, so it folds into the next layer.
+    """
+
+    profile: str
+    parameters: int
+    flops_per_sample: int
+    linear: bool
+
+    def __post_init__(self) -> None:
+        if self.parameters < 0 or self.flops_per_sample < 0:
+            raise ValueError(
+                f"capacity at {self.profile!r} has parameters {self.parameters} and FLOPs "
+                f"{self.flops_per_sample}: both must be >= 0 (measure them with karn.capacity.seed_capacity)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -19,12 +44,15 @@ class BlueprintCandidate:
             can only host this blueprint if its ``shape_profile`` is in this set.
         latency_p95_ms: p95 latency of the artifact in milliseconds (worst over its profiles).
         param_cost: Number of parameters the seed adds to the host.
+        capacity: What the seed adds at each profile it was measured at; empty when unknown
+            (candidates recorded before it existed).
     """
 
     descriptor: BlueprintDescriptor
     shape_profiles: frozenset[str]
     latency_p95_ms: float
     param_cost: int
+    capacity: tuple[CandidateCapacity, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape_profiles, frozenset):
@@ -63,6 +91,15 @@ class BlueprintCandidate:
             "shape_profiles": sorted(self.shape_profiles),
             "latency_p95_ms": self.latency_p95_ms,
             "param_cost": self.param_cost,
+            "capacity": [
+                {
+                    "profile": c.profile,
+                    "parameters": c.parameters,
+                    "flops_per_sample": c.flops_per_sample,
+                    "linear": c.linear,
+                }
+                for c in self.capacity
+            ],
         }
 
     @classmethod
@@ -73,4 +110,6 @@ class BlueprintCandidate:
             shape_profiles=frozenset(data["shape_profiles"]),
             latency_p95_ms=float(data["latency_p95_ms"]),
             param_cost=int(data["param_cost"]),
+            # Absent from candidates recorded before capacity was known: the features stay unobserved.
+            capacity=tuple(CandidateCapacity(**c) for c in data.get("capacity", ())),
         )

@@ -5,13 +5,17 @@ constants, so the policy has fixed input widths):
 
 - ``global`` (1 node): losses, accuracy, their trends and volatility, generalisation gap,
   learning rate, latency against budget, host size, parameters added by seeds, epoch and progress
-  through the run, active seeds.
+  through the run, active seeds, training accuracy and its gap to validation accuracy (under- vs
+  over-fitting), and the parameters the risk engine still lets seeds add.
 - ``layer`` (one per ``LayerState``, in host order): width, activation statistics, gradient
   norm, relative depth.
 - ``slot`` (one per ``SeedState``): lifecycle stage, blend alpha, ages, size, gradient norm,
-  samples seen, the seed's effect on validation loss, last gate verdict.
+  samples seen, the seed's effect on validation loss, last gate verdict, and the bottleneck
+  signal: the loss gradient's norm at the slot's activation (DORMANT slots too).
 - ``blueprint`` (one per ``BlueprintCandidate``): tier, risk, Urza latency, parameter cost (absolute
-  and relative to the host), number of shape profiles with an artifact.
+  and relative to the host), number of shape profiles with an artifact, and what the seed adds
+  (Karn's capacity, averaged over the profiles it has an artifact for): FLOPs per sample and the
+  share of those profiles where its delta is linear (folds into the next layer).
 
 ``TamiyoGraph.coverage`` is the share of feature entries that were observed; ``missing`` names
 the features that were not (e.g. ``slot.grad_norm`` before a seed has trained).
@@ -74,6 +78,9 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "generalisation_gap",  # val_loss - train_loss
     "seed_param_share",  # parameters of active seeds / host parameters
     "progress",  # epoch / (total_epochs - 1); unobserved when the run length is not given
+    "train_accuracy",  # unobserved for non-class targets and packets recorded before it existed
+    "train_val_accuracy_gap",  # train_accuracy - val_accuracy: > 0 over-fits, ~0 under-fits
+    "log1p_remaining_param_budget",  # signed log1p(param_budget - active seeds' parameters)
 )
 LAYER_FEATURES: tuple[str, ...] = (
     "log_width",
@@ -95,6 +102,7 @@ SLOT_FEATURES: tuple[str, ...] = tuple(f"stage_{s.value}" for s in _SLOT_STAGES)
     "gate_passed",
     "gate_failed",
     "gate_none",
+    "log1p_activation_grad_norm",  # SeedState.activation_grad_norm (Tolaria's slot probe)
 )
 _TIERS: tuple[BlueprintTier, ...] = tuple(BlueprintTier)
 BLUEPRINT_FEATURES: tuple[str, ...] = tuple(f"tier_{t.value}" for t in _TIERS) + (
@@ -103,6 +111,8 @@ BLUEPRINT_FEATURES: tuple[str, ...] = tuple(f"tier_{t.value}" for t in _TIERS) +
     "log1p_param_cost",
     "num_profiles",
     "param_cost_share",  # param_cost / host parameters
+    "log1p_flops_per_sample",  # mean over the candidate's profiles with a known capacity
+    "linear_share",  # share of those profiles where the seed's delta is affine (adds no capacity)
 )
 
 GLOBAL_DIM = len(GLOBAL_FEATURES)
@@ -168,6 +178,7 @@ def build_graph(
     candidates: Sequence[BlueprintCandidate],
     *,
     total_epochs: int | None = None,
+    param_budget: int | None = None,
 ) -> TamiyoGraph:
     """Build Tamiyo's hetero graph for the current epoch.
 
@@ -176,6 +187,9 @@ def build_graph(
             packets only feed the trends and volatilities (the last ``TREND_WINDOW``).
         candidates: Blueprints that can be germinated, one ``blueprint`` node each.
         total_epochs: Length of the run, for the ``progress`` feature; None leaves it unobserved.
+        param_budget: Parameters all active seeds may hold together now (the risk engine's
+            ``RiskConfig.seed_param_limit``), for ``log1p_remaining_param_budget``; None leaves
+            it unobserved.
 
     Returns:
         The graph with every node type and every edge type in ``EDGE_TYPES`` present (possibly
@@ -188,7 +202,7 @@ def build_graph(
         raise ValueError("history is empty: pass at least the current epoch's SystemStatePacket")
     current = history[-1]
     rows: dict[NodeType, list[_Row]] = {
-        "global": [_global_row(history, total_epochs)],
+        "global": [_global_row(history, total_epochs, param_budget)],
         "layer": [_layer_row(layer, i, len(current.layers)) for i, layer in enumerate(current.layers)],
         "slot": [_slot_row(seed, current.val_loss) for seed in current.seeds],
         "blueprint": [_blueprint_row(c, current.host_params) for c in candidates],
@@ -234,7 +248,7 @@ def _tensorise(rows: list[_Row], dim: int) -> tuple[torch.Tensor, list[int]]:
     return x, unobserved
 
 
-def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None) -> _Row:
+def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None, param_budget: int | None) -> _Row:
     current = history[-1]
     window = history[-TREND_WINDOW:]
     losses = [p.val_loss for p in window]
@@ -244,6 +258,7 @@ def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None) 
     progress = None
     if total_epochs is not None:
         progress = current.epoch / (total_epochs - 1) if total_epochs > 1 else 1.0
+    train_accuracy = current.train_accuracy
     return [
         current.train_loss,
         current.val_loss,
@@ -261,6 +276,9 @@ def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None) 
         current.val_loss - current.train_loss,
         seed_params / max(current.host_params, 1),
         progress,
+        train_accuracy,
+        None if train_accuracy is None else train_accuracy - current.val_accuracy,
+        None if param_budget is None else _log1p_nonneg(param_budget - seed_params),
     ]
 
 
@@ -303,17 +321,21 @@ def _slot_row(seed: SeedState, val_loss: float) -> _Row:
         float(gate is not None and gate.passed),
         float(gate is not None and not gate.passed),
         float(gate is None),
+        None if seed.activation_grad_norm is None else _log1p_nonneg(seed.activation_grad_norm),
     ]
 
 
 def _blueprint_row(candidate: BlueprintCandidate, host_params: int) -> _Row:
     tier_onehot: _Row = [float(candidate.descriptor.tier is t) for t in _TIERS]
+    known = [c for c in candidate.capacity if c.profile in candidate.shape_profiles]
     return tier_onehot + [
         candidate.descriptor.risk,
         math.log1p(candidate.latency_p95_ms),
         math.log1p(candidate.param_cost),
         float(len(candidate.shape_profiles)),
         candidate.param_cost / max(host_params, 1),
+        statistics.fmean(math.log1p(c.flops_per_sample) for c in known) if known else None,
+        statistics.fmean(float(c.linear) for c in known) if known else None,
     ]
 
 

@@ -29,6 +29,7 @@ within the parameter budget; SAFE before EXPERIMENTAL, then lowest risk, then fe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -105,6 +106,19 @@ class RiskConfig:
         if self.max_latency_ratio is not None and self.max_latency_ratio <= 0:
             raise ValueError(f"max_latency_ratio must be > 0 or None (off), got {self.max_latency_ratio}")
         self.quarantined = tuple(self.quarantined)
+
+    def seed_param_limit(self, host_params: int) -> int:
+        """Parameters all active seeds may hold together on a host of ``host_params``:
+        ``max_param_growth`` times the host, capped by ``max_seed_params`` when set.
+
+        Args:
+            host_params: The host's own parameters (``SystemStatePacket.host_params``).
+
+        Returns:
+            The limit the ``param_budget`` rule enforces (and Tamiyo's graph shows).
+        """
+        limit = math.floor(self.max_param_growth * host_params)
+        return limit if self.max_seed_params is None else min(limit, self.max_seed_params)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -313,9 +327,7 @@ class RiskEngine:
         return desc.risk <= self.config.max_blueprint_risk
 
     def _within_budget(self, ctx: RiskContext, candidate: BlueprintCandidate) -> bool:
-        total = _seed_params(ctx) + candidate.param_cost
-        cap = self.config.max_seed_params
-        return total <= self.config.max_param_growth * ctx.current.host_params and (cap is None or total <= cap)
+        return _seed_params(ctx) + candidate.param_cost <= self.config.seed_param_limit(ctx.current.host_params)
 
     def _downgrade_or_veto(
         self, name: str, ctx: RiskContext, command: AdaptationCommand, why: str

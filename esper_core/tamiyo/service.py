@@ -77,6 +77,8 @@ class Decision:
         compiled: Whether this forward ran the compiled policy.
         compile_enabled: Whether the compiled policy is ready (1) or eager serves (0).
         compile_fallbacks: Compile fallbacks since the previous decision (a counter increment).
+        param_budget: Parameters all active seeds could hold at this epoch (the graph's budget
+            feature; ``RiskConfig.seed_param_limit``), recorded so Simic rebuilds the same graph.
     """
 
     command: AdaptationCommand
@@ -94,6 +96,7 @@ class Decision:
     compiled: bool = False
     compile_enabled: bool = False
     compile_fallbacks: int = 0
+    param_budget: int | None = None
 
 
 class TamiyoService:
@@ -146,7 +149,7 @@ class TamiyoService:
         Raises:
             ValueError: If ``history`` is empty.
         """
-        graph = build_graph(history, candidates, total_epochs=total_epochs)
+        graph = self.graph(history, candidates, total_epochs=total_epochs)
         policy = self.config.policy
         scores: _Scores | None = None
         log_prob = None
@@ -189,6 +192,7 @@ class TamiyoService:
             missing=graph.missing,
             log_prob=log_prob,
             risk_rules=verdict.rules,
+            param_budget=self.param_budget(history),
         )
         if scores is not None:
             return self._with_scores(decision, scores)
@@ -221,7 +225,7 @@ class TamiyoService:
         if decision.action_probs is not None or decision.policy not in ("heuristic", "random", "none"):
             return decision
         try:
-            scores = self._score(build_graph(history, candidates, total_epochs=total_epochs))
+            scores = self._score(self.graph(history, candidates, total_epochs=total_epochs))
         # Side work: a failing shadow forward must not change (or stop) the decision it annotates.
         except Exception:  # noqa: BLE001
             log.exception(
@@ -237,6 +241,29 @@ class TamiyoService:
             command=_annotated(decision.command, update),
             proposal=_annotated(decision.proposal, update),
         )
+
+    def graph(
+        self,
+        history: Sequence[SystemStatePacket],
+        candidates: Sequence[BlueprintCandidate],
+        *,
+        total_epochs: int | None = None,
+    ) -> TamiyoGraph:
+        """The graph the policy reads for ``history[-1]``, with this service's parameter budget.
+
+        Args:
+            history: The run's packets, oldest first.
+            candidates: Blueprints that could be germinated.
+            total_epochs: Length of the run.
+
+        Returns:
+            ``build_graph``'s graph.
+        """
+        return build_graph(history, candidates, total_epochs=total_epochs, param_budget=self.param_budget(history))
+
+    def param_budget(self, history: Sequence[SystemStatePacket]) -> int | None:
+        """Parameters all active seeds may hold at ``history[-1]`` (None for an empty history)."""
+        return self.config.risk.seed_param_limit(history[-1].host_params) if history else None
 
     def _score(self, graph: TamiyoGraph) -> _Scores:
         x_dict, edge_index_dict = self.policy.inputs(graph)

@@ -14,7 +14,7 @@ from esper_core.contracts import (
     SeedState,
     SystemStatePacket,
 )
-from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
 
 # Stages given to slots 1, 2, ... (slot 0 is always DORMANT so a germination is possible).
 _ACTIVE_CYCLE: tuple[SeedStage, ...] = (
@@ -77,6 +77,7 @@ def synthetic_history(
                 train_loss=1.0 / (epoch + 1),
                 val_loss=1.1 / (epoch + 1),
                 val_accuracy=min(1.0, 0.5 + 0.1 * epoch),
+                train_accuracy=min(1.0, 0.55 + 0.12 * epoch),
                 learning_rate=0.01,
                 epoch_latency_ms=12.0,
                 latency_budget_ms=18.0,
@@ -92,7 +93,13 @@ def _seed(index: int, epoch: int, widths: list[int], num_layers: int) -> SeedSta
     layer = index % num_layers
     profile = f"w{widths[layer]}"
     if index == 0:
-        return SeedState(slot_id="slot0", layer=f"layer{layer}", shape_profile=profile, stage=SeedStage.DORMANT)
+        return SeedState(
+            slot_id="slot0",
+            layer=f"layer{layer}",
+            shape_profile=profile,
+            stage=SeedStage.DORMANT,
+            activation_grad_norm=0.2,
+        )
     stage = _ACTIVE_CYCLE[(index - 1) % len(_ACTIVE_CYCLE)]
     return SeedState(
         slot_id=f"slot{index}",
@@ -104,6 +111,7 @@ def _seed(index: int, epoch: int, widths: list[int], num_layers: int) -> SeedSta
         age_epochs=epoch,
         epochs_in_stage=epoch,
         param_count=widths[layer] * 8,
+        activation_grad_norm=0.2 + 0.05 * index,
         metrics={
             "grad_norm": 0.3,
             "samples": 64.0,
@@ -117,7 +125,8 @@ def synthetic_candidates(num_blueprints: int = 3) -> list[BlueprintCandidate]:
     """Blueprints ``bp0``, ``bp1``, ... cycling through the tiers.
 
     Blueprint ``b`` has artifacts for the profiles of widths ``16 .. 16 * (4 - b % 4)``, so the
-    last ones fit fewer slots than the first.
+    last ones fit fewer slots than the first; at each it adds ``param_cost`` parameters and
+    twice as many FLOPs per sample, and odd-numbered blueprints are linear.
 
     Args:
         num_blueprints: Number of candidates.
@@ -125,19 +134,32 @@ def synthetic_candidates(num_blueprints: int = 3) -> list[BlueprintCandidate]:
     Returns:
         The candidates.
     """
-    return [
-        BlueprintCandidate(
-            descriptor=BlueprintDescriptor(
-                blueprint_id=f"bp{b}",
-                name=f"blueprint {b}",
-                tier=_TIER_CYCLE[b % len(_TIER_CYCLE)],
-                host_kinds=("mlp",),
-                description="synthetic",
-                risk=min(1.0, 0.1 + 0.2 * b),
-            ),
-            shape_profiles=frozenset(f"w{16 * k}" for k in range(1, 5 - b % 4)),
-            latency_p95_ms=0.5 + 0.25 * b,
-            param_cost=1000 * (b + 1),
+    candidates = []
+    for b in range(num_blueprints):
+        profiles = frozenset(f"w{16 * k}" for k in range(1, 5 - b % 4))
+        cost = 1000 * (b + 1)
+        capacity = tuple(
+            CandidateCapacity(profile=p, parameters=cost, flops_per_sample=2 * cost, linear=b % 2 == 1)
+            for p in sorted(profiles)
         )
-        for b in range(num_blueprints)
-    ]
+        candidates.append(_candidate(b, profiles, cost, capacity))
+    return candidates
+
+
+def _candidate(
+    b: int, profiles: frozenset[str], cost: int, capacity: tuple[CandidateCapacity, ...]
+) -> BlueprintCandidate:
+    return BlueprintCandidate(
+        descriptor=BlueprintDescriptor(
+            blueprint_id=f"bp{b}",
+            name=f"blueprint {b}",
+            tier=_TIER_CYCLE[b % len(_TIER_CYCLE)],
+            host_kinds=("mlp",),
+            description="synthetic",
+            risk=min(1.0, 0.1 + 0.2 * b),
+        ),
+        shape_profiles=profiles,
+        latency_p95_ms=0.5 + 0.25 * b,
+        param_cost=cost,
+        capacity=capacity,
+    )

@@ -36,7 +36,8 @@ class GraphRunner:
     """Captures ``step_fn`` once per batch shape and replays it.
 
     Args:
-        step_fn: forward + loss + backward on ``(x, y)``, returning the detached loss sum.
+        step_fn: forward + loss + backward on ``(x, y)``, returning the batch's detached
+            statistics (any tensor; it is read from a static buffer after each replay).
         reuse_pool: share the process-wide memory pool instead of a private one per capture.
     """
 
@@ -106,7 +107,7 @@ class GraphRunner:
         return mean
 
     def replay(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Copy the batch into the static buffers and replay; returns the loss sum (a copy)."""
+        """Copy the batch into the static buffers and replay; returns the step's statistics (a copy)."""
         assert self._graph is not None and self._static_x is not None and self._static_y is not None
         start = time.perf_counter()
         self._static_x.copy_(x, non_blocking=True)

@@ -35,6 +35,7 @@ from esper_core.tolaria.gradnorms import GradNormAccumulator
 from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.safety import EpochFailed, epoch_failure
+from esper_core.tolaria.slotgrads import batch_stats, classifies, slot_activation_grad_norms, train_accuracy
 from esper_core.tolaria.staging import BatchSource
 from esper_core.tolaria.step import DecisionCache, StepEngine
 
@@ -130,12 +131,13 @@ class Trainer:
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The step closure the engine runs (eager, compiled or captured): forward under the
-        precision policy, loss, backward. Returns the detached loss sum of the batch."""
+        precision policy, loss, backward. Returns the batch's ``batch_stats`` (loss sum, correct,
+        counted)."""
         with self.precision.autocast():
             logits = self.model(x)
             loss = self.loss_fn(logits, y)
         self.precision.backward(loss)
-        return loss.detach().float() * y.shape[0]
+        return batch_stats(loss, logits, y)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -144,17 +146,19 @@ class Trainer:
         """Two or more trainable seeds: one loss per task (the teacher with every trainable seed
         bypassed, then each seed alone), host gradients combined by PCGrad (or summed), seed
         gradients from their own task. Eager on purpose: swapping seeds in and out and
-        ``autograd.grad`` do not belong in a compiled or captured step."""
+        ``autograd.grad`` do not belong in a compiled or captured step. Returns the mean over
+        the tasks of their ``batch_stats`` (the loss and accuracy the epoch reports)."""
         self._zero_grad()
         k = 1 + len(trainable)
-        raw, losses, private = [], [], []
+        stats, losses, private = [], [], []
         for keep in (None, *trainable):
             with contextlib.ExitStack() as stack, self.precision.autocast():
                 for sid in trainable:
                     if sid != keep:
                         stack.enter_context(self.manager.without_seed(sid))
-                loss = self.loss_fn(self.model(x), y)
-            raw.append(loss.detach().float())
+                logits = self.model(x)
+                loss = self.loss_fn(logits, y)
+            stats.append(batch_stats(loss, logits, y))
             # Each task's loss is divided by k so the combined step stays near a plain step's size.
             losses.append(self.precision.scale(loss / k))
             private.append([] if keep is None else self.manager.seed_parameters(keep))
@@ -166,7 +170,7 @@ class Trainer:
             self.grad_agg_stats,
             private_params=private,
         )
-        return torch.stack(raw).mean() * y.shape[0]
+        return torch.stack(stats).mean(dim=0)
 
     def train_epoch(self) -> EpochResult:
         """Run one epoch: train on every batch, validate, run the seed gates, build the packet."""
@@ -183,20 +187,21 @@ class Trainer:
             }
         )
         self.model.train()
-        loss_sum = torch.zeros((), device=self.device)
+        stats = torch.zeros(3, device=self.device)  # batch_stats summed: loss, correct, counted
         for x, y in self.batches.epoch(self.epoch):
             trainable = self.manager.trainable_slots()
             if self.config.aggregation.aggregates(len(trainable)):
-                loss_sum += self._aggregated_step(x, y, trainable)
+                stats += self._aggregated_step(x, y, trainable)
             else:
                 # Short-circuit: zero or one trainable seed is the plain single backward.
-                loss_sum += self.engine.run(x, y)
+                stats += self.engine.run(x, y)
             # Outside the step closure: attribution and per-seed metrics stay plain and eager.
             self.precision.unscale(self.optimizer)
             self.manager.attribute_batch(int(y.shape[0]))
             self.grad_norms.step()
             self.precision.step(self.optimizer)
-        train_loss = loss_sum.item() / len(self.data.train)  # the epoch's one sync
+        loss_sum, correct, counted = stats.tolist()  # the epoch's one sync
+        train_loss = loss_sum / len(self.data.train)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         train_ms = (time.perf_counter() - start) * 1e3
@@ -216,6 +221,7 @@ class Trainer:
         self.best_val_loss = val.loss if self.best_val_loss is None else min(self.best_val_loss, val.loss)
         norms = self.grad_norms.reduce()  # the epoch's one device sync for gradient norms
         probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
+        bottlenecks = self.activation_grad_norms()
         verdicts = self.manager.end_epoch(
             EpochObservation(
                 val_loss=val.loss,
@@ -233,12 +239,13 @@ class Trainer:
             train_loss=train_loss,
             val_loss=val.loss,
             val_accuracy=val.accuracy,
+            train_accuracy=train_accuracy(correct, counted),
             learning_rate=self.optimizer.param_groups[0]["lr"],
             epoch_latency_ms=train_ms,
             latency_budget_ms=self.config.latency_budget_ms,
             host_params=sum(p.numel() for p in self.model.host_parameters()),
             layers=self.layer_stats.export({k[6:]: v for k, v in norms.items() if k.startswith("layer:")}),
-            seeds=self.manager.export_seed_states(),
+            seeds=self.manager.export_seed_states(activation_grad_norms=bottlenecks),
         )
         engine_metrics, engine_events = self.engine.end_epoch()
         h2d_copy_ms, staging_events = self.batches.drain()
@@ -313,7 +320,7 @@ class Trainer:
             for x, y in self._eval_batches(split):
                 logits = self.model(x)
                 loss_sum += self.loss_fn(logits, y).float() * y.shape[0]
-                if not y.dtype.is_floating_point and logits.dim() == 2:
+                if classifies(logits, y):
                     correct += (logits.argmax(dim=1) == y).sum()
         self.model.train(was_training)
         n = len(split)
@@ -356,6 +363,12 @@ class Trainer:
         with self.manager.without_seed(slot_id):
             without = host_grads()
         return max((a - b).abs().max().item() for a, b in zip(with_seed, without, strict=True))
+
+    def activation_grad_norms(self) -> dict[str, float | None]:
+        """Each slot's bottleneck signal on the probe batch (``slotgrads`` says how and why
+        there, not in the training steps); the run's numbers do not change by measuring it."""
+        x, y = self._probe_batch
+        return slot_activation_grad_norms(self.model, self.manager.slots, self.loss_fn, x, y)
 
     def slot_input(self, slot_id: str) -> torch.Tensor:
         """The activation entering ``slot_id`` for the probe batch."""

@@ -105,7 +105,9 @@ class StepEngine:
     """Runs the step closure on the path the configuration and measurements choose.
 
     Args:
-        step_fn: forward + loss + backward on ``(x, y)``, returning the detached loss sum.
+        step_fn: forward + loss + backward on ``(x, y)``, returning a detached tensor of the
+            batch's statistics (Tolaria's: loss sum, correct, counted), compared bit for bit
+            between the eager and compiled paths.
         zero_grad: clears gradients before an eager or compiled step.
         parameters: the parameters the step computes gradients for (read at each check, so
             seeds added later count): ``auto`` compares the compiled step's gradients with eager's.
@@ -226,7 +228,7 @@ class StepEngine:
         self._compiled_epoch = False
 
     def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One training step on ``(x, y)``; returns the detached loss sum of the batch."""
+        """One training step on ``(x, y)``; returns the step function's detached statistics."""
         self.steps += 1
         if self.decided:
             return self._decided_step(x, y)
@@ -478,7 +480,7 @@ def _first_mismatch(
     """Where the compiled (shadow) step's result differs from the eager step's, or None when
     the loss and every gradient are bitwise equal."""
     if not torch.equal(shadow_loss, loss):
-        return f"loss {float(shadow_loss):.9g} vs {float(loss):.9g}"
+        return f"step result {shadow_loss.tolist()} vs {loss.tolist()}"
     for i, (a, b) in enumerate(zip(shadow_grads, grads, strict=True)):
         if (a is None) != (b is None) or (a is not None and b is not None and not torch.equal(a, b)):
             diff = "missing" if a is None or b is None else f"max |diff| {float((a - b).abs().max()):.3g}"

@@ -11,6 +11,7 @@ from sqlalchemy import func, inspect, select
 from esper_core.contracts import AdaptationCommand, CommandType, FieldReport, Outcome, SeedOperation
 from esper_core.simic.models import DecisionRow, FieldReportRow
 from esper_core.simic.records import DecisionRecord, DecisionState, SimicStore, report_id_for
+from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 from esper_core.urza import schema
@@ -118,7 +119,8 @@ def test_policy_versions_store_weights_and_provenance(store: SimicStore) -> None
     v2 = store.publish_policy(TamiyoGNN(SMALL).state_dict(), gnn=SMALL, method="ppo", provenance={}, parent_version=1)
     assert (v2.version, v2.parent_version, v2.method, v2.gnn) == (2, 1, "ppo", SMALL)
     assert store.latest_policy() == v2 and [p.version for p in store.policies()] == [1, 2]
-    assert v1.provenance == {"runs": ["a"]} and v1.feature_dims["global"] > 0
+    assert v1.provenance["runs"] == ["a"] and v1.feature_dims == FEATURE_DIMS
+    assert v1.provenance["graph_features"]["slot"] == list(FEATURE_NAMES["slot"])
     with pytest.raises(ValueError, match=r"stored versions: \[1, 2\]"):
         store.get_policy(9)
 

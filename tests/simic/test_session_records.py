@@ -10,12 +10,16 @@ import pytest
 import torch
 
 from esper_core.contracts import CommandType
+from esper_core.karn.capacity import seed_capacity
+from esper_core.karn.catalog import default_catalog
+from esper_core.karn.profiles import ShapeProfile
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore, report_id_for
 from esper_core.tamiyo.breaker import BreakerState
+from esper_core.tamiyo.graph import GLOBAL_FEATURES, build_graph
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.urza.service import Urza
 
@@ -99,3 +103,36 @@ def test_episodes_report_accuracy_parameters_and_commands(compiled_home: EsperSe
     assert result.commands.get("germinate") == 1 and 0.0 <= result.test_accuracy <= 1.0
     none = run_episode(episode_config("seed-reference", seed=0, policy="none", epochs=3), settings=compiled_home)
     assert none.total_params == none.host_params and none.commands == {"wait": 3}
+
+
+def test_tamiyo_reads_the_new_inputs_on_a_real_run(compiled_home: EsperSettings) -> None:
+    """digits-mlp, real trainer: train accuracy, slot bottlenecks, blueprint capacity and the
+    remaining parameter budget reach the stored state and the rebuilt graph, with their values."""
+    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=2, device="cpu", run_id="inputs")
+    for epoch in range(2):
+        _step(session, epoch)
+    store = SimicStore.open(compiled_home.home)
+    state = store.decisions(["inputs"])[-1].state
+    store.close()
+    current = state.current
+    assert current.train_accuracy is not None and 0.0 < current.train_accuracy <= 1.0
+    assert all(s.activation_grad_norm is not None and s.activation_grad_norm > 0 for s in current.seeds)
+    catalog = default_catalog()
+    for candidate in state.candidates:
+        assert {c.profile for c in candidate.capacity} == set(candidate.shape_profiles)
+        for c in candidate.capacity:
+            measured = seed_capacity(catalog, candidate.blueprint_id, ShapeProfile.parse(c.profile))
+            assert (c.parameters, c.flops_per_sample, c.linear) == (
+                measured.parameters,
+                measured.flops_per_sample,
+                measured.linear,
+            )
+    assert state.param_budget == session.config.tamiyo.risk.seed_param_limit(current.host_params)
+    graph = build_graph(
+        state.history, state.candidates, total_epochs=state.total_epochs, param_budget=state.param_budget
+    )
+    new = ("train_accuracy", "train_val_accuracy_gap", "log1p_remaining_param_budget", "log1p_activation_grad_norm")
+    assert not [m for m in graph.missing if m.split(".")[1] in new + ("log1p_flops_per_sample", "linear_share")]
+    row = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    assert row["train_val_accuracy_gap"] == pytest.approx(current.train_accuracy - current.val_accuracy, abs=1e-6)
+    session.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -15,7 +16,7 @@ from esper_core.contracts import (
     SeedState,
     SystemStatePacket,
 )
-from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
 from esper_core.tamiyo.graph import (
     BLUEPRINT_FEATURES,
     EDGE_TYPES,
@@ -132,6 +133,7 @@ def _packet(seeds: tuple[SeedState, ...], val_loss: float = 1.0) -> SystemStateP
         train_loss=1.0,
         val_loss=val_loss,
         val_accuracy=0.5,
+        train_accuracy=0.7,
         learning_rate=0.1,
         epoch_latency_ms=5.0,
         latency_budget_ms=10.0,
@@ -155,11 +157,12 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
         stage=SeedStage.TRAINING,
         blueprint_id="b",
         metrics=full,
+        activation_grad_norm=0.3,
     )
     bare = seed.model_copy(update={"metrics": {}})
     # Two packets so the trends and volatilities are observed; the run length gives progress.
-    observed = build_graph([_packet((seed,)), _packet((seed,))], [], total_epochs=5)
-    defaulted = build_graph([_packet((bare,)), _packet((bare,))], [], total_epochs=5)
+    observed = build_graph([_packet((seed,)), _packet((seed,))], [], total_epochs=5, param_budget=400)
+    defaulted = build_graph([_packet((bare,)), _packet((bare,))], [], total_epochs=5, param_budget=400)
     assert observed.coverage == 1.0 and observed.missing == ()
     # grad_norm, samples, val_loss_with_seed delta, val_loss_without_seed delta
     assert defaulted.missing == (
@@ -173,9 +176,10 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
     col = SLOT_FEATURES.index("val_loss_with_seed_delta")
     assert observed.data["slot"].x[0, col].item() == pytest.approx(-0.1)
     assert defaulted.data["slot"].x[0, col].item() == 0.0
-    # A single packet of a run of unknown length has no trends (5 entries) and no progress.
+    # A single packet of a run of unknown length and budget has no trends (5 entries), no
+    # progress and no remaining budget.
     single = build_graph([_packet((seed,))], [])
-    assert single.coverage == pytest.approx((total - 6) / total)
+    assert single.coverage == pytest.approx((total - 7) / total)
     assert "global.progress" in single.missing and "global.val_accuracy_slope" in single.missing
 
 
@@ -209,3 +213,74 @@ def test_non_finite_and_huge_values_are_bounded() -> None:
         assert torch.isfinite(x).all() and (x.abs() <= FEATURE_CLIP).all()
     assert graph.data["global"].x[0, 1].item() == FEATURE_CLIP  # val_loss clipped
     assert graph.coverage < 1.0
+
+
+def test_new_inputs_read_under_fitting_budget_bottleneck_and_capacity() -> None:
+    history = synthetic_history(num_epochs=2, num_layers=3, num_slots=2)  # slot1 TRAINING
+    candidates = synthetic_candidates(2)
+    graph = build_graph(history, candidates, param_budget=5000)
+    new = {"train_accuracy", "train_val_accuracy_gap", "log1p_remaining_param_budget", "log1p_activation_grad_norm"}
+    new |= {"log1p_flops_per_sample", "linear_share"}
+    assert not [m for m in graph.missing if m.split(".")[1] in new]
+    current = history[-1]
+    row = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    assert row["train_accuracy"] == pytest.approx(current.train_accuracy)
+    assert row["train_val_accuracy_gap"] == pytest.approx(current.train_accuracy - current.val_accuracy)
+    seed_params = sum(s.param_count for s in current.seeds if s.stage.is_active)
+    assert row["log1p_remaining_param_budget"] == pytest.approx(math.log1p(5000 - seed_params))
+    slot = graph.data["slot"].x[:, SLOT_FEATURES.index("log1p_activation_grad_norm")].tolist()
+    assert slot == pytest.approx([math.log1p(s.activation_grad_norm) for s in current.seeds])
+    bp = [dict(zip(BLUEPRINT_FEATURES, x, strict=True)) for x in graph.data["blueprint"].x.tolist()]
+    assert [b["log1p_flops_per_sample"] for b in bp] == pytest.approx([math.log1p(2000), math.log1p(4000)])
+    assert [b["linear_share"] for b in bp] == [0.0, 1.0]
+    # Over budget: the remaining budget goes negative instead of saturating at zero.
+    over = build_graph(history, candidates, param_budget=0)
+    col = GLOBAL_FEATURES.index("log1p_remaining_param_budget")
+    assert over.data["global"].x[0, col].item() == pytest.approx(-math.log1p(seed_params))
+
+
+def test_capacity_only_counts_the_profiles_the_candidate_has_an_artifact_for() -> None:
+    (candidate,) = synthetic_candidates(1)
+    wider = CandidateCapacity(profile="w999", parameters=1, flops_per_sample=10**9, linear=True)
+    stale = dataclasses.replace(candidate, capacity=(*candidate.capacity, wider))
+    history = synthetic_history(num_epochs=1)
+    row = build_graph(history, [stale]).data["blueprint"].x[0]
+    assert row[BLUEPRINT_FEATURES.index("linear_share")].item() == 0.0
+    assert row[BLUEPRINT_FEATURES.index("log1p_flops_per_sample")].item() == pytest.approx(math.log1p(2000))
+
+
+# A packet and a candidate as runs recorded them before train accuracy, the slot bottleneck and
+# blueprint capacity existed (Simic's stored decisions hold such JSON).
+_OLD_PACKET = {
+    "run_id": "old",
+    "epoch": 3,
+    "train_loss": 0.5,
+    "val_loss": 0.6,
+    "val_accuracy": 0.8,
+    "learning_rate": 0.05,
+    "epoch_latency_ms": 10.0,
+    "latency_budget_ms": 18.0,
+    "host_params": 5000,
+    "layers": [{"name": "fc0", "width": 64}],
+    "seeds": [{"slot_id": "slot1", "layer": "fc0", "shape_profile": "w64", "stage": "dormant"}],
+    "timestamp": 0.0,
+}
+
+
+def test_old_packets_and_candidates_still_build_with_the_new_features_unobserved() -> None:
+    packet = SystemStatePacket.model_validate(_OLD_PACKET)
+    assert packet.train_accuracy is None and packet.seeds[0].activation_grad_norm is None
+    old_candidate = synthetic_candidates(1)[0].to_dict()
+    del old_candidate["capacity"]
+    candidate = BlueprintCandidate.from_dict(old_candidate)
+    assert candidate.capacity == ()
+    graph = build_graph([packet], [candidate])
+    assert {
+        "global.train_accuracy",
+        "global.train_val_accuracy_gap",
+        "global.log1p_remaining_param_budget",
+        "slot.log1p_activation_grad_norm",
+        "blueprint.log1p_flops_per_sample",
+        "blueprint.linear_share",
+    } <= set(graph.missing)
+    assert SystemStatePacket.from_json(packet.to_json()) == packet

@@ -148,6 +148,19 @@ def test_compiled_step_matches_eager_numerics() -> None:
     assert compiled == pytest.approx(eager, rel=1e-5)
 
 
+def test_compiled_step_carries_train_accuracy_and_leaves_the_slot_probe_eager() -> None:
+    """Train accuracy is counted inside the compiled step; the slot bottleneck probe runs
+    eagerly beside it (no hook enters the compiled graph), so both match the eager run."""
+    eager = _trainer(compile="off")
+    compiled = _trainer(compile="on")
+    for _ in range(3):
+        a, b = eager.train_epoch().packet, compiled.train_epoch().packet
+        assert b.train_accuracy is not None and b.train_accuracy == pytest.approx(a.train_accuracy, abs=1e-9)
+        assert [s.activation_grad_norm for s in b.seeds] == pytest.approx([s.activation_grad_norm for s in a.seeds])
+    assert compiled.engine.use_compiled and compiled.engine.compiled_epochs >= 1
+    assert all(not slot._forward_hooks for slot in compiled.manager.slots.values())
+
+
 def test_compiler_failure_falls_back_to_eager_once(caplog: pytest.LogCaptureFixture) -> None:
     _, eager = _names(_trainer(compile="off"), 2)
     trainer = _trainer(compile="on", compile_backend="esper_test_broken_backend")
@@ -191,7 +204,8 @@ def test_engine_config_errors_name_the_fix() -> None:
 @requires_cuda("CUDA graph capture and replay of the training step")
 def test_cuda_graph_replay_matches_eager() -> None:
     eager = _trainer(recipe="digits-mlp", compile="off")
-    eager_losses = [eager.train_epoch().packet.train_loss for _ in range(2)]
+    eager_packets = [eager.train_epoch().packet for _ in range(2)]
+    eager_losses = [p.train_loss for p in eager_packets]
     graphed = _trainer(recipe="digits-mlp", compile="off", enable_graphs=True)
     result = graphed.train_epoch()
     assert any(e.name == "tolaria.graph_enabled" for e in result.events)
@@ -199,6 +213,11 @@ def test_cuda_graph_replay_matches_eager() -> None:
     second = graphed.train_epoch()
     assert next(m for m in second.metrics if m.name == "tolaria.graph.replays_total").value > 0
     assert [result.packet.train_loss, second.packet.train_loss] == pytest.approx(eager_losses, rel=1e-4)
+    # Train accuracy is counted inside the captured graph, on its static buffers, at each replay.
+    # (a near-tie's argmax may flip with the graph's float order: allow two samples).
+    assert second.packet.train_accuracy == pytest.approx(
+        eager_packets[1].train_accuracy, abs=2 / len(graphed.data.train)
+    )
 
 
 @requires_cuda("bf16/fp16 autocast and GradScaler")
