@@ -76,7 +76,9 @@ class StepEngineConfig:
         if not 0.0 <= self.decision_margin < 1.0:
             raise ValueError(f"decision_margin must lie in [0, 1), got {self.decision_margin}")
         if self.compile_min_run_s < 0:
-            raise ValueError(f"compile_min_run_s must be >= 0 seconds (0: always measure), got {self.compile_min_run_s}")
+            raise ValueError(
+                f"compile_min_run_s must be >= 0 seconds (0: always measure), got {self.compile_min_run_s}"
+            )
 
 
 class DecisionCache:
