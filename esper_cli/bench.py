@@ -254,11 +254,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_growth.add_argument(
         "--recipes",
         nargs="+",
-        default=["digits-mlp", "digits-cnn"],
+        default=["mnist1d-cnn", "digits-mlp"],
         metavar="RECIPE",
         # Checked by GrowthBenchConfig: an import path is allowed if its host can change width.
         help=f"recipes to grow on: built-in names ({', '.join(sorted(RECIPES))}) or pkg.mod:fn import paths "
-        "whose host scales (HostConfig, or ModelSpec with build_scaled) (default: digits-mlp digits-cnn)",
+        "whose host scales (HostConfig, or ModelSpec with build_scaled) (default: mnist1d-cnn digits-mlp)",
     )
     b_growth.add_argument(
         "--plan",
