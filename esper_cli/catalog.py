@@ -62,7 +62,13 @@ def _cmd_catalog_show(args: argparse.Namespace) -> int:
     profile = reference_profile(entry) if args.profile is None else ShapeProfile.parse(args.profile)
     cap = seed_capacity(default_catalog(), d.blueprint_id, profile)
     if args.json:
-        shown = {**d.model_dump(mode="json"), "profiles": entry.describe_profiles(), "capacity": cap.to_dict()}
+        gradmax = None if entry.gradmax is None else {"input": entry.gradmax.input, "output": entry.gradmax.output}
+        shown = {
+            **d.model_dump(mode="json"),
+            "profiles": entry.describe_profiles(),
+            "capacity": cap.to_dict(),
+            "gradmax": gradmax,
+        }
         print(json.dumps(shown, indent=2))
         return 0
     print(f"{d.blueprint_id}: {d.name}")
@@ -84,6 +90,12 @@ def _cmd_catalog_show(args: argparse.Namespace) -> int:
             if cap.linear
             else f"non-linear (affine gap {cap.affine_gap:.2f})"
         )
+    )
+    g = entry.gradmax
+    print(
+        "  seed init    default only (not of the form output(act(input(x))))"
+        if g is None
+        else f"  seed init    default or gradmax (input {g.input}, output {g.output})"
     )
     print(f"  description  {d.description}")
     return 0

@@ -34,6 +34,25 @@ which keeps the keys of artifacts compiled before versioning existed.
 """
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GradMaxLayers:
+    """The two layers of a blueprint's seed module that a GradMax-style initialisation sets.
+
+    The module must compute ``output(act(input(x)))`` with ``act(0) = 0``: ``input`` maps the
+    slot's features to hidden units (a ``Linear``, or a stride-1 convolution with "same" padding
+    over the slot's channels) and ``output`` maps them back (a ``Linear`` or a convolution).
+    Kasmina zeroes ``output`` and points the rows of ``input`` at the slot's gradient statistic
+    (``esper_core.kasmina.seed_init``).
+
+    Attributes:
+        input: Name of the input projection in the module (its ``weight`` is ``input.weight``).
+        output: Name of the output projection (``output.weight`` and ``output.bias``, if any).
+    """
+
+    input: str
+    output: str
+
+
 class UnknownBlueprintError(ValueError):
     """A blueprint id the catalogue does not hold."""
 
@@ -51,11 +70,14 @@ class Blueprint:
         build: ``build(profile, params) -> nn.Module``; ``params`` are already resolved
             (every bounded parameter present and valid).
         rule: The shape profiles it supports; default: any profile of its (single) host kind.
+        gradmax: The layers a GradMax-style initialisation at germination sets; None: the
+            blueprint keeps its default initialisation (its form is not ``output(act(input(x)))``).
     """
 
     descriptor: BlueprintDescriptor
     build: BlueprintBuilder
     rule: ProfileRule | None = None
+    gradmax: GradMaxLayers | None = None
 
     def __post_init__(self) -> None:
         if VERSION_PARAM in self.descriptor.param_bounds:

@@ -19,11 +19,16 @@ from torch import nn
 from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
 from esper_core.karn import blueprints as mlp
 from esper_core.karn import blueprints_conv as conv
-from esper_core.karn.catalog import Blueprint, BlueprintBuilder
+from esper_core.karn.catalog import Blueprint, BlueprintBuilder, GradMaxLayers
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.rules import ProfileRule
 
 _SAFE, _EXPERIMENTAL, _HIGH_RISK = BlueprintTier.SAFE, BlueprintTier.EXPERIMENTAL, BlueprintTier.HIGH_RISK
+
+# The GradMax-style initialisation's layers of the ``output(act(input(x)))`` seeds.
+_DOWN_UP = GradMaxLayers(input="down", output="up")
+_FC = GradMaxLayers(input="fc_in", output="fc_out")
+_CONV_IN_OUT = GradMaxLayers(input="conv_in", output="conv_out")
 
 
 def _int_bound(low: int, high: int, default: int) -> ParamBound:
@@ -60,11 +65,14 @@ def _entry(
     description: str,
     *,
     version: int = 1,
+    gradmax: GradMaxLayers | None = None,
     **bounds: ParamBound,
 ) -> Blueprint:
     """A catalogue entry; ``module`` takes the slot size, then its one integer parameter if any.
 
     ``version``: bump it when the function of an existing id changes (see ``VERSION_PARAM``).
+    ``gradmax``: the module's input and output projections, for blueprints of the form
+    ``output(act(input(x)))`` that support the GradMax-style initialisation.
     """
     if len(bounds) > 1:
         raise ValueError(f"blueprint {blueprint_id!r}: a seed module takes at most one parameter, got {sorted(bounds)}")
@@ -79,7 +87,7 @@ def _entry(
         param_bounds=bounds,
         version=version,
     )
-    return Blueprint(descriptor=descriptor, build=build, rule=rule)
+    return Blueprint(descriptor=descriptor, build=build, rule=rule, gradmax=gradmax)
 
 
 def _mlp_blueprints() -> list[Blueprint]:
@@ -94,6 +102,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             mlp.ResidualMLP,
             "Two-layer GELU MLP (W -> expansion*W -> W) added as a residual delta; "
             "general-purpose capacity for an under-fitting layer.",
+            gradmax=_FC,
             expansion=_int_bound(1, 4, 2),
         ),
         _entry(
@@ -106,6 +115,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             "Non-linear rank-r adapter W -> rank -> GELU -> W; the cheapest increment that adds "
             "function (a linear LoRA-style one would fold into the next layer), for tight latency budgets.",
             version=2,
+            gradmax=_DOWN_UP,
             rank=_int_bound(1, 32, 4),
         ),
         _entry(
@@ -117,6 +127,7 @@ def _mlp_blueprints() -> list[Blueprint]:
             mlp.BottleneckMLP,
             "Non-linear bottleneck W -> W/reduction -> W with GELU; a low-rank adapter that can "
             "bend, for cheap non-linear corrections.",
+            gradmax=_DOWN_UP,
             reduction=_int_bound(2, 8, 4),
         ),
         _entry(
@@ -177,6 +188,7 @@ def _conv_blueprints() -> list[Blueprint]:
             conv.ConvResidual,
             "Two 3x3 convolutions (C -> expansion*C -> C) with GELU, added as a residual delta; "
             "a ResNet basic block's branch for an under-fitting conv layer.",
+            gradmax=_CONV_IN_OUT,
             expansion=_int_bound(1, 4, 1),
         ),
         _entry(
@@ -200,6 +212,7 @@ def _conv_blueprints() -> list[Blueprint]:
             "Non-linear low-rank 1x1 bottleneck C -> rank -> GELU -> C; the cheapest channel-mixing "
             "increment for feature maps, no spatial context.",
             version=2,
+            gradmax=_DOWN_UP,
             rank=_int_bound(1, 32, 4),
         ),
         _entry(
@@ -264,6 +277,7 @@ def _seq_blueprints() -> list[Blueprint]:
             one_d(conv.ConvResidual),
             "Two size-3 1-D convolutions (C -> expansion*C -> C) with GELU, added as a residual "
             "delta; a 1-D ResNet block's branch for an under-fitting Conv1d layer.",
+            gradmax=_CONV_IN_OUT,
             expansion=_int_bound(1, 4, 1),
         ),
         _entry(
@@ -286,6 +300,7 @@ def _seq_blueprints() -> list[Blueprint]:
             one_d(conv.PointwiseAdapter),
             "Non-linear low-rank pointwise bottleneck C -> rank -> GELU -> C at every position; the "
             "cheapest channel-mixing increment for sequences, no temporal context.",
+            gradmax=_DOWN_UP,
             rank=_int_bound(1, 32, 4),
         ),
         _entry(

@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
@@ -32,11 +33,17 @@ from esper_core.kasmina.fastpath import strip_runtime_guards
 from esper_core.kasmina.lifecycle import blend_alpha, check_transition
 from esper_core.kasmina.loader import LoadedKernel, check_guard
 from esper_core.kasmina.param_groups import SeedParamGroups
+from esper_core.kasmina.seed_init import SEED_INITS, gradmax_init_
+from esper_core.kasmina.seed_lr import IsolationLRConfig
 from esper_core.kasmina.slot import SeedSlot
 
 S = SeedStage
 # Stages whose seed parameters are updated by the optimizer.
 TRAINABLE = frozenset({S.TRAINING, S.BLENDING, S.PROBATIONARY})
+
+SlotGradients = Callable[[str, int], list[tuple[torch.Tensor, torch.Tensor]]]
+"""``(slot_id, batches) -> [(x, g), ...]``: the activation entering a slot and the loss gradient at
+its output for up to ``batches`` training batches (``Trainer.slot_gradients``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,11 +59,28 @@ class KasminaConfig:
     blend_mode: BlendMode = BlendMode.RESIDUAL
     """How seeds join the host activation."""
     gates: gates.GateConfig = field(default_factory=gates.GateConfig)
+    seed_init: Literal["default", "gradmax"] = "default"
+    """How a germinated seed's weights start: ``default`` (the kernel's own: output layer zero,
+    input layer random), or ``gradmax`` (output layer zero, input rows along the top singular
+    directions of the slot's gradient statistic; ``esper_core.kasmina.seed_init``). Blueprints
+    without ``Blueprint.gradmax`` layers keep their default under ``gradmax`` (an event says so)."""
+    seed_init_batches: int = 4
+    """Training batches the ``gradmax`` statistic is computed from, once, at germination."""
+    isolation_lr: IsolationLRConfig = field(default_factory=IsolationLRConfig)
+    """The seed's learning-rate factor, warm-up and decay while it trains in isolation."""
 
     def __post_init__(self) -> None:
         for name in ("min_training_epochs", "probation_epochs", "embargo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 epoch, got {getattr(self, name)}")
+        if self.seed_init not in SEED_INITS:
+            raise ValueError(f"seed_init must be one of {SEED_INITS}, got {self.seed_init!r}")
+        if self.seed_init_batches < 1:
+            raise ValueError(
+                f"seed_init_batches must be >= 1 (the gradmax statistic needs a batch), got {self.seed_init_batches}"
+            )
+        if self.isolation_lr.epochs is None:
+            self.isolation_lr.check_length(self.min_training_epochs, source="min_training_epochs")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -111,6 +135,7 @@ class SeedManager:
         self._events: list[TelemetryEvent] = []
         self._samples: dict[str, int] = {}
         self.param_groups = SeedParamGroups()
+        self._slot_gradients: SlotGradients | None = None
         for slot in slots.values():
             slot.blend_mode = self.config.blend_mode
 
@@ -119,6 +144,10 @@ class SeedManager:
     def bind_optimizer(self, optimizer: torch.optim.Optimizer, *, base_lr: float) -> None:
         """Give each seed its own parameter group in ``optimizer`` (learning rate scaled)."""
         self.param_groups.bind(optimizer, base_lr=base_lr)
+
+    def bind_slot_gradients(self, source: SlotGradients) -> None:
+        """Where ``seed_init="gradmax"`` reads a slot's activations and gradients (Tolaria's trainer)."""
+        self._slot_gradients = source
 
     def optimizer_param_count(self, slot_id: str) -> int:
         """Parameters of ``slot_id`` still registered with the optimizer (G5 checks 0)."""
@@ -163,7 +192,8 @@ class SeedManager:
                 blueprint_id=artifact.blueprint_id,
             )
         # G0 verified the guard against the slot's fixed shape: the per-call checks can go.
-        slot.seed = strip_runtime_guards(kernel.module)
+        module = strip_runtime_guards(kernel.module)
+        slot.seed = module
         slot.alpha = 0.0
         self._seeds[slot_id] = _Seed(
             blueprint_id=artifact.blueprint_id,
@@ -174,6 +204,7 @@ class SeedManager:
             blend_epochs=blend_epochs,
         )
         self._set_stage(slot_id, S.GERMINATED)
+        self._initialise(slot_id, artifact.blueprint_id, module)
         first_use_ms = self._prewarm(slot)
         self._seeds[slot_id].metrics.update({"kernel_load_ms": kernel.load_ms, "kernel_first_use_ms": first_use_ms})
         self.param_groups.add(slot_id, self.seed_parameters(slot_id), lr_scale=self._seeds[slot_id].lr_scale)
@@ -230,10 +261,16 @@ class SeedManager:
     # ------------------------------------------------------------------ per step / per epoch
 
     def start_epoch(self) -> None:
-        """Promote germinated seeds to TRAINING and reset the per-epoch accumulators."""
+        """Promote germinated seeds to TRAINING, set each seed's isolation learning-rate factor
+        (``KasminaConfig.isolation_lr`` in TRAINING, 1 after), reset the per-epoch accumulators."""
         for slot_id, slot in self.slots.items():
             if slot.stage is S.GERMINATED:
                 self._set_stage(slot_id, S.TRAINING)
+        schedule = self.config.isolation_lr
+        for slot_id, seed in self._seeds.items():
+            training = self.slots[slot_id].stage is S.TRAINING
+            factor = schedule.factor_at(seed.epochs_in_stage, self.config.min_training_epochs) if training else 1.0
+            self.param_groups.set_factor(slot_id, factor)
         self._samples.clear()
 
     def structure_signature(self) -> tuple[tuple[str, str, str | None], ...]:
@@ -497,6 +534,26 @@ class SeedManager:
         if seed is None:
             raise ValueError(f"slot {slot_id} holds no seed (stage {self.slots[slot_id].stage.value})")
         return seed
+
+    def _initialise(self, slot_id: str, blueprint_id: str, module: nn.Module) -> None:
+        """Apply ``KasminaConfig.seed_init`` to a freshly attached seed (one pass over a few batches)."""
+        if self.config.seed_init != "gradmax":
+            return
+        layers = self.catalog.get(blueprint_id).gradmax
+        source = self._slot_gradients
+        if layers is None or source is None:
+            why = "the blueprint names no GradMax layers" if layers is None else "no trainer supplies slot gradients"
+            self._event("kasmina.seed.init", TelemetryLevel.INFO, f"default init kept: {why}", slot_id=slot_id)
+            return
+        result = gradmax_init_(module, layers, source(slot_id, self.config.seed_init_batches))
+        self._seeds[slot_id].metrics.update(result.metrics())
+        self._event(
+            "kasmina.seed.init",
+            TelemetryLevel.INFO,
+            f"gradmax: {result.rows}/{result.hidden} input rows capture {result.energy:.0%} of the slot's "
+            f"gradient statistic ({result.samples} samples)",
+            slot_id=slot_id,
+        )
 
     def _prewarm(self, slot: SeedSlot) -> float:
         # One call on a representative batch so the first training step pays no warm-up.

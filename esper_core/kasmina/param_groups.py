@@ -28,6 +28,20 @@ class SeedParamGroups:
         trainable = [p for p in params if p.requires_grad]
         self._optimizer.add_param_group({"params": trainable, "lr": self._base_lr * lr_scale, "slot_id": slot_id})
 
+    def set_factor(self, slot_id: str, factor: float) -> None:
+        """Scale the rate of ``slot_id``'s group to ``factor`` times its rate without one.
+
+        The group remembers its last factor (``seed_lr_factor``, saved with the optimizer's state)
+        and is rescaled from it, so whatever else changed its rate (Tolaria's run schedule,
+        Tamiyo's learning-rate commands) is kept.
+        """
+        if self._optimizer is None:
+            return
+        for group in self._optimizer.param_groups:
+            if group.get("slot_id") == slot_id:
+                group["lr"] *= factor / group.get("seed_lr_factor", 1.0)
+                group["seed_lr_factor"] = factor
+
     def remove(self, slot_id: str) -> None:
         """Drop the group of ``slot_id`` and the optimizer state (momentum) of its parameters."""
         opt = self._optimizer

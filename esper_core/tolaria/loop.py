@@ -108,6 +108,7 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.optimizer = _optimizer(model.host_parameters(), config)
         manager.bind_optimizer(self.optimizer, base_lr=config.lr)
+        manager.bind_slot_gradients(self.slot_gradients)
         self.precision = Precision(device, config.amp)
         self.engine = StepEngine(
             self._train_step,
@@ -381,6 +382,41 @@ class Trainer:
         finally:
             handle.remove()
         return captured[0]
+
+    def slot_gradients(self, slot_id: str, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The activation entering ``slot_id`` and the loss gradient at its output, per batch.
+
+        Reads the first ``batches`` training batches in data order (no RNG drawn), with the model
+        in eval mode (no normalisation statistics move) and the slot's output cut from the graph,
+        so only the layers after the slot are differentiated and no parameter gradient is kept.
+        Kasmina's GradMax-style initialisation reads it once, at germination.
+
+        Returns:
+            ``(x, g)`` pairs, each (B, *feature_shape).
+        """
+        slot = self.manager.slots[slot_id]
+        x_all, y_all = self.data.train.head(batches * self.batch_size)
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        captured: list[torch.Tensor] = []
+
+        def cut(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+            captured[:] = [args[0].detach(), out.detach().requires_grad_(True)]
+            return captured[1]
+
+        was_training = self.model.training
+        self.model.eval()
+        handle = slot.register_forward_hook(cut)
+        try:
+            for start in range(0, len(y_all), self.batch_size):
+                x = x_all[start : start + self.batch_size].to(self.device)
+                y = y_all[start : start + self.batch_size].to(self.device)
+                loss = self.loss_fn(self.model(x), y)
+                (grad,) = torch.autograd.grad(loss, captured[1])
+                pairs.append((captured[0], grad))
+        finally:
+            handle.remove()
+            self.model.train(was_training)
+        return pairs
 
     # ------------------------------------------------------------------ checkpoints
 
