@@ -59,11 +59,13 @@ class KasminaConfig:
     blend_mode: BlendMode = BlendMode.RESIDUAL
     """How seeds join the host activation."""
     gates: gates.GateConfig = field(default_factory=gates.GateConfig)
-    seed_init: Literal["default", "gradmax"] = "default"
-    """How a germinated seed's weights start: ``default`` (the kernel's own: output layer zero,
-    input layer random), or ``gradmax`` (output layer zero, input rows along the top singular
-    directions of the slot's gradient statistic; ``esper_core.kasmina.seed_init``). Blueprints
-    without ``Blueprint.gradmax`` layers keep their default under ``gradmax`` (an event says so)."""
+    seed_init: Literal["default", "gradmax"] = "gradmax"
+    """How a germinated seed's weights start: ``gradmax`` (output layer zero, input rows along the
+    top singular directions of the slot's gradient statistic; ``esper_core.kasmina.seed_init``), or
+    ``default`` (the kernel's own: output layer zero, input layer random). Blueprints without
+    ``Blueprint.gradmax`` layers keep their default under ``gradmax`` (an event says so). Measured
+    on MNIST-1D (mnist1d-cnn, heuristic, 10 paired seeds): gradmax minus default +0.25 pt test
+    accuracy, bootstrap 95 % CI [-0.42, +1.10]: not worse, not shown better."""
     seed_init_batches: int = 4
     """Training batches the ``gradmax`` statistic is computed from, once, at germination."""
     isolation_lr: IsolationLRConfig = field(default_factory=IsolationLRConfig)

@@ -158,6 +158,7 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("kasmina.kernel.load_ms", _G, "Fetch from Urza and load of a seed's kernel", "ms", _SLOT),
     _n("kasmina.kernel.first_use_ms", _G, "First call of a loaded kernel (warm-up, never compilation)", "ms", _SLOT),
     _n("kasmina.seed.stage", _E, "A seed moved to another lifecycle stage"),
+    _n("kasmina.seed.init", _E, "How a germinated seed was initialised (gradmax, or why its default was kept)"),
     *(_n(f"kasmina.gate.{gate.value}", _E, f"Verdict of gate {gate.value.upper()}") for gate in GateId),
     _n("kasmina.isolation.violation", _E, "The host received gradient from a seed before BLENDING (a G3 failure)"),
     _n("kasmina.kernel.fallback", _E, "A seed runs an eager fallback kernel (its compile failed)", alerting=True),
