@@ -35,7 +35,13 @@ from esper_core.tolaria.gradnorms import GradNormAccumulator
 from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.safety import EpochFailed, epoch_failure
-from esper_core.tolaria.slotgrads import batch_stats, classifies, slot_activation_grad_norms, train_accuracy
+from esper_core.tolaria.slotgrads import (
+    batch_stats,
+    classifies,
+    slot_activation_grad_norms,
+    slot_input_and_gradient,
+    train_accuracy,
+)
 from esper_core.tolaria.staging import BatchSource
 from esper_core.tolaria.step import DecisionCache, StepEngine
 
@@ -386,37 +392,25 @@ class Trainer:
     def slot_gradients(self, slot_id: str, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The activation entering ``slot_id`` and the loss gradient at its output, per batch.
 
-        Reads the first ``batches`` training batches in data order (no RNG drawn), with the model
-        in eval mode (no normalisation statistics move) and the slot's output cut from the graph,
-        so only the layers after the slot are differentiated and no parameter gradient is kept.
-        Kasmina's GradMax-style initialisation reads it once, at germination.
+        Reads the first ``batches`` training batches in data order (no RNG drawn), each through
+        ``slotgrads.slot_input_and_gradient`` (eval mode, no parameter gradient kept). Kasmina's
+        GradMax-style initialisation reads it once, at germination.
 
         Returns:
             ``(x, g)`` pairs, each (B, *feature_shape).
         """
         slot = self.manager.slots[slot_id]
         x_all, y_all = self.data.train.head(batches * self.batch_size)
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        captured: list[torch.Tensor] = []
-
-        def cut(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
-            captured[:] = [args[0].detach(), out.detach().requires_grad_(True)]
-            return captured[1]
-
-        was_training = self.model.training
-        self.model.eval()
-        handle = slot.register_forward_hook(cut)
-        try:
-            for start in range(0, len(y_all), self.batch_size):
-                x = x_all[start : start + self.batch_size].to(self.device)
-                y = y_all[start : start + self.batch_size].to(self.device)
-                loss = self.loss_fn(self.model(x), y)
-                (grad,) = torch.autograd.grad(loss, captured[1])
-                pairs.append((captured[0], grad))
-        finally:
-            handle.remove()
-            self.model.train(was_training)
-        return pairs
+        return [
+            slot_input_and_gradient(
+                self.model,
+                slot,
+                self.loss_fn,
+                x_all[start : start + self.batch_size].to(self.device),
+                y_all[start : start + self.batch_size].to(self.device),
+            )
+            for start in range(0, len(y_all), self.batch_size)
+        ]
 
     # ------------------------------------------------------------------ checkpoints
 
