@@ -93,6 +93,7 @@ class GrowthBenchConfig:
         plan: Name of a ``GrowthPlan`` in ``PLANS``.
         seeds: Override the plan's number of seeds (>= 2: a paired interval needs two).
         epochs: Override the plan's epochs per run.
+        widths: Override the plan's frontier widths (factors besides 1, each > 0).
         policy_version: Evaluate this stored policy version instead of training one (needs ``home``).
         home: ESPER_HOME to use (default: a temporary one).
         device: Where runs train.
@@ -104,6 +105,7 @@ class GrowthBenchConfig:
     plan: str = "default"
     seeds: int | None = None
     epochs: int | None = None
+    widths: tuple[float, ...] | None = None
     policy_version: int | None = None
     home: Path | None = None
     device: str = "cpu"
@@ -111,6 +113,17 @@ class GrowthBenchConfig:
     def __post_init__(self) -> None:
         if self.plan not in PLANS:
             raise ValueError(f"unknown growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
+        if self.widths is not None:
+            self.widths = tuple(self.widths)
+            if (
+                not self.widths
+                or any(w <= 0 or w == 1.0 for w in self.widths)
+                or len(set(self.widths)) != len(self.widths)
+            ):
+                raise ValueError(
+                    f"widths must be distinct factors > 0 other than 1 (the recipe's own width is always run), "
+                    f"got {self.widths}"
+                )
         if self.seeds is not None and self.seeds < 2:
             raise ValueError(f"seeds must be >= 2 (a paired confidence interval needs two), got {self.seeds}")
         if self.epochs is not None and self.epochs < 1:
@@ -142,6 +155,7 @@ class GrowthBenchConfig:
             plan,
             seeds=self.seeds if self.seeds is not None else plan.seeds,
             epochs=self.epochs if self.epochs is not None else plan.epochs,
+            widths=self.widths if self.widths is not None else plan.widths,
         )
 
 
@@ -317,6 +331,7 @@ def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401 
             plan=args.plan,
             seeds=args.seeds,
             epochs=args.epochs,
+            widths=None if args.widths is None else tuple(args.widths),
             policy_version=args.policy_version,
             home=args.home,
             device=args.device,

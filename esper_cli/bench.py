@@ -268,6 +268,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b_growth.add_argument("--seeds", type=positive, default=None, help="paired seeds per recipe (default: the plan's)")
     b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
+    b_growth.add_argument(
+        "--widths",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="F",
+        help="frontier width factors besides 1 (default: the plan's)",
+    )
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")

@@ -50,7 +50,9 @@ class SeedParamGroups:
         for group in [g for g in opt.param_groups if g.get("slot_id") == slot_id]:
             for p in group["params"]:
                 opt.state.pop(p, None)
-            opt.param_groups.remove(group)
+        # By identity: list.remove compares groups with ==, which compares two seed groups'
+        # parameter tensors element-wise and raises as soon as two seeds are alive.
+        opt.param_groups[:] = [g for g in opt.param_groups if g.get("slot_id") != slot_id]
 
     def param_count(self, slot_id: str) -> int:
         """Parameters of ``slot_id`` still registered with the optimizer (G5 checks 0)."""

@@ -59,5 +59,8 @@ def test_bad_options_are_refused_before_any_run(tmp_path: Path) -> None:
         GrowthBenchConfig(seeds=1001)
     with pytest.raises(ValueError, match="without ModelSpec.build_scaled"):
         GrowthBenchConfig(recipes=("tests.helpers.user_model:recipe",))
+    with pytest.raises(ValueError, match="widths must be distinct factors > 0 other than 1"):
+        GrowthBenchConfig(widths=(1.0, 2.0))
+    assert GrowthBenchConfig(widths=(0.5, 1.5)).growth_plan.widths == (0.5, 1.5)
     with pytest.raises(ValueError, match="pass the home"):
         GrowthBenchConfig(policy_version=3)
