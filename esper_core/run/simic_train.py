@@ -210,6 +210,7 @@ def train_ppo(
     Raises:
         IncompatiblePolicyError: ``version`` was trained on other graph inputs (retrain from
             imitation with the ``train_policy`` flow).
+        ValueError: A counterfactual plan found no forked decision among the rollouts.
     """
     parent = store.get_policy(version)
     parent.require_current_inputs()  # before any rollout is read: fine-tuning stale weights is wrong too
@@ -217,6 +218,12 @@ def train_ppo(
     model.load_state_dict(store.load_weights(parent))
     records, reports = store.decisions(rollout_run_ids), store.field_reports(rollout_run_ids)
     rollouts, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty, reward=plan.reward)
+    if plan.reward == "counterfactual" and not rollouts:
+        raise ValueError(
+            f"no forked decisions in rollouts {list(rollout_run_ids)}: counterfactual PPO learns only from "
+            "decisions forked where a choice existed; collect the rollouts with this plan (collect_episodes "
+            "forks GNN episodes), raise TrainingPlan.counterfactual.fork_probability or max_forks, or run more rollouts"
+        )
     demos, _ = build_samples(
         store.decisions(demonstration_run_ids),
         store.field_reports(demonstration_run_ids),
