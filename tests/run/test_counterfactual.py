@@ -18,10 +18,11 @@ from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks
 from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.session import RunSession
-from esper_core.run.simic_train import TrainingPlan
+from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import build_samples
 from esper_core.simic.records import CounterfactualOutcome, SimicStore
+from esper_core.tamiyo.config import ScheduledGermination
 from esper_core.urza.service import Urza
 
 EPOCHS = 6
@@ -183,3 +184,43 @@ def test_training_plan_refuses_an_unknown_reward() -> None:
     with pytest.raises(ValueError, match=r"reward must be one of \('delta', 'counterfactual'\)"):
         TrainingPlan(reward="bandit")  # type: ignore[arg-type]
     assert TrainingPlan(reward="counterfactual").forks is not None and TrainingPlan().forks is None
+
+
+def test_the_heuristic_baseline_plays_the_heuristics_command(compiled_home: EsperSettings) -> None:
+    # The schedule germinates after epoch 3; the heuristic would germinate at its probe epoch 1:
+    # forking epoch 1 against the heuristic compares WAIT (decided) with that germination.
+    schedule = (ScheduledGermination(epoch=3, slot="slot0", blueprint="lowrank_adapter"),)
+    config = episode_config("seed-reference", seed=0, policy="scheduled", epochs=EPOCHS, schedule=schedule)
+    forks = CounterfactualConfig(horizon=3, max_forks=EPOCHS, fork_probability=1.0, baseline="heuristic")
+    run = _run(compiled_home, config, "vs-heuristic", forks)
+    assert run.actions[1] == "wait" and run.actions[3] == "germinate"
+    outcome = run.outcomes[1]
+    assert outcome.baseline == "heuristic" and outcome.baseline_action == "germinate"
+    assert outcome.params == outcome.host_params < outcome.baseline_params
+    assert outcome.val_loss != outcome.baseline_val_loss
+
+
+def test_ppo_learns_from_the_forked_rollout_decisions_only(compiled_home: EsperSettings) -> None:
+    smoke = get_plan("smoke")
+    plan = dataclasses.replace(
+        smoke,
+        epochs=EPOCHS,
+        reward="counterfactual",
+        counterfactual=CounterfactualConfig(horizon=2, max_forks=2, fork_probability=1.0),
+    )
+    store = SimicStore.open(compiled_home.home)
+    try:
+        demos = collect_episodes(compiled_home, recipe="seed-reference", seeds=[1000], policy="heuristic", plan=plan)
+        assert demos[0].forks == 0  # only the GNN's rollouts are forked
+        version = train_imitation(store, [r.run_id for r in demos], plan).version
+        rollouts = collect_episodes(
+            compiled_home, recipe="seed-reference", seeds=[1001], policy="gnn", plan=plan, explore=True
+        )
+        assert rollouts[0].forks == 2
+        ids = [r.run_id for r in rollouts]
+        ppo = train_ppo(store, version=version, rollout_run_ids=ids, demonstration_run_ids=[demos[0].run_id], plan=plan)
+        assert ppo.provenance["metrics"]["samples"] == 2.0 and "entropy" in ppo.provenance["metrics"]
+        with pytest.raises(ValueError, match="no forked decisions.*fork_probability"):
+            train_ppo(store, version=version, rollout_run_ids=[demos[0].run_id], demonstration_run_ids=[], plan=plan)
+    finally:
+        store.close()
