@@ -22,6 +22,7 @@ from esper_core.contracts import new_id
 from esper_core.data import DataConfig
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
+from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
@@ -48,6 +49,8 @@ class EpisodeResult:
         wall_s: Wall time of the run (training, decisions, commits).
         commands: Action name -> how many were issued.
         policy_version: GNN weights served at the end, if any.
+        forks: Decisions forked for a counterfactual reward (``run_episode``'s ``counterfactual``).
+        fork_ms: Wall time those forks took (included in ``wall_s``).
     """
 
     run_id: str
@@ -62,6 +65,8 @@ class EpisodeResult:
     wall_s: float
     commands: dict[str, int]
     policy_version: str | None
+    forks: int = 0
+    fork_ms: float = 0.0
 
 
 def episode_config(
@@ -112,6 +117,7 @@ def run_episode(
     settings: EsperSettings,
     run_id: str | None = None,
     tamiyo: TamiyoService | None = None,
+    counterfactual: CounterfactualConfig | None = None,
 ) -> EpisodeResult:
     """Train ``config`` for all its epochs with Tamiyo deciding after each, then test it.
 
@@ -121,6 +127,9 @@ def run_episode(
         run_id: The run's id; default ``<recipe>-<policy>-s<seed>-<random>``.
         tamiyo: A running Tamiyo to share; its breaker is reset first. Its configuration must
             be ``config.tamiyo``'s.
+        counterfactual: Fork some decisions (where a choice existed) and store each one's
+            counterfactual outcome with it (``esper_core.run.counterfactual``); the run itself
+            trains exactly as without.
 
     Returns:
         The episode's result.
@@ -131,11 +140,16 @@ def run_episode(
         tamiyo.breaker.reset()
     start = time.perf_counter()
     session = RunSession.begin(config=config, settings=settings, run_id=run_id, tamiyo=tamiyo)
+    forks = None if counterfactual is None else CounterfactualForks(counterfactual, run_id=run_id)
+    fork_ms = 0.0
     try:
         for epoch in range(config.epochs):
             session.train_epoch()
             session.commit(epoch_tag(epoch, "trained"))
-            session.apply(session.decide())
+            command = session.decide()
+            if forks is not None and (outcome := forks.maybe_fork(session, command)) is not None:
+                fork_ms += outcome.fork_ms
+            session.apply(command)
             session.commit(epoch_tag(epoch, "applied"))
         test = session.trainer.evaluate(session.trainer.data.test)
         last = session.history[-1]
@@ -153,6 +167,8 @@ def run_episode(
             wall_s=time.perf_counter() - start,
             commands=dict(Counter(c.action for c in session.commands)),
             policy_version=session.tamiyo.policy_version,
+            forks=0 if forks is None else forks.forks,
+            fork_ms=fork_ms,
         )
     finally:
         if tamiyo is None:

@@ -39,7 +39,7 @@ from esper_core.run.field_reports import judge_pending
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
-from esper_core.simic.records import DecisionRecord, SimicStore
+from esper_core.simic.records import CounterfactualOutcome, DecisionRecord, SimicStore
 from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
@@ -358,6 +358,21 @@ class RunSession:
             )
         )
         return command
+
+    def pending_decision(self, command: AdaptationCommand) -> DecisionRecord | None:
+        """The record of ``command`` that the next commit stores, if Tamiyo decided it this step."""
+        return self._decision_records.get(command.command_id)
+
+    def attach_counterfactual(self, command: AdaptationCommand, outcome: CounterfactualOutcome) -> None:
+        """Store ``outcome`` with ``command``'s decision (recorded at the commit that applies it).
+
+        Raises:
+            ValueError: ``command`` has no pending decision (see ``pending_decision``).
+        """
+        record = self.pending_decision(command)
+        if record is None:
+            raise ValueError(f"no pending decision {command.command_id}: attach right after decide(), before commit")
+        self._decision_records[command.command_id] = dataclasses.replace(record, counterfactual=outcome)
 
     def apply(self, command: AdaptationCommand) -> str:
         """Carry out ``command``; a command that cannot be applied is rejected, not fatal.

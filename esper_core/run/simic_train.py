@@ -17,9 +17,10 @@ import torch
 
 from esper_core.contracts import new_id
 from esper_core.run.config import RunConfig
+from esper_core.run.counterfactual import CounterfactualConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.settings import EsperSettings
-from esper_core.simic.dataset import build_samples
+from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
 from esper_core.simic.learn import SimicConfig, imitate, ppo_update
 from esper_core.simic.records import PolicyVersion, SimicStore
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
@@ -41,6 +42,11 @@ class TrainingPlan:
             evaluation seeds (the growth benchmark evaluates seeds 0, 1, 2, ...).
         gnn: Size of the policy network.
         simic: Learning hyperparameters.
+        reward: What PPO learns from: ``delta`` (every decision, the per-epoch change of
+            validation accuracy) or ``counterfactual`` (the GNN rollouts fork some decisions where
+            a choice existed, and PPO learns only from those, each a one-step return; see
+            ``esper_core.simic.dataset``). Imitation clones every demonstration either way.
+        counterfactual: Where and how far rollouts fork (used with ``reward="counterfactual"``).
     """
 
     demonstrations: int = 4
@@ -51,6 +57,13 @@ class TrainingPlan:
     first_seed: int = 1000
     gnn: TamiyoGNNConfig = field(default_factory=TamiyoGNNConfig)
     simic: SimicConfig = field(default_factory=SimicConfig)
+    reward: RewardKind = "delta"
+    counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)
+
+    @property
+    def forks(self) -> CounterfactualConfig | None:
+        """The rollouts' fork configuration, None when PPO learns from ``delta`` rewards."""
+        return self.counterfactual if self.reward == "counterfactual" else None
 
     def seeds(self, phase: str, iteration: int = 0) -> list[int]:
         """Episode seeds of ``phase`` (``demonstrations`` or ``rollouts`` of ``iteration``): disjoint."""
@@ -66,9 +79,11 @@ class TrainingPlan:
             raise ValueError(f"need iterations >= 0 and rollouts >= 1, got {self.iterations}, {self.rollouts}")
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"episodes need >= 2 epochs for a reward, got {self.epochs}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
 
 
-PlanName = Literal["default", "smoke"]
+PlanName = Literal["default", "smoke", "counterfactual"]
 """The named training plans, for the ``train_policy`` flow's ``plan`` parameter (a test keeps it
 equal to ``PLANS``)."""
 
@@ -83,6 +98,8 @@ PLANS: dict[str, TrainingPlan] = {
         gnn=TamiyoGNNConfig(hidden_dim=16, num_layers=2),
         simic=SimicConfig(imitation_epochs=2, ppo_epochs=1, batch_size=8),
     ),
+    # PPO on counterfactual rewards: each rollout forks up to 2 decisions (2 x 3 extra epochs each).
+    "counterfactual": TrainingPlan(reward="counterfactual"),
 }
 
 
@@ -116,7 +133,8 @@ def collect_episodes(
         recipe: Recipe of every episode.
         seeds: One episode per seed.
         policy: ``heuristic``, ``gnn``, ``random`` or ``none``.
-        plan: Epochs per episode and the GNN's size.
+        plan: Epochs per episode and the GNN's size; GNN episodes fork decisions for
+            counterfactual rewards when the plan learns from them (``TrainingPlan.forks``).
         explore: Sample the GNN's actions (on-policy rollouts).
         policy_version: GNN version to serve (None: the newest).
         device: Where to train.
@@ -144,9 +162,13 @@ def collect_episodes(
     for config in configs:
         config.tamiyo = tamiyo_config
     service = TamiyoService(tamiyo_config, model=TamiyoGNN(plan.gnn))
+    # Only the GNN's rollouts are forked: they are what PPO learns from.
+    forks = plan.forks if policy == "gnn" else None
     try:
         return [
-            run_episode(config, settings=settings, tamiyo=service, run_id=_run_id(settings, label, config))
+            run_episode(
+                config, settings=settings, tamiyo=service, run_id=_run_id(settings, label, config), counterfactual=forks
+            )
             for config in configs
         ]
     finally:
@@ -188,13 +210,20 @@ def train_ppo(
     Raises:
         IncompatiblePolicyError: ``version`` was trained on other graph inputs (retrain from
             imitation with the ``train_policy`` flow).
+        ValueError: A counterfactual plan found no forked decision among the rollouts.
     """
     parent = store.get_policy(version)
     parent.require_current_inputs()  # before any rollout is read: fine-tuning stale weights is wrong too
     model = TamiyoGNN(parent.gnn)
     model.load_state_dict(store.load_weights(parent))
     records, reports = store.decisions(rollout_run_ids), store.field_reports(rollout_run_ids)
-    rollouts, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty)
+    rollouts, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty, reward=plan.reward)
+    if plan.reward == "counterfactual" and not rollouts:
+        raise ValueError(
+            f"no forked decisions in rollouts {list(rollout_run_ids)}: counterfactual PPO learns only from "
+            "decisions forked where a choice existed; collect the rollouts with this plan (collect_episodes "
+            "forks GNN episodes), raise TrainingPlan.counterfactual.fork_probability or max_forks, or run more rollouts"
+        )
     demos, _ = build_samples(
         store.decisions(demonstration_run_ids),
         store.field_reports(demonstration_run_ids),

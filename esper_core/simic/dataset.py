@@ -9,6 +9,21 @@ parameters for a cull, 0 otherwise, and the last decision of a run has no accura
 is trained after it). Summed over a run the accuracy terms telescope to the accuracy gained, so
 the return trades accuracy gained against parameters added, as the issue asks.
 
+With ``reward="counterfactual"`` the samples are only the decisions a run forked
+(``esper_core.run.counterfactual``: a seed operation was legal, so a choice existed), and each
+reward is the fork's one-step (bandit) return
+
+    r = val_accuracy_A - val_accuracy_B - lambda * (params_A - params_B) / host_params
+
+of branch A (the decided command) against branch B (WAIT or the heuristic), both measured
+``horizon`` epochs later (``CounterfactualOutcome.reward``). Nothing is bootstrapped across
+epochs (``Sample.one_step``): the branches already played the decision's consequences out under
+the same lifecycle rules, so the reward is the decision's whole effect over the horizon; adding
+the critic's value of the run's next decision would count the later decisions that the
+comparison held fixed, and forks are sparse (a few per run), so "the next sample" is usually not
+the next epoch. Both branches see the same batches, so the difference carries none of the
+per-epoch noise of the validation accuracy that dominates ``r_t``.
+
 Field reports label the risk head: a judged command whose outcome was a regression is a positive.
 """
 
@@ -17,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -30,6 +46,9 @@ from esper_core.tamiyo.model import BLEND_SCHEDULES
 
 # Who proposed a decision worth learning from; breaker and safety WAITs are not a policy's choice.
 LEARNABLE_POLICIES = frozenset({"heuristic", "gnn", "random"})
+REWARDS = ("delta", "counterfactual")
+RewardKind = Literal["delta", "counterfactual"]
+"""``delta``: ``r_t`` of every decision; ``counterfactual``: forked decisions' one-step rewards."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +66,7 @@ class Sample:
         run_id: The run.
         epoch: The decided epoch.
         policy: Who proposed.
+        one_step: The reward is a whole (bandit) return: nothing is bootstrapped past it.
     """
 
     graph: HeteroData
@@ -62,6 +82,7 @@ class Sample:
     run_id: str
     epoch: int
     policy: str
+    one_step: bool = False
 
 
 def choice_of(
@@ -112,6 +133,7 @@ def build_samples(
     *,
     param_penalty: float,
     policies: frozenset[str] = LEARNABLE_POLICIES,
+    reward: RewardKind = "delta",
 ) -> tuple[list[Sample], int]:
     """Samples of every learnable decision, with rewards computed per run.
 
@@ -120,11 +142,18 @@ def build_samples(
         reports: Stored field reports (joined to decisions by command id).
         param_penalty: lambda of the reward.
         policies: Proposers whose decisions become samples.
+        reward: ``delta`` (every decision, ``r_t``) or ``counterfactual`` (only the forked
+            decisions, their one-step reward; see the module docstring).
 
     Returns:
         ``(samples, skipped)``: decisions whose proposal is illegal in the rebuilt state (e.g.
         recorded before a feature or rule change) are skipped and counted.
+
+    Raises:
+        ValueError: Unknown ``reward``.
     """
+    if reward not in REWARDS:
+        raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
     outcome = {r.command.command_id: r.outcome for r in reports}
     by_run: dict[str, list[DecisionRecord]] = defaultdict(list)
     for record in records:
@@ -133,10 +162,13 @@ def build_samples(
     skipped = 0
     for run_records in by_run.values():
         run_records.sort(key=lambda r: r.command.epoch)
-        for record, reward in zip(run_records, run_rewards(run_records, param_penalty=param_penalty), strict=True):
-            if record.policy not in policies:
+        one_step = reward == "counterfactual"
+        for record, r in zip(run_records, run_rewards(run_records, param_penalty=param_penalty), strict=True):
+            if record.policy not in policies or (one_step and record.counterfactual is None):
                 continue
-            sample = _sample(record, reward, outcome.get(record.command.command_id))
+            if record.counterfactual is not None and one_step:
+                r = record.counterfactual.reward(param_penalty=param_penalty)
+            sample = _sample(record, r, outcome.get(record.command.command_id), one_step=one_step)
             if sample is None:
                 skipped += 1
             else:
@@ -144,7 +176,7 @@ def build_samples(
     return samples, skipped
 
 
-def _sample(record: DecisionRecord, reward: float, outcome: Outcome | None) -> Sample | None:
+def _sample(record: DecisionRecord, reward: float, outcome: Outcome | None, *, one_step: bool) -> Sample | None:
     state = record.state
     graph = build_graph(
         state.history, state.candidates, total_epochs=state.total_epochs, param_budget=state.param_budget
@@ -171,6 +203,7 @@ def _sample(record: DecisionRecord, reward: float, outcome: Outcome | None) -> S
         run_id=record.command.run_id,
         epoch=record.command.epoch,
         policy=record.policy,
+        one_step=one_step,
     )
 
 

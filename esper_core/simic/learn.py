@@ -2,7 +2,8 @@
 
 Both train every head Tamiyo uses: the factorised action distribution (type, slot, blueprint,
 blend; ``tamiyo.actions.log_prob``), the value head on returns, and the risk head on field
-report outcomes (binary cross-entropy where a report judged the command).
+report outcomes (binary cross-entropy where a report judged the command). The learning-rate head
+has no target and never acts (``tamiyo.actions.UNTRAINED_ACTIONS``), so no loss reaches it.
 
 PPO (clipped surrogate, Schulman et al. 2017) runs on the samples of on-policy rollouts: the
 behaviour log-probability is the one Tamiyo recorded when she sampled the action; advantages are
@@ -44,7 +45,8 @@ class SimicConfig:
         ppo_epochs: Passes over each batch of rollouts.
         clip: PPO ratio clip.
         value_coef: Weight of the critic's squared error.
-        entropy_coef: Weight of the action-type entropy bonus.
+        entropy_coef: Weight of the entropy bonus: the entropy of every head that acted in a
+            decision (type; slot, blueprint and blend when used; ``tamiyo.actions.log_prob``).
         risk_coef: Weight of the risk head's cross-entropy.
         bc_coef: Weight of the imitation term during PPO (0 disables).
         max_grad_norm: Gradient clipping.
@@ -83,6 +85,10 @@ class SimicConfig:
 def returns_and_advantages(samples: Sequence[Sample], values: Tensor, config: SimicConfig) -> tuple[Tensor, Tensor]:
     """GAE advantages and returns (advantage + value) of each sample, computed per run.
 
+    A one-step sample (``Sample.one_step``: a counterfactual reward) is its own episode: its
+    return is its reward, its advantage the reward minus the critic's value, with nothing
+    bootstrapped from the run's next decision (see ``simic.dataset``).
+
     Args:
         samples: The samples (any order); runs are chained by epoch.
         values: ``(N,)`` critic values of the samples, same order.
@@ -91,9 +97,9 @@ def returns_and_advantages(samples: Sequence[Sample], values: Tensor, config: Si
     Returns:
         ``(returns (N,), advantages (N,))``.
     """
-    by_run: dict[str, list[int]] = defaultdict(list)
+    by_run: dict[str, list[int]] = defaultdict(list)  # episode -> sample indices
     for i, s in enumerate(samples):
-        by_run[s.run_id].append(i)
+        by_run[f"{s.run_id}@{s.epoch}" if s.one_step else s.run_id].append(i)
     advantages = torch.zeros(len(samples))
     vals = values.detach().cpu()
     for indices in by_run.values():
@@ -189,6 +195,7 @@ def ppo_update(
                 stats["value_loss"].append(value_loss.item())
                 stats["clip_fraction"].append(((ratio - 1).abs() > config.clip).float().mean().item())
                 stats["approx_kl"].append((old_lp[idx].to(device) - lp).mean().item())
+                stats["entropy"].append(entropy.mean().item())
     model.eval()
     metrics = {k: sum(v) / len(v) for k, v in stats.items()}
     metrics["mean_reward"] = sum(s.reward for s in rollouts) / len(rollouts)

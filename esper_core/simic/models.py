@@ -92,6 +92,9 @@ class DecisionRow(Base):
     seed_params: Mapped[int] = mapped_column(BigInteger)
     log_prob: Mapped[float | None] = mapped_column(Float)
     value: Mapped[float | None] = mapped_column(Float)
+    # Revision 0004: the two-branch outcome of a forked decision (``CounterfactualOutcome``);
+    # NULL for decisions that were not forked and for every row written before.
+    counterfactual_json: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
 

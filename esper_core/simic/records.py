@@ -93,6 +93,57 @@ class DecisionState:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CounterfactualOutcome:
+    """Two branches of a run forked at a decision, measured ``horizon`` epochs later.
+
+    Branch A carried out the decided command, branch B the ``baseline``'s; both then trained
+    under the same lifecycle-only control (``esper_core.run.counterfactual``), so only the
+    decision at the fork differs. The raw measurements are stored, not a reward: lambda is
+    Simic's hyperparameter (``SimicConfig.param_penalty``) and may change after recording.
+
+    Attributes:
+        baseline: What branch B did at the fork: ``wait`` or ``heuristic``.
+        baseline_action: The action branch B carried out (``AdaptationCommand.action``).
+        horizon: Epochs each branch trained after the fork.
+        val_accuracy: Branch A's validation accuracy after the horizon.
+        baseline_val_accuracy: Branch B's.
+        val_loss: Branch A's validation loss after the horizon.
+        baseline_val_loss: Branch B's.
+        params: Branch A's parameters (host plus attached seeds) after the horizon.
+        baseline_params: Branch B's.
+        host_params: The host's parameters at the fork.
+        fork_ms: Wall time of the fork: both branches and the restores.
+    """
+
+    baseline: str
+    baseline_action: str
+    horizon: int
+    val_accuracy: float
+    baseline_val_accuracy: float
+    val_loss: float
+    baseline_val_loss: float
+    params: int
+    baseline_params: int
+    host_params: int
+    fork_ms: float
+
+    def reward(self, *, param_penalty: float) -> float:
+        """Accuracy gained over the baseline minus lambda times the parameters added over it,
+        in host-sized blocks: ``acc_A - acc_B - lambda * (params_A - params_B) / host_params``."""
+        added = (self.params - self.baseline_params) / max(self.host_params, 1)
+        return (self.val_accuracy - self.baseline_val_accuracy) - param_penalty * added
+
+    def to_json(self) -> str:
+        """JSON text ``from_json`` reads back."""
+        return json.dumps({name: getattr(self, name) for name in self.__slots__}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> CounterfactualOutcome:
+        """The outcome ``to_json`` wrote."""
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DecisionRecord:
     """One applied decision as Simic stores it.
 
@@ -104,6 +155,7 @@ class DecisionRecord:
         state: What Tamiyo saw.
         log_prob: log-probability of the proposal under the GNN (GNN decisions only).
         value: The GNN's value estimate of the state.
+        counterfactual: The outcome of forking the run at this decision, if it was forked.
     """
 
     command: AdaptationCommand
@@ -113,6 +165,7 @@ class DecisionRecord:
     state: DecisionState
     log_prob: float | None = None
     value: float | None = None
+    counterfactual: CounterfactualOutcome | None = None
 
     @classmethod
     def from_decision(
@@ -384,6 +437,9 @@ class SimicStore:
                 state=DecisionState.from_json(row.state_json),
                 log_prob=row.log_prob,
                 value=row.value,
+                counterfactual=None
+                if row.counterfactual_json is None
+                else CounterfactualOutcome.from_json(row.counterfactual_json),
             )
             for row in rows
         ]
@@ -478,6 +534,7 @@ def _decision_values(d: DecisionRecord) -> dict[str, Any]:
         "seed_params": sum(s.param_count for s in current.seeds if s.stage.is_active),
         "log_prob": d.log_prob,
         "value": d.value,
+        "counterfactual_json": None if d.counterfactual is None else d.counterfactual.to_json(),
         "created_at": dt.datetime.now(dt.UTC),
     }
 
@@ -500,6 +557,7 @@ def _to_policy(row: Any) -> PolicyVersion:  # noqa: ANN401  (a Core row of simic
 
 
 __all__ = [
+    "CounterfactualOutcome",
     "DecisionRecord",
     "IncompatiblePolicyError",
     "DecisionState",

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import softmax as segment_softmax
 
-from esper_core.contracts import GateId, SeedOperation, SeedStage, SystemStatePacket
+from esper_core.contracts import CommandType, GateId, SeedOperation, SeedStage, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.model import ACTIONS, PolicyOutput
 
@@ -34,6 +34,11 @@ LR_LOG2_RANGE = 1.0
 ACTION_INDEX = {action: i for i, action in enumerate(ACTIONS)}
 _OPS = [op for _, op in ACTIONS]
 _GERMINATE = _OPS.index(SeedOperation.GERMINATE)
+UNTRAINED_ACTIONS: frozenset[int] = frozenset({ACTION_INDEX[(CommandType.OPTIMIZER, None)]})
+"""Action types the GNN may not take: OPTIMIZER acts through the learning-rate head
+(``lr_adjust``), and nothing teaches that head a scale (no policy Simic imitates issues one and no
+reward isolates its effect), so an untrained head would rescale every parameter group at random.
+Masked out of ``legal_masks``, the head never acts and no loss reaches it."""
 _NEG = -1e9  # masked logit: finite, so an all-masked row gives NaN-free (if meaningless) values
 
 
@@ -78,7 +83,8 @@ def legal_masks(packet: SystemStatePacket, candidates: Sequence[BlueprintCandida
 
     GERMINATE: a DORMANT slot with a fitting blueprint. ADVANCE: a GERMINATED, BLENDING, or
     TRAINING seed whose last gate did not fail. FOSSILIZE: a PROBATIONARY seed whose last gate is
-    a passed G4. CULL: any in-flight seed. WAIT, OPTIMIZER and PAUSE are always legal.
+    a passed G4. CULL: any in-flight seed. WAIT and PAUSE are always legal; OPTIMIZER never is
+    (``UNTRAINED_ACTIONS``: Kasmina would accept it, but the GNN has no trained head to act with).
 
     Args:
         packet: The current epoch's state (slots in node order).
@@ -111,8 +117,15 @@ def legal_masks(packet: SystemStatePacket, candidates: Sequence[BlueprintCandida
             SeedStage.BLENDING,
             SeedStage.PROBATIONARY,
         )
-    action = torch.tensor([op is None for op in _OPS], dtype=torch.bool) | slot.any(dim=1)
+    always = [op is None and i not in UNTRAINED_ACTIONS for i, op in enumerate(_OPS)]
+    action = torch.tensor(always, dtype=torch.bool) | slot.any(dim=1)
     return ActionMasks(action=action, slot=slot, fits=fits)
+
+
+def has_choice(masks: ActionMasks) -> bool:
+    """Whether the state offers a real choice: some seed operation is legal (WAIT and PAUSE, the
+    only other legal types, both leave the run as it is)."""
+    return bool(masks.slot.any())
 
 
 def choose(out: PolicyOutput, masks: ActionMasks, *, sample: bool, generator: torch.Generator | None = None) -> Choice:
@@ -177,40 +190,56 @@ class BatchChoices:
 
 
 def log_prob(out: PolicyOutput, choices: BatchChoices) -> tuple[Tensor, Tensor]:
-    """log pi of each graph's recorded choice, and the entropy of its action-type distribution.
+    """log pi of each graph's recorded choice, and the entropy of every head that acted in it.
+
+    The entropy is that of the action-type distribution plus, when the recorded action used
+    them, the slot distribution (given the type), the blueprint distribution (given the slot) and
+    the blend distribution: each head that chose something keeps its own exploration, and a head
+    that did not act (no slot for WAIT, no blueprint for CULL) adds nothing.
 
     Args:
         out: The policy's output for the batch (G global nodes).
         choices: The recorded choices and their masks.
 
     Returns:
-        ``(log_prob (G,), action_entropy (G,))``; differentiable with respect to ``out``.
+        ``(log_prob (G,), entropy (G,))``; differentiable with respect to ``out``.
     """
     g = choices.action.shape[0]
     action_lp = _masked_log_softmax(out.action_logits.float(), choices.action_mask)  # (G, A)
     total = action_lp.gather(1, choices.action.unsqueeze(1)).squeeze(1)
-    probs = action_lp.exp()
-    entropy = -(probs * action_lp).masked_fill(~choices.action_mask, 0.0).sum(dim=1)
-    total = total + _segment_choice_lp(out.slot_scores.float(), choices.slot_mask, choices.slot_batch, choices.slot, g)
-    total = total + _segment_choice_lp(
-        out.blueprint_scores.float(), choices.blueprint_mask, choices.blueprint_batch, choices.blueprint, g
-    )
+    entropy = _entropy(action_lp, choices.action_mask)
+    for scores, mask, batch, chosen in (
+        (out.slot_scores, choices.slot_mask, choices.slot_batch, choices.slot),
+        (out.blueprint_scores, choices.blueprint_mask, choices.blueprint_batch, choices.blueprint),
+    ):
+        lp, h = _segment_choice_lp(scores.float(), mask, batch, chosen, g)
+        total, entropy = total + lp, entropy + h
     blend_lp = torch.log_softmax(out.blend_logits.float(), dim=-1)  # (G, K)
     has_blend = choices.blend >= 0
     blend_term = blend_lp.gather(1, choices.blend.clamp(min=0).unsqueeze(1)).squeeze(1)
-    total = total + torch.where(has_blend, blend_term, torch.zeros_like(blend_term))
+    zero = torch.zeros_like(blend_term)
+    total = total + torch.where(has_blend, blend_term, zero)
+    entropy = entropy + torch.where(has_blend, _entropy(blend_lp, torch.ones_like(blend_lp, dtype=torch.bool)), zero)
     return total, entropy
 
 
-def _segment_choice_lp(scores: Tensor, mask: Tensor, batch: Tensor, chosen: Tensor, g: int) -> Tensor:
-    """log-softmax of ``scores`` within each graph over masked nodes, read at ``chosen`` (G,)."""
+def _entropy(lp: Tensor, mask: Tensor) -> Tensor:
+    """Entropy of each row of log-probabilities ``lp`` (G, K) over its ``mask``ed entries."""
+    return -(lp.exp() * lp).masked_fill(~mask, 0.0).sum(dim=1)
+
+
+def _segment_choice_lp(scores: Tensor, mask: Tensor, batch: Tensor, chosen: Tensor, g: int) -> tuple[Tensor, Tensor]:
+    """Within each graph, the log-softmax of ``scores`` over masked nodes read at ``chosen``, and
+    its entropy; both (G,), 0 for graphs that chose nothing here (``chosen`` < 0)."""
     out = scores.new_zeros(g)
     if scores.numel() == 0:
-        return out
+        return out, out
     logits = scores.masked_fill(~mask, _NEG)
     lp = torch.log(segment_softmax(logits, batch, num_nodes=g).clamp(min=1e-30))  # (N,)
     has = chosen >= 0
-    return torch.where(has, lp[chosen.clamp(min=0)], out) if lp.numel() else out
+    node_entropy = -(lp.exp() * lp).masked_fill(~mask, 0.0)  # (N,)
+    entropy = out.scatter_add(0, batch, node_entropy)
+    return torch.where(has, lp[chosen.clamp(min=0)], out), torch.where(has, entropy, out)
 
 
 def _masked_log_softmax(logits: Tensor, mask: Tensor) -> Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -115,3 +117,20 @@ def test_imitation_without_data_says_what_to_do() -> None:
         imitate(TamiyoGNN(SMALL), [], SimicConfig())
     with pytest.raises(ValueError, match="batch_size"):
         SimicConfig(batch_size=0)
+
+
+def test_one_step_samples_are_bandit_returns_with_nothing_bootstrapped() -> None:
+    samples, _ = build_samples(_records("heuristic", runs=1), [], param_penalty=0.0)
+    bandit = [dataclasses.replace(s, one_step=True, reward=0.1 * i) for i, s in enumerate(samples)]
+    values = torch.linspace(-1.0, 1.0, len(bandit))
+    returns, advantages = returns_and_advantages(bandit, values, SimicConfig(gamma=1.0, gae_lambda=0.9))
+    rewards = torch.tensor([s.reward for s in bandit])
+    torch.testing.assert_close(returns, rewards)  # the reward alone, whatever the later values
+    torch.testing.assert_close(advantages, rewards - values)
+
+
+def test_counterfactual_samples_need_forked_decisions() -> None:
+    records = _records("heuristic", runs=1)
+    assert build_samples(records, [], param_penalty=0.01, reward="counterfactual") == ([], 0)
+    with pytest.raises(ValueError, match="reward must be one of"):
+        build_samples(records, [], param_penalty=0.01, reward="bandit")  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,13 @@ from sqlalchemy import func, inspect, select
 
 from esper_core.contracts import AdaptationCommand, CommandType, FieldReport, Outcome, SeedOperation
 from esper_core.simic.models import DecisionRow, FieldReportRow
-from esper_core.simic.records import DecisionRecord, DecisionState, SimicStore, report_id_for
+from esper_core.simic.records import (
+    CounterfactualOutcome,
+    DecisionRecord,
+    DecisionState,
+    SimicStore,
+    report_id_for,
+)
 from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
@@ -154,3 +161,24 @@ def test_an_unreachable_database_raises_a_registry_error(tmp_path: Path) -> None
             SimicStore(engine, BlobStore(tmp_path / "blobs"), url="sqlite:///missing")
     finally:
         engine.dispose()
+
+
+def test_a_decision_keeps_its_counterfactual_outcome_and_older_ones_have_none(store: SimicStore) -> None:
+    outcome = CounterfactualOutcome(
+        baseline="wait",
+        baseline_action="wait",
+        horizon=3,
+        val_accuracy=0.75,
+        baseline_val_accuracy=0.5,
+        val_loss=0.4,
+        baseline_val_loss=0.6,
+        params=1200,
+        baseline_params=1000,
+        host_params=1000,
+        fork_ms=12.5,
+    )
+    forked = dataclasses.replace(_decision(_command(epoch=1)), counterfactual=outcome)
+    plain = _decision(_command(epoch=2))
+    store.record(decisions=[forked, plain])
+    assert store.decisions() == [forked, plain]
+    assert outcome.reward(param_penalty=0.1) == pytest.approx(0.25 - 0.1 * 0.2)

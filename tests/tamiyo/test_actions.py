@@ -5,8 +5,18 @@ from __future__ import annotations
 import torch
 from torch_geometric.data import Batch
 
-from esper_core.contracts import GateId, GateVerdict, SeedOperation
-from esper_core.tamiyo.actions import ACTION_INDEX, NO_CHOICE, BatchChoices, Choice, choose, legal_masks, log_prob
+from esper_core.contracts import CommandType, GateId, GateVerdict, SeedOperation
+from esper_core.tamiyo.actions import (
+    ACTION_INDEX,
+    NO_CHOICE,
+    UNTRAINED_ACTIONS,
+    BatchChoices,
+    Choice,
+    choose,
+    has_choice,
+    legal_masks,
+    log_prob,
+)
 from esper_core.tamiyo.graph import build_graph
 from esper_core.tamiyo.model import ACTIONS, TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
@@ -114,3 +124,53 @@ def test_batched_log_prob_equals_the_log_prob_of_each_choice() -> None:
     assert (entropy >= 0).all()
     lp.sum().backward()  # differentiable for Simic
     assert model.slot_head[0].weight.grad is not None and model.blueprint_head[0].weight.grad is not None
+
+
+def test_every_head_that_acts_keeps_its_entropy() -> None:
+    """A germination's entropy is the sum of the type, slot, blueprint and blend entropies (each
+    over its legal choices); a WAIT's is the type's alone; only heads that acted get gradients."""
+    history, candidates, graph, model, _ = _out()
+    masks = legal_masks(history[-1], candidates)
+    germinate = Choice(action=GERMINATE, slot=0, blueprint=1, blend=0)
+    wait = Choice(action=ACTION_INDEX[ACTIONS[0]])
+    batch, choices = _batch_choices([graph, graph], [masks, masks], [germinate, wait])
+    out = model(batch.x_dict, batch.edge_index_dict)
+    _, entropy = log_prob(out, choices)
+
+    def h(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(logits[mask], dim=-1)
+        return -(p * p.log()).sum()
+
+    n_slots, n_bp = graph.data["slot"].num_nodes, graph.data["blueprint"].num_nodes
+    type_h = h(out.action_logits[1], masks.action)
+    expected = (
+        type_h
+        + h(out.slot_scores[:n_slots], masks.slot[GERMINATE])  # a single legal slot: 0
+        + h(out.blueprint_scores[:n_bp], masks.fits[0])
+        + h(out.blend_logits[0], torch.ones(out.blend_logits.shape[1], dtype=torch.bool))
+    )
+    torch.testing.assert_close(entropy, torch.stack([expected, type_h]), rtol=1e-5, atol=1e-5)
+    assert entropy[0] > entropy[1] > 0
+    entropy[0].backward()
+    assert model.blueprint_head[0].weight.grad.abs().sum() > 0 and model.blend_head[0].weight.grad.abs().sum() > 0
+    assert model.lr_head[0].weight.grad is None  # no loss reaches the learning-rate head
+
+
+def test_the_learning_rate_head_never_acts() -> None:
+    """OPTIMIZER (the learning-rate head's only use) is never legal, so the untrained head can
+    neither be chosen nor rescale the optimizer."""
+    history, candidates, _, _, out = _out()
+    masks = legal_masks(history[-1], candidates)
+    optimizer = ACTION_INDEX[(CommandType.OPTIMIZER, None)]
+    assert not masks.action[optimizer] and optimizer in UNTRAINED_ACTIONS
+    forced = out._replace(action_logits=out.action_logits.index_fill(1, torch.tensor([optimizer]), 50.0))
+    picks = {choose(forced, masks, sample=True, generator=torch.Generator().manual_seed(s)).action for s in range(20)}
+    assert optimizer not in picks and choose(forced, masks, sample=False).action != optimizer
+
+
+def test_a_choice_exists_only_where_a_seed_operation_is_legal() -> None:
+    history, candidates = _state()
+    assert has_choice(legal_masks(history[-1], candidates))
+    dormant_only = synthetic_history(num_layers=2, num_slots=1)  # one DORMANT slot
+    assert has_choice(legal_masks(dormant_only[-1], candidates))
+    assert not has_choice(legal_masks(dormant_only[-1], []))  # nothing fits: only WAIT and PAUSE

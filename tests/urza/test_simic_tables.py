@@ -15,7 +15,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import MetaData, inspect, select
+from sqlalchemy import MetaData, inspect, select, text
 
 from esper_core.urza import schema
 from esper_core.urza.models import NAMING_CONVENTION
@@ -73,6 +73,12 @@ _ROWS: dict[str, dict[str, Any]] = {
 }
 
 
+# Columns later revisions added (0004: a decision's counterfactual outcome): an older Simic's
+# tables lack them, and its rows read NULL there after the upgrade.
+_ADDED_LATER: dict[str, dict[str, Any]] = {"simic_decisions": {"counterfactual_json": None}}
+_ROWS_AT_HEAD = {name: [{**row, **_ADDED_LATER.get(name, {})}] for name, row in _ROWS.items()}
+
+
 def _create_simic_tables_the_old_way(url: str) -> None:
     old = MetaData(naming_convention=NAMING_CONVENTION)
     for name in SIMIC_TABLES:
@@ -80,6 +86,9 @@ def _create_simic_tables_the_old_way(url: str) -> None:
     engine = create_registry_engine(url)
     with engine.begin() as conn:
         old.create_all(conn, checkfirst=True)
+        for name, columns in _ADDED_LATER.items():
+            for column in columns:
+                conn.execute(text(f"ALTER TABLE {name} DROP COLUMN {column}"))
         for name, row in _ROWS.items():
             conn.execute(old.tables[name].insert().values(**row, created_at=_WHEN))
     engine.dispose()
@@ -117,7 +126,7 @@ def test_0003_keeps_the_simic_tables_and_rows_an_older_simic_created(registry_ur
     migrate(registry_url, "0002")
     _create_simic_tables_the_old_way(registry_url)
     assert upgrade_schema(registry_url) == ("0002", schema.head_revision())
-    assert _rows(registry_url) == {name: [row] for name, row in _ROWS.items()}
+    assert _rows(registry_url) == _ROWS_AT_HEAD
     assert _schema_diff(registry_url) == []  # the kept tables are exactly what the models declare
 
 
@@ -136,7 +145,16 @@ def test_an_old_sqlite_registry_with_simic_tables_is_upgraded_on_open(tmp_path: 
     registry = SqlRegistry(url)  # SQLite: upgraded automatically when opened
     assert registry.revision() == schema.head_revision()
     registry.close()
-    assert _rows(url) == {name: [row] for name, row in _ROWS.items()}
+    assert _rows(url) == _ROWS_AT_HEAD
+
+
+def test_0004_adds_the_counterfactual_column_and_old_decisions_read_without_one(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/registry.db"
+    migrate(url, "0002")
+    _create_simic_tables_the_old_way(url)
+    migrate(url, "0003")
+    assert upgrade_schema(url) == ("0003", schema.head_revision())
+    assert _rows(url) == _ROWS_AT_HEAD and _schema_diff(url) == []
 
 
 def test_downgrading_0003_drops_the_simic_tables(tmp_path: object) -> None:

@@ -1,0 +1,280 @@
+"""Counterfactual rewards: fork a run at a decision, play both branches out, put the run back.
+
+At a decision point where the policy had a real choice (some seed operation was legal), the
+session is snapshotted in memory and played forward twice from the same state: branch A carries
+out the decided command, branch B the baseline's (WAIT, or the heuristic's command); each then
+trains ``horizon`` epochs under lifecycle-only control (fossilize on a passed G4, cull on a failed
+gate, never germinate: ``ScheduledGrowthPolicy`` with an empty schedule), so the decision at the
+fork is the only difference between them. The data order depends only on (seed, epoch) and the
+snapshot restores the RNG, so both branches see the same batches and the same dropout draws:
+the difference of their validation accuracies is the decision's effect, not sampling noise of
+the data order. After the branches the session is returned to the snapshot bit for bit
+(``tests/run/test_counterfactual.py`` checks the main run's losses against a run without forks),
+and the outcome is stored with the decision for Simic (``CounterfactualOutcome``).
+
+Branches never commit: nothing reaches the checkpoints, the registry or the telemetry sinks.
+A branch whose training halts (``TrainingHalted``) abandons the fork; the run goes on.
+
+Cost: at most ``max_forks`` forks per episode, each ``2 * horizon`` extra epochs (``horizon``
+when both branches would carry out the same command: they are identical, so one is played).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from esper_core.contracts import AdaptationCommand, CommandType
+from esper_core.run.session import RunSession
+from esper_core.simic.records import CounterfactualOutcome, DecisionRecord
+from esper_core.tamiyo.actions import has_choice, legal_masks
+from esper_core.tamiyo.baselines import ScheduledGrowthPolicy, decision_seed
+from esper_core.tamiyo.risk import RiskContext
+from esper_core.tolaria.loop import count_parameters
+from esper_core.tolaria.safety import TrainingHalted
+
+log = logging.getLogger(__name__)
+
+BASELINES = ("wait", "heuristic")
+COUNTERFACTUAL_ISSUER = "counterfactual"
+# Command fields that decide what a branch does; equal fields give identical branches.
+_EFFECT_FIELDS = ("command_type", "seed_operation", "slot_id", "blueprint_id", "blend_schedule", "blend_epochs")
+
+
+@dataclass(kw_only=True, slots=True)
+class CounterfactualConfig:
+    """Where and how far runs are forked to measure their decisions.
+
+    Attributes:
+        horizon: Epochs each branch trains after the fork (cut to the epochs the run has left).
+            Long enough for a germinated seed to blend in: while it trains in isolation the
+            host's output does not change, and both branches score the same.
+        max_forks: Decision points forked per episode, at most.
+        fork_probability: Chance that a decision point with a choice is forked (drawn per run
+            and epoch, so a rerun forks the same decisions); below 1 it spreads the forks over
+            the run instead of spending them on the first choices.
+        baseline: What branch B does at the fork: ``wait``, or ``heuristic`` (its command after
+            the risk engine, as the decided command had).
+    """
+
+    horizon: int = 3
+    max_forks: int = 2
+    fork_probability: float = 0.5
+    baseline: Literal["wait", "heuristic"] = "wait"
+
+    def __post_init__(self) -> None:
+        if self.horizon < 1:
+            raise ValueError(f"horizon must be >= 1 epoch, got {self.horizon}: use e.g. 3 (a seed must blend in)")
+        if self.max_forks < 1:
+            raise ValueError(
+                f"max_forks must be >= 1, got {self.max_forks}: to train without forks use TrainingPlan(reward='delta')"
+            )
+        if not 0.0 < self.fork_probability <= 1.0:
+            raise ValueError(
+                f"fork_probability must lie in (0, 1], got {self.fork_probability}: use 1.0 to fork every choice"
+            )
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+
+
+class CounterfactualForks:
+    """One episode's forks: decides which decisions to fork and forks them.
+
+    Args:
+        config: Horizon, budget and baseline.
+        run_id: The episode's run (seeds the draw of which decisions are forked).
+    """
+
+    def __init__(self, config: CounterfactualConfig, *, run_id: str) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.forks = 0
+
+    def should_fork(self, session: RunSession, command: AdaptationCommand) -> bool:
+        """Whether to fork at ``command``: within budget, with epochs left, a recorded decision
+        of Tamiyo's, a real choice (a seed operation was legal), and the per-decision draw."""
+        record = session.pending_decision(command)
+        if self.forks >= self.config.max_forks or record is None or _epochs_left(session) < 1:
+            return False
+        if not has_choice(legal_masks(record.state.current, record.state.candidates)):
+            return False
+        draw = random.Random(decision_seed(self.run_id, command.epoch, COUNTERFACTUAL_ISSUER)).random()
+        return draw < self.config.fork_probability
+
+    def maybe_fork(self, session: RunSession, command: AdaptationCommand) -> CounterfactualOutcome | None:
+        """Fork at ``command`` if ``should_fork`` says so, and attach the outcome to its decision.
+
+        Call after ``decide`` and before ``apply``; the session is left exactly as it was.
+
+        Returns:
+            The outcome, or None when the decision was not forked (or a branch halted).
+        """
+        if not self.should_fork(session, command):
+            return None
+        self.forks += 1
+        record = session.pending_decision(command)
+        assert record is not None  # should_fork checked it
+        outcome = fork(session, command, record=record, config=self.config)
+        if outcome is not None:
+            session.attach_counterfactual(command, outcome)
+        return outcome
+
+
+def fork(
+    session: RunSession, command: AdaptationCommand, *, record: DecisionRecord, config: CounterfactualConfig
+) -> CounterfactualOutcome | None:
+    """Play ``command`` and the baseline's command out from the session's current state.
+
+    Args:
+        session: A session between ``decide`` and ``apply``; returned to exactly this state.
+        command: The decided command (branch A).
+        record: Its pending decision (what Tamiyo saw).
+        config: Horizon and baseline.
+
+    Returns:
+        Both branches' measurements, or None when a branch halted.
+    """
+    start = time.perf_counter()
+    horizon = min(config.horizon, _epochs_left(session))
+    baseline = _baseline_command(session, record, config.baseline)
+    snapshot = _Snapshot.take(session)
+    try:
+        a = _branch(session, command, horizon)
+        if _same_effect(command, baseline):
+            b = a  # the same command from the same state: the branch would repeat bit for bit
+        else:
+            snapshot.put_back(session)
+            b = _branch(session, baseline, horizon)
+    except TrainingHalted as e:
+        log.warning("counterfactual fork of %s at epoch %d abandoned: %s", session.run_id, command.epoch, e)
+        return None
+    finally:
+        snapshot.put_back(session)
+    return CounterfactualOutcome(
+        baseline=config.baseline,
+        baseline_action=baseline.action,
+        horizon=horizon,
+        val_accuracy=a.val_accuracy,
+        baseline_val_accuracy=b.val_accuracy,
+        val_loss=a.val_loss,
+        baseline_val_loss=b.val_loss,
+        params=a.params,
+        baseline_params=b.params,
+        host_params=record.state.current.host_params,
+        fork_ms=(time.perf_counter() - start) * 1e3,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Branch:
+    val_accuracy: float
+    val_loss: float
+    params: int
+
+
+def _branch(session: RunSession, command: AdaptationCommand, horizon: int) -> _Branch:
+    """Apply ``command``, then train ``horizon`` epochs with lifecycle-only decisions between them."""
+    lifecycle = ScheduledGrowthPolicy((), session.tamiyo.heuristic)
+    session.apply(command)
+    packet = None
+    for step in range(horizon):
+        packet = session.train_epoch()
+        if step + 1 < horizon:
+            session.apply(lifecycle.decide(session.history, session.candidates(), run_id=session.run_id))
+    assert packet is not None  # horizon >= 1
+    return _Branch(
+        val_accuracy=packet.val_accuracy, val_loss=packet.val_loss, params=count_parameters(session.trainer.model)
+    )
+
+
+def _baseline_command(session: RunSession, record: DecisionRecord, baseline: str) -> AdaptationCommand:
+    current = record.state.current
+    if baseline == "wait":
+        return AdaptationCommand(
+            run_id=session.run_id,
+            epoch=current.epoch,
+            command_type=CommandType.WAIT,
+            issued_by=COUNTERFACTUAL_ISSUER,
+            reason="wait: counterfactual baseline",
+        )
+    history, candidates = tuple(session.history), tuple(record.state.candidates)
+    proposal = session.tamiyo.heuristic.decide(history, candidates, run_id=session.run_id)
+    context = RiskContext(history=history, candidates=candidates, reports=tuple(session.reports), predicted_risk=None)
+    return session.tamiyo.risk.review(proposal, context).command
+
+
+def _same_effect(a: AdaptationCommand, b: AdaptationCommand) -> bool:
+    return all(getattr(a, name) == getattr(b, name) for name in _EFFECT_FIELDS)
+
+
+def _epochs_left(session: RunSession) -> int:
+    return session.config.epochs - session.epoch
+
+
+class _Snapshot:
+    """Everything a branch can change in a session, copied in memory.
+
+    The trainer's state (model, optimizer, seeds, RNG, epoch) goes through ``torch.save``, as a
+    commit's does, so no tensor is shared with the live run; the rest is what ``commit`` stores
+    plus the step's uncommitted work (telemetry and reports waiting for the commit, the pending
+    decision records, the rails' counters). It reaches into the session's private fields on
+    purpose: a fork must return everything a step may touch, which is exactly those fields.
+    """
+
+    def __init__(self, trainer: bytes, fields: dict[str, Any]) -> None:
+        self.trainer = trainer
+        self.fields = fields
+
+    @classmethod
+    def take(cls, session: RunSession) -> _Snapshot:
+        buffer = io.BytesIO()
+        torch.save(session.trainer.state_dict(), buffer)
+        rails = session.rails
+        fields = {
+            "history": list(session.history),
+            "commands": list(session.commands),
+            "reports": list(session.reports),
+            "pending": list(session._pending),
+            "timings": {k: list(v) for k, v in session.timings.items()},
+            "outbox": list(session._outbox),
+            "report_outbox": list(session._report_outbox),
+            "decision_records": dict(session._decision_records),
+            "candidates": session._candidates,
+            "lookup_ms": session.lookup_ms,
+            "committed_tag": session.committed_tag,
+            "dirty": session.dirty,
+            "emergency": rails.emergency.state_dict(),
+            "rail_counts": dict(rails._counts),
+            "rail_restore_ms": list(rails._restore_ms),
+            "rail_events": list(rails._events),
+            "manager_events": list(session.manager._events),
+        }
+        return cls(buffer.getvalue(), fields)
+
+    def put_back(self, session: RunSession) -> None:
+        state = torch.load(io.BytesIO(self.trainer), map_location="cpu", weights_only=True)
+        session.trainer.load_state_dict(state, load_kernel=session._load_kernel)
+        f = self.fields
+        session.history = list(f["history"])
+        session.commands = list(f["commands"])
+        session.reports = list(f["reports"])
+        session._pending = list(f["pending"])
+        session.timings = {k: list(v) for k, v in f["timings"].items()}
+        session._outbox = list(f["outbox"])
+        session._report_outbox = list(f["report_outbox"])
+        session._decision_records = dict(f["decision_records"])
+        session._candidates = f["candidates"]
+        session.lookup_ms = f["lookup_ms"]
+        session.committed_tag = f["committed_tag"]
+        session.dirty = f["dirty"]
+        session.rails.emergency.load_state_dict(f["emergency"])
+        session.rails._counts = dict(f["rail_counts"])
+        session.rails._restore_ms = list(f["rail_restore_ms"])
+        session.rails._events = list(f["rail_events"])
+        session.manager._events = list(f["manager_events"])
