@@ -22,12 +22,13 @@ is given (kernels are compiled first; reuse a home to skip that).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,10 +162,18 @@ class GrowthBenchConfig:
 
 def run(config: GrowthBenchConfig, *, progress: Progress | None = None) -> dict[str, Any]:
     """Run the benchmark; returns per-recipe arms, frontier, paired differences and goals."""
-    if config.home is not None:
-        return _run_in(config, Path(config.home), progress)
-    with tempfile.TemporaryDirectory(prefix="esper-growth-") as home:
-        return _run_in(config, Path(home), progress)
+    with in_home(config.home, prefix="esper-growth-") as home:
+        return _run_in(config, home, progress)
+
+
+@contextlib.contextmanager
+def in_home(home: Path | None, *, prefix: str) -> Iterator[Path]:
+    """``home``, or a temporary ESPER_HOME (removed afterwards) when it is None."""
+    if home is not None:
+        yield Path(home)
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as temporary:
+        yield Path(temporary)
 
 
 def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) -> dict[str, Any]:
@@ -344,4 +353,15 @@ def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401 
     return 0
 
 
-__all__ = ["GROWING_ARMS", "PLANS", "GrowthBenchConfig", "GrowthPlan", "cli", "run", "save_baseline"]
+__all__ = [
+    "GROWING_ARMS",
+    "PLANS",
+    "GrowthBenchConfig",
+    "GrowthPlan",
+    "cli",
+    "compile_kernels",
+    "fresh_run_id",
+    "in_home",
+    "run",
+    "save_baseline",
+]

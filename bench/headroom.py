@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.growth import compile_kernels, fresh_run_id
+from bench.growth import compile_kernels, fresh_run_id, in_home
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.config import RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
@@ -142,10 +141,8 @@ def schedule_name(schedule: Schedule) -> str:
 
 def run(config: HeadroomConfig, *, progress: Progress | None = None) -> dict[str, Any]:
     """Measure the headroom; returns the ranking, the best schedule and the paired differences."""
-    if config.home is not None:
-        return _run_in(config, Path(config.home), progress)
-    with tempfile.TemporaryDirectory(prefix="esper-headroom-") as home:
-        return _run_in(config, Path(home), progress)
+    with in_home(config.home, prefix="esper-headroom-") as home:
+        return _run_in(config, home, progress)
 
 
 def _run_in(config: HeadroomConfig, home: Path, progress: Progress | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ a gate) so that what differs is only *when, where and what* to germinate.
 
 from __future__ import annotations
 
+import abc
 import functools
 import random
 import zlib
@@ -69,16 +70,17 @@ def _germinate(
     )
 
 
-class RandomGerminationPolicy:
-    """Germinates a random fitting blueprint into a random dormant slot with probability p.
+class _GerminationBaseline(abc.ABC):
+    """A baseline that keeps the heuristic's lifecycle rules and decides germination itself.
 
-    Args:
-        config: Germination probability.
-        lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules.
+    ``decide`` applies the lifecycle rules first (they take precedence); otherwise the subclass's
+    ``_germinate_or_wait`` issues this epoch's germination or WAIT, with commands issued as
+    ``issuer``.
     """
 
-    def __init__(self, config: RandomPolicyConfig, lifecycle: HeuristicPolicy) -> None:
-        self.config = config
+    issuer: str
+
+    def __init__(self, lifecycle: HeuristicPolicy) -> None:
         self.lifecycle = lifecycle
 
     def decide(
@@ -89,9 +91,43 @@ class RandomGerminationPolicy:
         Raises:
             ValueError: If ``history`` is empty.
         """
-        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, RANDOM_ISSUER)
+        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, self.issuer)
         if lifecycle is not None:
             return lifecycle
+        return self._germinate_or_wait(current, candidates, make, run_id)
+
+    @abc.abstractmethod
+    def _germinate_or_wait(
+        self,
+        current: SystemStatePacket,
+        candidates: Sequence[BlueprintCandidate],
+        make: Callable[..., AdaptationCommand],
+        run_id: str,
+    ) -> AdaptationCommand:
+        """The germinate command this epoch calls for, or a WAIT saying why not."""
+
+
+class RandomGerminationPolicy(_GerminationBaseline):
+    """Germinates a random fitting blueprint into a random dormant slot with probability p.
+
+    Args:
+        config: Germination probability.
+        lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules.
+    """
+
+    issuer = RANDOM_ISSUER
+
+    def __init__(self, config: RandomPolicyConfig, lifecycle: HeuristicPolicy) -> None:
+        super().__init__(lifecycle)
+        self.config = config
+
+    def _germinate_or_wait(
+        self,
+        current: SystemStatePacket,
+        candidates: Sequence[BlueprintCandidate],
+        make: Callable[..., AdaptationCommand],
+        run_id: str,
+    ) -> AdaptationCommand:
         options = [
             (s, c) for s in current.seeds if s.stage is SeedStage.DORMANT for c in candidates if c.fits(s.shape_profile)
         ]
@@ -108,7 +144,7 @@ class RandomGerminationPolicy:
         return _germinate(make, reason, slot, candidate, self.lifecycle)
 
 
-class PeriodicGrowthPolicy:
+class PeriodicGrowthPolicy(_GerminationBaseline):
     """Germinates after every k-th epoch into the first DORMANT slot a SAFE blueprint fits.
 
     The schedule ignores the run's state on purpose: it is the "grow on a timer" rule a learned
@@ -119,21 +155,19 @@ class PeriodicGrowthPolicy:
         lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules.
     """
 
+    issuer = PERIODIC_ISSUER
+
     def __init__(self, config: PeriodicPolicyConfig, lifecycle: HeuristicPolicy) -> None:
+        super().__init__(lifecycle)
         self.config = config
-        self.lifecycle = lifecycle
 
-    def decide(
-        self, history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate], *, run_id: str
+    def _germinate_or_wait(
+        self,
+        current: SystemStatePacket,
+        candidates: Sequence[BlueprintCandidate],
+        make: Callable[..., AdaptationCommand],
+        run_id: str,
     ) -> AdaptationCommand:
-        """This epoch's command.
-
-        Raises:
-            ValueError: If ``history`` is empty.
-        """
-        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, PERIODIC_ISSUER)
-        if lifecycle is not None:
-            return lifecycle
         every = self.config.every
         if (current.epoch + 1) % every != 0:
             why = f"epoch {current.epoch} is not the last of a period of {every}"
@@ -149,7 +183,7 @@ class PeriodicGrowthPolicy:
         return make(CommandType.WAIT, "wait (periodic): no DORMANT slot a SAFE blueprint fits")
 
 
-class ScheduledGrowthPolicy:
+class ScheduledGrowthPolicy(_GerminationBaseline):
     """Germinates exactly what a fixed schedule says, when it says it.
 
     The schedule is the "best fixed schedule in hindsight" a learned policy's headroom is
@@ -162,21 +196,19 @@ class ScheduledGrowthPolicy:
         lifecycle: Supplies the fossilize-on-G4 and cull-on-failure rules, which take precedence.
     """
 
+    issuer = SCHEDULED_ISSUER
+
     def __init__(self, schedule: Sequence[ScheduledGermination], lifecycle: HeuristicPolicy) -> None:
+        super().__init__(lifecycle)
         self.by_epoch = {g.epoch: g for g in schedule}
-        self.lifecycle = lifecycle
 
-    def decide(
-        self, history: Sequence[SystemStatePacket], candidates: Sequence[BlueprintCandidate], *, run_id: str
+    def _germinate_or_wait(
+        self,
+        current: SystemStatePacket,
+        candidates: Sequence[BlueprintCandidate],
+        make: Callable[..., AdaptationCommand],
+        run_id: str,
     ) -> AdaptationCommand:
-        """This epoch's command.
-
-        Raises:
-            ValueError: If ``history`` is empty.
-        """
-        current, make, lifecycle = _lifecycle_first(self.lifecycle, history, run_id, SCHEDULED_ISSUER)
-        if lifecycle is not None:
-            return lifecycle
         due = self.by_epoch.get(current.epoch)
         if due is None:
             return make(CommandType.WAIT, f"wait (scheduled): nothing scheduled after epoch {current.epoch}")
