@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +26,7 @@ from esper_core.pipeline import CompileJob
 from esper_core.run.build import build_host
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
+from esper_core.tamiyo.candidates import CandidateCapacity
 from esper_core.tezzeret.config import Backend
 
 
@@ -54,6 +55,14 @@ class RunPlan:
     def profiles(self) -> list[str]:
         """Distinct slot profiles, in slot order."""
         return list(dict.fromkeys(self.slots.values()))
+
+    def candidate_capacity(self, blueprint_id: str, profiles: Iterable[str]) -> tuple[CandidateCapacity, ...]:
+        """What ``blueprint_id`` adds at each of ``profiles`` that was measured (Tamiyo's candidates)."""
+        return tuple(
+            CandidateCapacity(profile=p, parameters=c.parameters, flops_per_sample=c.flops_per_sample, linear=c.linear)
+            for p in profiles
+            if (c := self.capacities.get((blueprint_id, p))) is not None
+        )
 
 
 def meta_host(config: RunConfig, feature_shape: tuple[int, ...], num_classes: int | None) -> Host:

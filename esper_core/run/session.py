@@ -41,7 +41,7 @@ from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import CounterfactualOutcome, DecisionRecord, SimicStore
 from esper_core.simic.serving import refresh_policy
-from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
+from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
 from esper_core.tamiyo.service import Decision, TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
@@ -266,16 +266,7 @@ class RunSession:
                     shape_profiles=frozenset(present),
                     latency_p95_ms=p95,
                     param_cost=self.plan.param_costs[(blueprint_id, next(iter(present)))],
-                    capacity=tuple(
-                        CandidateCapacity(
-                            profile=p,
-                            parameters=cap.parameters,
-                            flops_per_sample=cap.flops_per_sample,
-                            linear=cap.linear,
-                        )
-                        for p in present
-                        if (cap := self.plan.capacities.get((blueprint_id, p))) is not None
-                    ),
+                    capacity=self.plan.candidate_capacity(blueprint_id, present),
                 )
             )
         # Mean time of one registry lookup of an active artifact, reported with the decision.
