@@ -27,7 +27,8 @@ class GateConfig:
     max_loss_rise: float = 0.10
     """G2: the with-seed validation loss may rise at most this fraction above its best."""
     max_loss_ratio: float = 2.0
-    """G2: the with-seed validation loss may be at most this multiple of the host's."""
+    """G2: the with-seed validation loss may be at most this multiple of the host's. The with-seed
+    loss is probed at the alpha the seed's blend would start at (``SeedManager.probe_plan``)."""
     isolation_atol: float = 0.0
     """G3: largest host-gradient difference tolerated between seed present and absent."""
     impact_tolerance: float = 0.0

@@ -105,8 +105,8 @@ class _Seed:
 class EpochObservation:
     """What Tolaria measured at the end of an epoch, for the gates.
 
-    ``probe_losses`` maps a slot to the validation loss with its seed forced in (alpha 1) for
-    TRAINING seeds, or forced out (alpha 0) for blended seeds; ``seed_grad_norms`` holds each
+    ``probe_losses`` maps a slot to the validation loss with its seed forced in (at the alpha its
+    blend would start at) for TRAINING seeds, or forced out (alpha 0) for blended seeds; ``seed_grad_norms`` holds each
     trainable seed's epoch gradient norm (RMS over steps); ``isolation_probe`` returns the
     largest host-gradient difference between the seed present and absent for one slot.
     """
@@ -296,11 +296,19 @@ class SeedManager:
         return share
 
     def probe_plan(self) -> dict[str, float]:
-        """Which slots Tolaria should evaluate with the seed forced in (1.0) or out (0.0)."""
+        """Which slots Tolaria should evaluate with the seed forced in (at the blend's first alpha)
+        or out (0.0)."""
         plan = {}
         for sid, slot in self.slots.items():
             if slot.stage is S.TRAINING:
-                plan[sid] = 1.0
+                # G2 asks whether the seed can take the blend's first step, so probe at that alpha.
+                # At alpha 1 a seed trained in isolation is judged on an output it never had to
+                # keep in scale (its gradient is that of adding delta, which does not shrink as
+                # delta grows); blending then trains it jointly with the host. On mnist1d-cnn,
+                # probing at 1 culled the best fixed schedule's seed on 4 of 8 held-out seeds,
+                # and the seeds it culled gained when the check was lifted (README, headroom).
+                seed = self._seeds[sid]
+                plan[sid] = blend_alpha(seed.schedule, 1, seed.blend_epochs)
             elif slot.stage in (S.BLENDING, S.PROBATIONARY):
                 plan[sid] = 0.0
         return plan

@@ -96,6 +96,21 @@ def test_isolation_leak_fails_g3_and_is_reported(compiled_home: EsperSettings, m
     assert slot.stage is SeedStage.TRAINING  # it does not blend
 
 
+def test_g2_judges_the_seed_at_the_alpha_its_blend_starts_at(compiled_home: EsperSettings) -> None:
+    trainer = _trainer(min_training_epochs=1)
+    _germinate(trainer, compiled_home, blend_epochs=4)
+    trainer.manager.start_epoch()
+    assert trainer.manager.probe_plan() == {"slot0": pytest.approx(0.25)}  # linear ramp, step 1 of 4
+    trainer.train_epoch()
+    slot = trainer.manager.slots["slot0"]
+    assert (slot.stage, slot.alpha) == (SeedStage.BLENDING, pytest.approx(0.25))
+    probed = trainer.manager.export_seed_states()[0].metrics["val_loss_with_seed"]
+    # What G2 measured is what the first blending epoch starts from, and not the seed at alpha 1.
+    assert trainer.evaluate(trainer.data.val).loss == pytest.approx(probed, rel=1e-6)
+    with trainer.manager.probe("slot0", 1.0):
+        assert trainer.evaluate(trainer.data.val).loss != pytest.approx(probed, rel=1e-6)
+
+
 def test_full_lifecycle_to_fossilized(compiled_home: EsperSettings) -> None:
     trainer = _trainer(min_training_epochs=1, probation_epochs=1)
     _germinate(trainer, compiled_home, blend_epochs=2)
