@@ -95,6 +95,8 @@ class GrowthBenchConfig:
         seeds: Override the plan's number of seeds (>= 2: a paired interval needs two).
         epochs: Override the plan's epochs per run.
         widths: Override the plan's frontier widths (factors besides 1, each > 0).
+        simic_plan: Override the plan's Simic training plan (``esper_core.run.simic_train.PLANS``,
+            e.g. ``counterfactual``).
         policy_version: Evaluate this stored policy version instead of training one (needs ``home``).
         home: ESPER_HOME to use (default: a temporary one).
         device: Where runs train.
@@ -107,6 +109,7 @@ class GrowthBenchConfig:
     seeds: int | None = None
     epochs: int | None = None
     widths: tuple[float, ...] | None = None
+    simic_plan: str | None = None
     policy_version: int | None = None
     home: Path | None = None
     device: str = "cpu"
@@ -129,6 +132,8 @@ class GrowthBenchConfig:
             raise ValueError(f"seeds must be >= 2 (a paired confidence interval needs two), got {self.seeds}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.simic_plan is not None and self.policy_version is not None:
+            raise ValueError("simic_plan trains a policy, policy_version evaluates a stored one: pass one of them")
         if self.policy_version is not None and self.home is None:
             raise ValueError("policy_version names a version in a registry: pass the home that holds it")
         if not self.recipes:
@@ -157,6 +162,7 @@ class GrowthBenchConfig:
             seeds=self.seeds if self.seeds is not None else plan.seeds,
             epochs=self.epochs if self.epochs is not None else plan.epochs,
             widths=self.widths if self.widths is not None else plan.widths,
+            simic=self.simic_plan if self.simic_plan is not None else plan.simic,
         )
 
 
@@ -341,6 +347,7 @@ def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401 
             seeds=args.seeds,
             epochs=args.epochs,
             widths=None if args.widths is None else tuple(args.widths),
+            simic_plan=args.simic_plan,
             policy_version=args.policy_version,
             home=args.home,
             device=args.device,

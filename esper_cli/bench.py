@@ -11,6 +11,7 @@ from esper_cli.args import positive, quiet_prefect
 from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.run.recipes import RECIPES
+from esper_core.run.simic_train import PLANS as SIMIC_PLANS
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
@@ -275,6 +276,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="F",
         help="frontier width factors besides 1 (default: the plan's)",
+    )
+    b_growth.add_argument(
+        "--simic-plan",
+        default=None,
+        choices=sorted(SIMIC_PLANS),
+        help="Simic plan that trains the learned arm (default: the growth plan's; counterfactual: forked rewards)",
     )
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from esper_core.contracts import AdaptationCommand, CommandType
+from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.session import RunSession
 from esper_core.simic.records import CounterfactualOutcome, DecisionRecord
 from esper_core.tamiyo.actions import has_choice, legal_masks
@@ -53,8 +53,11 @@ class CounterfactualConfig:
 
     Attributes:
         horizon: Epochs each branch trains after the fork (cut to the epochs the run has left).
-            Long enough for a germinated seed to blend in: while it trains in isolation the
-            host's output does not change, and both branches score the same.
+            None (the default): long enough for a seed germinated at the fork to reach G4's
+            verdict, ``min_training_epochs + blend_epochs + probation_epochs`` (see
+            ``lifecycle_horizon``). A shorter horizon scores a seed before it has blended in:
+            while it trains in isolation the host's output does not change, and both branches
+            score the same.
         max_forks: Decision points forked per episode, at most.
         fork_probability: Chance that a decision point with a choice is forked (drawn per run
             and epoch, so a rerun forks the same decisions); below 1 it spreads the forks over
@@ -63,13 +66,13 @@ class CounterfactualConfig:
             the risk engine, as the decided command had).
     """
 
-    horizon: int = 3
+    horizon: int | None = None
     max_forks: int = 2
     fork_probability: float = 0.5
     baseline: Literal["wait", "heuristic"] = "wait"
 
     def __post_init__(self) -> None:
-        if self.horizon < 1:
+        if self.horizon is not None and self.horizon < 1:
             raise ValueError(f"horizon must be >= 1 epoch, got {self.horizon}: use e.g. 3 (a seed must blend in)")
         if self.max_forks < 1:
             raise ValueError(
@@ -141,8 +144,8 @@ def fork(
         Both branches' measurements, or None when a branch halted.
     """
     start = time.perf_counter()
-    horizon = min(config.horizon, _epochs_left(session))
     baseline = _baseline_command(session, record, config.baseline)
+    horizon = min(config.horizon or lifecycle_horizon(session, command, baseline), _epochs_left(session))
     snapshot = _Snapshot.take(session)
     try:
         a = _branch(session, command, horizon)
@@ -169,6 +172,18 @@ def fork(
         host_params=record.state.current.host_params,
         fork_ms=(time.perf_counter() - start) * 1e3,
     )
+
+
+def lifecycle_horizon(session: RunSession, *commands: AdaptationCommand) -> int:
+    """Epochs from a germination to G4's verdict on it: isolation, the blend, probation.
+
+    The blend is the longest any of ``commands`` germinates with (the heuristic's when none
+    germinates), so both branches of a fork are scored after the same number of epochs.
+    """
+    blends = [c.blend_epochs for c in commands if c.seed_operation is SeedOperation.GERMINATE]
+    blend = max(blends, default=session.tamiyo.heuristic.config.blend_epochs)
+    kasmina = session.config.kasmina
+    return kasmina.min_training_epochs + blend + kasmina.probation_epochs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -98,8 +98,13 @@ PLANS: dict[str, TrainingPlan] = {
         gnn=TamiyoGNNConfig(hidden_dim=16, num_layers=2),
         simic=SimicConfig(imitation_epochs=2, ppo_epochs=1, batch_size=8),
     ),
-    # PPO on counterfactual rewards: each rollout forks up to 2 decisions (2 x 3 extra epochs each).
-    "counterfactual": TrainingPlan(reward="counterfactual"),
+    # PPO on counterfactual rewards. Each rollout forks up to 4 decisions, each branch played
+    # until G4 judges a seed germinated at the fork (MNIST-1D: 1 + 3 + 1 epochs, so 4 x 10 extra
+    # epochs per 60-epoch episode). A choice exists at most epochs, so a low draw spreads the forks
+    # over the run instead of spending them all on the first few decisions.
+    "counterfactual": TrainingPlan(
+        reward="counterfactual", counterfactual=CounterfactualConfig(max_forks=4, fork_probability=0.1)
+    ),
 }
 
 

@@ -64,3 +64,8 @@ def test_bad_options_are_refused_before_any_run(tmp_path: Path) -> None:
     assert GrowthBenchConfig(widths=(0.5, 1.5)).growth_plan.widths == (0.5, 1.5)
     with pytest.raises(ValueError, match="pass the home"):
         GrowthBenchConfig(policy_version=3)
+    assert GrowthBenchConfig(simic_plan="counterfactual").growth_plan.simic == "counterfactual"
+    with pytest.raises(ValueError, match="unknown training plan 'huge'"):
+        GrowthBenchConfig(simic_plan="huge")
+    with pytest.raises(ValueError, match="pass one of them"):
+        GrowthBenchConfig(simic_plan="counterfactual", policy_version=3, home=tmp_path)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from esper_core.contracts import SeedOperation
+from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
-from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks
+from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks, lifecycle_horizon
 from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.session import RunSession
 from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
@@ -227,3 +227,31 @@ def test_ppo_learns_from_the_forked_rollout_decisions_only(compiled_home: EsperS
             train_ppo(store, version=version, rollout_run_ids=[demos[0].run_id], demonstration_run_ids=[], plan=plan)
     finally:
         store.close()
+
+
+def test_default_horizon_lasts_until_g4_judges_a_seed_germinated_at_the_fork(compiled_home: EsperSettings) -> None:
+    config = _config(epochs=12)
+    lifecycle = config.kasmina.min_training_epochs + config.kasmina.probation_epochs
+    forks = CounterfactualConfig(max_forks=1, fork_probability=1.0)  # horizon None: the seed's lifecycle
+    ((_, outcome),) = _run(compiled_home, config, "lifecycle", forks).outcomes.items()
+    assert outcome.horizon == lifecycle + config.tamiyo.heuristic.blend_epochs
+    session = RunSession(config=config, settings=compiled_home, run_id="lifecycle", urza=Urza.open(compiled_home.home))
+    try:
+        wait = AdaptationCommand(run_id="r", epoch=0, command_type=CommandType.WAIT, issued_by="t", reason="t")
+        germinate = AdaptationCommand(
+            run_id="r",
+            epoch=0,
+            command_type=CommandType.SEED,
+            seed_operation=SeedOperation.GERMINATE,
+            slot_id="slot0",
+            blueprint_id="lowrank_adapter",
+            blend_epochs=7,
+            issued_by="t",
+            reason="t",
+        )
+        # Both branches get the longer lifecycle, whichever of them germinates.
+        assert (
+            lifecycle_horizon(session, wait, germinate) == lifecycle_horizon(session, germinate, wait) == lifecycle + 7
+        )
+    finally:
+        session.close()
