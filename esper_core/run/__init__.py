@@ -19,7 +19,7 @@ and ``esper run --recipe mypackage.mymodule:recipe`` (see ``examples/grow_your_o
 """
 
 from esper_core.data import DataSpec, DataSplits
-from esper_core.kasmina.manager import KasminaConfig
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from esper_core.data import DataConfig, DataSpec
 from esper_core.hosts import HostConfig
-from esper_core.kasmina.manager import KasminaConfig
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tolaria.checkpoint import CheckpointConfig
 from esper_core.tolaria.config import TrainerConfig

@@ -10,7 +10,7 @@ import torch
 
 from esper_core.contracts import BlendMode, BlendSchedule, SeedStage
 from esper_core.karn.catalog import default_catalog
-from esper_core.kasmina.manager import KasminaConfig
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from tests.helpers.kernels import kernel_from_registry

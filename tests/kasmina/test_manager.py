@@ -9,8 +9,8 @@ import torch
 
 from esper_core.contracts import BlendSchedule, SeedStage
 from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.lifecycle import IllegalTransitionError
-from esper_core.kasmina.manager import KasminaConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.loop import Trainer

@@ -11,7 +11,7 @@ import torch
 from esper_core.contracts import BlendSchedule
 from esper_core.karn.catalog import GradMaxLayers, KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.kasmina.manager import KasminaConfig
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.seed_init import gradmax_init_
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings

@@ -8,7 +8,7 @@ import pytest
 
 from esper_core.contracts import BlendSchedule, SeedStage
 from esper_core.karn.catalog import default_catalog
-from esper_core.kasmina.manager import KasminaConfig
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.seed_lr import IsolationLRConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
