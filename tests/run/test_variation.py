@@ -98,7 +98,9 @@ def test_the_task_is_recorded_with_a_decision_and_absent_without_one() -> None:
     plain = DecisionState(history=(), candidates=(), total_epochs=3)
     assert "task" not in plain.to_json()
     task = EpisodeTask(seed=1, width=0.5, label_noise=0.1).to_dict()
-    assert DecisionState.from_json(DecisionState(history=(), candidates=(), total_epochs=3, task=task).to_json()).task == {
+    assert DecisionState.from_json(
+        DecisionState(history=(), candidates=(), total_epochs=3, task=task).to_json()
+    ).task == {
         "seed": 1,
         "width": 0.5,
         "train_fraction": 1.0,
