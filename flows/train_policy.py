@@ -18,7 +18,9 @@ def train_policy(recipes: list[RecipeRef] | None = None, plan: PlanName = "defau
 
     Args:
         recipes: Recipes whose episodes it learns from (default: ``digits-mlp``).
-        plan: Named training plan (``default``, ``smoke``): episodes, iterations, sizes.
+        plan: Named training plan (``default``, ``smoke``, ``counterfactual``, ``varied``,
+            ``counterfactual-varied``): episodes, iterations, sizes, reward, and whether each
+            episode draws its own task.
         device: ``cpu`` or ``cuda`` for the episodes.
 
     Returns:

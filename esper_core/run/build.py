@@ -12,6 +12,7 @@ from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import SeedManager
 from esper_core.run.config import RunConfig
+from esper_core.run.task import vary_dataset
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.step import DecisionCache
 
@@ -28,6 +29,16 @@ def build_host(config: RunConfig, *, feature_shape: tuple[int, ...], num_classes
         return build_host_from_config(config.host, feature_shape=feature_shape, num_classes=num_classes)
     spec = config.host
     return GrowableModel(spec.build(), slots=spec.slots, sample_shape=feature_shape, batch_max=spec.batch_max)
+
+
+def load_run_data(config: RunConfig) -> Dataset:
+    """The run's data: the recipe's, with the training split varied by ``config.task`` if any.
+
+    The one place a run's splits are loaded, so a varied task applies to bundled data and a
+    user's ``DataSpec`` alike.
+    """
+    data = load_dataset(config.data)
+    return data if config.task is None else vary_dataset(data, config.task)
 
 
 def build_trainer(
@@ -51,7 +62,7 @@ def build_trainer(
     initialise_pytorch_defaults()
     seed_everything(config.seed)
     device = resolve_device(config.trainer.device)
-    data = data or load_dataset(config.data)
+    data = data or load_run_data(config)
     # Seeded again so the host's initialisation does not depend on what loading the data drew.
     seed_everything(config.seed)
     host = build_host(config, feature_shape=data.feature_shape, num_classes=data.num_classes)

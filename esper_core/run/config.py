@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from esper_core.data import DataConfig, DataSpec
 from esper_core.hosts import HostConfig
 from esper_core.kasmina.config import KasminaConfig
+from esper_core.run.task import EpisodeTask
 from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tolaria.checkpoint import CheckpointConfig
 from esper_core.tolaria.config import TrainerConfig
@@ -112,6 +113,10 @@ class RunConfig:
     """Blueprints compiled for this run's slots; Tamiyo chooses among them."""
     approved_blueprints: tuple[str, ...] = ()
     """Experimental-tier blueprints this run may germinate (Karn requires explicit approval)."""
+    task: EpisodeTask | None = None
+    """The varied task of a Simic training episode (``TaskVariation.draw``): its training subset
+    and label noise are applied when the run loads its data, its width is already in ``host``
+    (``episode_config`` scales it). None: the recipe's own task, untouched."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

@@ -25,6 +25,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
+from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.config import PolicyCompileConfig, ScheduledGermination
 from esper_core.tamiyo.service import TamiyoService
@@ -51,6 +52,7 @@ class EpisodeResult:
         policy_version: GNN weights served at the end, if any.
         forks: Decisions forked for a counterfactual reward (``run_episode``'s ``counterfactual``).
         fork_ms: Wall time those forks took (included in ``wall_s``).
+        task: The varied task the run trained on (``RunConfig.task``), None for the recipe's own.
     """
 
     run_id: str
@@ -67,6 +69,7 @@ class EpisodeResult:
     policy_version: str | None
     forks: int = 0
     fork_ms: float = 0.0
+    task: EpisodeTask | None = None
 
 
 def episode_config(
@@ -81,12 +84,15 @@ def episode_config(
     lr_schedule: str | None = None,
     split_seed: int | None = None,
     schedule: Sequence[ScheduledGermination] = (),
+    task: EpisodeTask | None = None,
 ) -> RunConfig:
     """The recipe's configuration with the deciding policy set, for an episode.
 
     ``lr_schedule`` (None: the recipe's) overrides ``TrainerConfig.lr_schedule``; ``split_seed``
     fixes the split of a bundled data set whatever the seed (a user's ``DataSpec`` splits itself);
-    ``schedule`` is policy ``scheduled``'s list of germinations.
+    ``schedule`` is policy ``scheduled``'s list of germinations; ``task`` (a Simic training
+    episode's, ``TaskVariation.draw``) scales the host by its width here and varies the training
+    split when the run loads its data (None: the recipe's own task).
 
     The training step is kept eager (``trainer.step.compile="off"``): episodes are short and many,
     and a step compile (10-40 s on 2 CPU cores, decided per workload) would dominate their wall
@@ -107,8 +113,9 @@ def episode_config(
         schedule=tuple(schedule),
         compile=PolicyCompileConfig(enabled=False),
     )
+    host = config.host if task is None or task.width == 1.0 else config.host.scaled(task.width)
     # Replaced, not assigned: RunConfig checks the schedule against its slots and blueprints.
-    return dataclasses.replace(config, tamiyo=tamiyo)
+    return dataclasses.replace(config, tamiyo=tamiyo, host=host, task=task)
 
 
 def run_episode(
@@ -169,6 +176,7 @@ def run_episode(
             policy_version=session.tamiyo.policy_version,
             forks=0 if forks is None else forks.forks,
             fork_ms=fork_ms,
+            task=config.task,
         )
     finally:
         if tamiyo is None:

@@ -28,11 +28,10 @@ from esper_core.contracts import (
     TelemetryPacket,
     new_id,
 )
-from esper_core.data import load_dataset
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
-from esper_core.run.build import build_trainer
+from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.field_reports import judge_pending
@@ -84,7 +83,7 @@ class RunSession:
         self.run_dir = settings.runs_dir / run_id
         self.urza = urza
         self.catalog = catalog or default_catalog()
-        data = load_dataset(config.data)
+        data = load_run_data(config)
         self.plan: RunPlan = plan_run(config, catalog=self.catalog, data=data, approved=config.approved_blueprints)
         self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id, home=settings.home, data=data)
         self.manager = self.trainer.manager
@@ -329,7 +328,10 @@ class RunSession:
                 metrics += decision_metrics(decision)
         command = self.rails.filter(command)
         if decision is not None:
-            record = DecisionRecord.from_decision(decision, history, candidates, total_epochs=self.config.epochs)
+            task = self.config.task.to_dict() if self.config.task else None
+            record = DecisionRecord.from_decision(
+                decision, history, candidates, total_epochs=self.config.epochs, task=task
+            )
             self._decision_records[command.command_id] = dataclasses.replace(record, command=command)
         rail_metrics, rail_events = self.rails.drain()
         self._outbox.append(

@@ -15,16 +15,23 @@ from typing import Literal
 
 import torch
 
+from esper_core._capabilities import resolve_device
 from esper_core.contracts import new_id
+from esper_core.karn.catalog import default_catalog
+from esper_core.pipeline import compile_job, find_published, publish_kernel
 from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
+from esper_core.run.recipes import get_recipe
+from esper_core.run.variation import TaskVariation
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
 from esper_core.simic.learn import SimicConfig, imitate, ppo_update
-from esper_core.simic.records import PolicyVersion, SimicStore
+from esper_core.simic.records import DecisionRecord, PolicyVersion, SimicStore
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
+from esper_core.urza.service import Urza
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,6 +54,8 @@ class TrainingPlan:
             a choice existed, and PPO learns only from those, each a one-step return; see
             ``esper_core.simic.dataset``). Imitation clones every demonstration either way.
         counterfactual: Where and how far rollouts fork (used with ``reward="counterfactual"``).
+        variation: What each episode's task is drawn from (host width, share of the training
+            data, label noise; ``esper_core.run.variation``); the default varies nothing.
     """
 
     demonstrations: int = 4
@@ -59,6 +68,7 @@ class TrainingPlan:
     simic: SimicConfig = field(default_factory=SimicConfig)
     reward: RewardKind = "delta"
     counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)
+    variation: TaskVariation = field(default_factory=TaskVariation)
 
     @property
     def forks(self) -> CounterfactualConfig | None:
@@ -83,9 +93,11 @@ class TrainingPlan:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
 
 
-PlanName = Literal["default", "smoke", "counterfactual"]
+PlanName = Literal["default", "smoke", "counterfactual", "varied", "counterfactual-varied"]
 """The named training plans, for the ``train_policy`` flow's ``plan`` parameter (a test keeps it
 equal to ``PLANS``)."""
+
+_VARIED = TaskVariation(widths=(0.5, 0.75, 1.0), train_fractions=(0.5, 1.0), label_noise=(0.0, 0.1))
 
 PLANS: dict[str, TrainingPlan] = {
     "default": TrainingPlan(),
@@ -104,6 +116,15 @@ PLANS: dict[str, TrainingPlan] = {
     # over the run instead of spending them all on the first few decisions.
     "counterfactual": TrainingPlan(
         reward="counterfactual", counterfactual=CounterfactualConfig(max_forks=4, fork_probability=0.1)
+    ),
+    # The default plan on a different task each episode: narrower hosts, half the training data,
+    # 10 % of the training labels wrong, so the policy must read the run instead of a schedule.
+    "varied": TrainingPlan(variation=_VARIED),
+    # Both: forked rewards on varied tasks.
+    "counterfactual-varied": TrainingPlan(
+        reward="counterfactual",
+        counterfactual=CounterfactualConfig(max_forks=4, fork_probability=0.1),
+        variation=_VARIED,
     ),
 }
 
@@ -139,7 +160,9 @@ def collect_episodes(
         seeds: One episode per seed.
         policy: ``heuristic``, ``gnn``, ``random`` or ``none``.
         plan: Epochs per episode and the GNN's size; GNN episodes fork decisions for
-            counterfactual rewards when the plan learns from them (``TrainingPlan.forks``).
+            counterfactual rewards when the plan learns from them (``TrainingPlan.forks``); each
+            episode runs the task its seed draws from ``plan.variation`` (kernels for the slot
+            shapes of hosts at other widths are compiled and published first, where missing).
         explore: Sample the GNN's actions (on-policy rollouts).
         policy_version: GNN version to serve (None: the newest).
         device: Where to train.
@@ -147,7 +170,13 @@ def collect_episodes(
 
     Returns:
         The episodes' results.
+
+    Raises:
+        ValueError: A variation the recipe cannot take (``TaskVariation.check``), before any episode.
     """
+    variation = plan.variation if plan.variation.varies else None
+    if variation is not None:
+        variation.check(get_recipe(recipe))
     configs = [
         episode_config(
             recipe,
@@ -158,11 +187,13 @@ def collect_episodes(
             explore=explore,
             policy_version=policy_version,
             lr_schedule=plan.lr_schedule,
+            task=None if variation is None else variation.draw(seed),
         )
         for seed in seeds
     ]
     if not configs:
         return []
+    _publish_missing_kernels(settings, [c for c in configs if c.task is not None and c.task.width != 1.0], device)
     tamiyo_config = dataclasses.replace(configs[0].tamiyo, gnn=plan.gnn)
     for config in configs:
         config.tamiyo = tamiyo_config
@@ -195,7 +226,7 @@ def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPla
         model.state_dict(),
         gnn=plan.gnn,
         method="imitation",
-        provenance=_provenance(run_ids, len(records), len(reports), skipped, plan, metrics),
+        provenance=_provenance(run_ids, records, len(reports), skipped, plan, metrics),
     )
 
 
@@ -240,9 +271,31 @@ def train_ppo(
         gnn=parent.gnn,
         method="ppo",
         parent_version=version,
-        provenance=_provenance(rollout_run_ids, len(records), len(reports), skipped, plan, metrics)
+        provenance=_provenance(rollout_run_ids, records, len(reports), skipped, plan, metrics)
         | {"demonstration_runs": list(demonstration_run_ids)},
     )
+
+
+def _publish_missing_kernels(settings: EsperSettings, configs: Sequence[RunConfig], device: str) -> None:
+    """Compile and publish the kernels of ``configs``' hosts that the registry lacks.
+
+    A host at another width has slots of other shapes; without kernels for them no blueprint
+    would be a candidate and the episode could never grow. ~1 s a kernel on a CPU core.
+    """
+    if not configs:
+        return
+    catalog, target = default_catalog(), resolve_device(device)
+    urza = Urza.open(settings.home, settings.registry_db_url)
+    try:
+        for config in configs:
+            shape = recipe_feature_shape(config.recipe)
+            for job in plan_compile_jobs(
+                config, feature_shape=shape, catalog=catalog, approved=config.approved_blueprints
+            ):
+                if find_published(urza, job, target) is None:
+                    publish_kernel(urza, catalog, compile_job(catalog, job, target))
+    finally:
+        urza.close()
 
 
 def _run_id(settings: EsperSettings, label: str, config: RunConfig) -> str:
@@ -256,18 +309,25 @@ def _run_id(settings: EsperSettings, label: str, config: RunConfig) -> str:
 
 def _provenance(
     run_ids: Sequence[str],
-    decisions: int,
+    records: Sequence[DecisionRecord],
     reports: int,
     skipped: int,
     plan: TrainingPlan,
     metrics: dict[str, float],
 ) -> dict[str, object]:
-    return {
+    provenance: dict[str, object] = {
         "runs": list(run_ids),
-        "decisions": decisions,
+        "decisions": len(records),
         "field_reports": reports,
         "skipped_decisions": skipped,
         "simic": dataclasses.asdict(plan.simic),
         "metrics": metrics,
         "torch": torch.__version__,
     }
+    # What each run trained on, as its decisions recorded it: a varied plan's policy says which
+    # widths, data shares and noise rates it saw (the recipe's own task records nothing).
+    tasks = {r.state.current.run_id: r.state.task for r in records if r.state.task is not None}
+    if tasks:
+        provenance["variation"] = dataclasses.asdict(plan.variation)
+        provenance["tasks"] = tasks
+    return provenance

@@ -56,12 +56,16 @@ class DecisionState:
         total_epochs: Length of the run, if known.
         param_budget: Parameters the active seeds could hold (``Decision.param_budget``); None
             in states recorded before it was (the graph's budget feature stays unobserved).
+        task: The varied task the run trained on (``EpisodeTask.to_dict()``: width, training
+            fraction, label noise, seed), None for the recipe's own task. Provenance, not a
+            graph input: the policy must infer the task from what the run shows it.
     """
 
     history: tuple[SystemStatePacket, ...]
     candidates: tuple[BlueprintCandidate, ...]
     total_epochs: int | None
     param_budget: int | None = None
+    task: dict[str, Any] | None = None
 
     @property
     def current(self) -> SystemStatePacket:
@@ -70,15 +74,15 @@ class DecisionState:
 
     def to_json(self) -> str:
         """JSON text ``from_json`` reads back."""
-        return json.dumps(
-            {
-                "history": [json.loads(p.to_json()) for p in self.history],
-                "candidates": [c.to_dict() for c in self.candidates],
-                "total_epochs": self.total_epochs,
-                "param_budget": self.param_budget,
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "history": [json.loads(p.to_json()) for p in self.history],
+            "candidates": [c.to_dict() for c in self.candidates],
+            "total_epochs": self.total_epochs,
+            "param_budget": self.param_budget,
+        }
+        if self.task is not None:  # absent, not null: the recipe's own task writes what it always did
+            data["task"] = self.task
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> DecisionState:
@@ -89,6 +93,7 @@ class DecisionState:
             candidates=tuple(BlueprintCandidate.from_dict(c) for c in data["candidates"]),
             total_epochs=data["total_epochs"],
             param_budget=data.get("param_budget"),
+            task=data.get("task"),
         )
 
 
@@ -175,8 +180,9 @@ class DecisionRecord:
         candidates: Sequence[BlueprintCandidate],
         *,
         total_epochs: int | None,
+        task: dict[str, Any] | None = None,
     ) -> DecisionRecord:
-        """The record of ``decision``, made on ``history`` and ``candidates``."""
+        """The record of ``decision``, made on ``history`` and ``candidates`` (in a run of ``task``)."""
         return cls(
             command=decision.command,
             proposal=decision.proposal,
@@ -187,6 +193,7 @@ class DecisionRecord:
                 candidates=tuple(candidates),
                 total_epochs=total_epochs,
                 param_budget=decision.param_budget,
+                task=task,
             ),
             log_prob=decision.log_prob,
             value=decision.value,

@@ -122,7 +122,7 @@ CHOICES = {
     ("morphogenesis", "device"): ["auto", "cpu", "cuda"],
     ("compile_catalog", "backend"): ["export", "aot_inductor"],
     ("benchmark_sweep", "sweep"): ["growth", "nightly", "smoke"],
-    ("train_policy", "plan"): ["default", "smoke", "counterfactual"],
+    ("train_policy", "plan"): ["default", "smoke", "counterfactual", "varied", "counterfactual-varied"],
 }
 
 
