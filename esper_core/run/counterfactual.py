@@ -25,6 +25,7 @@ import io
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +35,8 @@ from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.session import RunSession
 from esper_core.simic.records import CounterfactualOutcome, DecisionRecord
 from esper_core.tamiyo.actions import has_choice, legal_masks
-from esper_core.tamiyo.baselines import ScheduledGrowthPolicy, decision_seed
+from esper_core.tamiyo.baselines import RandomGerminationPolicy, ScheduledGrowthPolicy, decision_seed
+from esper_core.tamiyo.config import RandomPolicyConfig
 from esper_core.tamiyo.risk import RiskContext
 from esper_core.tolaria.loop import count_parameters
 from esper_core.tolaria.safety import TrainingHalted
@@ -64,12 +66,18 @@ class CounterfactualConfig:
             the run instead of spending them on the first choices.
         baseline: What branch B does at the fork: ``wait``, or ``heuristic`` (its command after
             the risk engine, as the decided command had).
+        explore_on_wait: When the decision and the baseline would do the same thing (a WAIT
+            against a WAIT baseline, typically), branch B germinates instead: a fitting blueprint
+            into a dormant slot, drawn uniformly as the random arm draws (after the risk engine).
+            Without it such a fork scores a decision against itself (reward exactly 0), and a
+            policy that imitated a mostly waiting heuristic learns nothing from its forks.
     """
 
     horizon: int | None = None
     max_forks: int = 2
     fork_probability: float = 0.5
     baseline: Literal["wait", "heuristic"] = "wait"
+    explore_on_wait: bool = True
 
     def __post_init__(self) -> None:
         if self.horizon is not None and self.horizon < 1:
@@ -145,6 +153,11 @@ def fork(
     """
     start = time.perf_counter()
     baseline = _baseline_command(session, record, config.baseline)
+    if config.explore_on_wait and _same_effect(command, baseline):
+        # The random arm's draw with probability 1, under the recipe's lifecycle rules (which act
+        # first: a seed due a fossilize or a cull gets it, and then both branches agree again).
+        alternative = RandomGerminationPolicy(RandomPolicyConfig(germinate_prob=1.0), session.tamiyo.heuristic)
+        baseline = _risk_reviewed(session, record, alternative.decide)
     horizon = min(config.horizon or lifecycle_horizon(session, command, baseline), _epochs_left(session))
     snapshot = _Snapshot.take(session)
     try:
@@ -218,8 +231,15 @@ def _baseline_command(session: RunSession, record: DecisionRecord, baseline: str
             issued_by=COUNTERFACTUAL_ISSUER,
             reason="wait: counterfactual baseline",
         )
+    return _risk_reviewed(session, record, session.tamiyo.heuristic.decide)
+
+
+def _risk_reviewed(
+    session: RunSession, record: DecisionRecord, decide: Callable[..., AdaptationCommand]
+) -> AdaptationCommand:
+    """``decide``'s command at the decision's state, after the risk engine (as the decided one was)."""
     history, candidates = tuple(session.history), tuple(record.state.candidates)
-    proposal = session.tamiyo.heuristic.decide(history, candidates, run_id=session.run_id)
+    proposal = decide(history, candidates, run_id=session.run_id)
     context = RiskContext(history=history, candidates=candidates, reports=tuple(session.reports), predicted_risk=None)
     return session.tamiyo.risk.review(proposal, context).command
 

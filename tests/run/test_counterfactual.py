@@ -111,9 +111,16 @@ def test_a_germination_is_scored_against_a_real_wait_branch(
         outcome.params - outcome.baseline_params
     ) / outcome.host_params
     assert outcome.reward(param_penalty=0.01) == pytest.approx(expected)
-    # A WAIT decision against the WAIT baseline plays one branch: its reward is exactly zero.
-    waits = [e for e, o in grown.outcomes.items() if grown.actions[e] == "wait"]
-    assert waits and all(grown.outcomes[e].reward(param_penalty=0.01) == 0.0 for e in waits)
+    # A WAIT forked while the slot was dormant is scored against a random germination
+    # (explore_on_wait); once the slot is busy both branches wait, one is played, the reward is 0.
+    waits = [grown.outcomes[e] for e in grown.outcomes if grown.actions[e] == "wait"]
+    explored = [o for o in waits if o.baseline_action == "germinate"]
+    assert explored and all(o.baseline_params > o.host_params for o in explored)
+    assert all(o.reward(param_penalty=0.01) == 0.0 for o in waits if o.baseline_action == "wait")
+    # Without it a WAIT is only ever scored against itself.
+    plain = dataclasses.replace(config, explore_on_wait=False)
+    waits = [o for e, o in _run(second_home, _config(), "plain", plain).outcomes.items() if grown.actions[e] == "wait"]
+    assert waits and all(o.baseline_action == "wait" and o.reward(param_penalty=0.01) == 0.0 for o in waits)
 
 
 def test_no_fork_where_only_wait_is_legal(compiled_home: EsperSettings) -> None:
