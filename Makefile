@@ -29,9 +29,11 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(BIN)/esper run $(ARGS)
 
-## test: lint, then the whole suite, slow-marked tests included (what CI runs)
+## test: lint, then the whole suite, slow-marked tests included (what CI runs), one worker per
+## core up to 4: most slow tests wait on a child process or a server, so two workers on CI's two
+## cores keep both busy
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
 
 lint: install-test
 	$(BIN)/ruff check .
