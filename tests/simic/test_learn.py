@@ -9,7 +9,14 @@ import torch
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.simic.dataset import build_samples, choice_of, collate, params_added, run_rewards
-from esper_core.simic.learn import SimicConfig, agreement, imitate, ppo_update, returns_and_advantages
+from esper_core.simic.learn import (
+    SimicConfig,
+    agreement,
+    imitate,
+    normalised_advantages,
+    ppo_update,
+    returns_and_advantages,
+)
 from esper_core.simic.records import DecisionRecord
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
@@ -126,7 +133,18 @@ def test_one_step_samples_are_bandit_returns_with_nothing_bootstrapped() -> None
     returns, advantages = returns_and_advantages(bandit, values, SimicConfig(gamma=1.0, gae_lambda=0.9))
     rewards = torch.tensor([s.reward for s in bandit])
     torch.testing.assert_close(returns, rewards)  # the reward alone, whatever the later values
-    torch.testing.assert_close(advantages, rewards - values)
+    torch.testing.assert_close(advantages, rewards)  # already a contrast with the baseline branch
+
+
+def test_normalising_keeps_the_sign_of_a_one_step_contrast() -> None:
+    # Every decision scored below its baseline branch: none may be reinforced after normalising.
+    contrast = torch.tensor([-0.056, -0.011, -0.002, 0.0])
+    normalised = normalised_advantages(contrast, torch.ones(4, dtype=torch.bool))
+    assert (normalised <= 0).all() and normalised[-1] == 0
+    torch.testing.assert_close(normalised, contrast / contrast.std(unbiased=False))
+    # Multi-step advantages are still centred (GAE over delta rewards).
+    mixed = normalised_advantages(torch.tensor([1.0, 3.0, -0.5]), torch.tensor([False, False, True]))
+    assert mixed[0] < 0 < mixed[1] and mixed[2] < 0
 
 
 def test_counterfactual_samples_need_forked_decisions() -> None:
