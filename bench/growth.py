@@ -34,18 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.growth_report import ARMS, GROWING_ARMS, format_table, frontier_png, summarise_recipe
-from esper_core.data import load_dataset
-from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import compile_job, find_published, publish_kernel
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.run.plan import plan_compile_jobs
+from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.recipes import get_recipe
 from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.config import PeriodicPolicyConfig
-from esper_core.urza.service import Urza
 
 Progress = Callable[[str, int, int], None]
 """``progress(what, done, total)``: called before the policy is trained and after every run."""
@@ -270,17 +266,7 @@ def _arm_config(
 
 def compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: str) -> None:
     """Compile and publish every kernel ``recipes`` may germinate that ``settings``' registry lacks."""
-    urza = Urza.open(settings.home)
-    catalog = default_catalog()
-    try:
-        for name in recipes:
-            recipe = get_recipe(name)
-            shape = load_dataset(recipe.data).feature_shape
-            for job in plan_compile_jobs(recipe, feature_shape=shape, catalog=catalog):
-                if find_published(urza, job, device) is None:
-                    publish_kernel(urza, catalog, compile_job(catalog, job, device))
-    finally:
-        urza.close()
+    publish_missing_kernels(settings, [get_recipe(name) for name in recipes], device=device)
 
 
 def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig) -> int:

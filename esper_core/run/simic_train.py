@@ -15,14 +15,11 @@ from typing import Literal
 
 import torch
 
-from esper_core._capabilities import resolve_device
 from esper_core.contracts import new_id
-from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import compile_job, find_published, publish_kernel
 from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
+from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.recipes import get_recipe
 from esper_core.run.variation import TaskVariation
 from esper_core.settings import EsperSettings
@@ -31,7 +28,6 @@ from esper_core.simic.learn import SimicConfig, imitate, ppo_update
 from esper_core.simic.records import DecisionRecord, PolicyVersion, SimicStore
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
-from esper_core.urza.service import Urza
 
 
 @dataclass(kw_only=True, slots=True)
@@ -193,7 +189,9 @@ def collect_episodes(
     ]
     if not configs:
         return []
-    _publish_missing_kernels(settings, [c for c in configs if c.task is not None and c.task.width != 1.0], device)
+    # A host at another width has slots of other shapes: without kernels for them no blueprint
+    # would be a candidate and the episode could never grow.
+    publish_missing_kernels(settings, [c for c in configs if c.task is not None and c.task.width != 1.0], device=device)
     tamiyo_config = dataclasses.replace(configs[0].tamiyo, gnn=plan.gnn)
     for config in configs:
         config.tamiyo = tamiyo_config
@@ -274,28 +272,6 @@ def train_ppo(
         provenance=_provenance(rollout_run_ids, records, len(reports), skipped, plan, metrics)
         | {"demonstration_runs": list(demonstration_run_ids)},
     )
-
-
-def _publish_missing_kernels(settings: EsperSettings, configs: Sequence[RunConfig], device: str) -> None:
-    """Compile and publish the kernels of ``configs``' hosts that the registry lacks.
-
-    A host at another width has slots of other shapes; without kernels for them no blueprint
-    would be a candidate and the episode could never grow. ~1 s a kernel on a CPU core.
-    """
-    if not configs:
-        return
-    catalog, target = default_catalog(), resolve_device(device)
-    urza = Urza.open(settings.home, settings.registry_db_url)
-    try:
-        for config in configs:
-            shape = recipe_feature_shape(config.recipe)
-            for job in plan_compile_jobs(
-                config, feature_shape=shape, catalog=catalog, approved=config.approved_blueprints
-            ):
-                if find_published(urza, job, target) is None:
-                    publish_kernel(urza, catalog, compile_job(catalog, job, target))
-    finally:
-        urza.close()
 
 
 def _run_id(settings: EsperSettings, label: str, config: RunConfig) -> str:
