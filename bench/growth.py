@@ -38,7 +38,14 @@ from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.recipes import get_recipe
-from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
+from esper_core.run.simic_train import (
+    TrainingPlan,
+    collect_demonstrations,
+    collect_episodes,
+    get_plan,
+    train_imitation,
+    train_ppo,
+)
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.config import PeriodicPolicyConfig
@@ -239,6 +246,8 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
             "training_s": training_s,
             "plan": plan.simic if config.policy_version is None else None,
             "metrics": policy.provenance.get("metrics", {}),
+            # A searched plan's demonstrations are named after the schedule that won the search.
+            "demonstration_runs": policy.provenance.get("demonstration_runs", policy.provenance.get("runs")),
         },
         "kernel_compile_s": compile_s,
         "wall_s": time.perf_counter() - start,
@@ -274,14 +283,7 @@ def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan
     demos = [
         r.run_id
         for recipe in config.recipes
-        for r in collect_episodes(
-            settings,
-            recipe=recipe,
-            seeds=plan.seeds("demonstrations"),
-            policy="heuristic",
-            plan=plan,
-            device=config.device,
-        )
+        for r in collect_demonstrations(settings, recipe=recipe, plan=plan, device=config.device)
     ]
     version = train_imitation(store, demos, plan).version
     for iteration in range(plan.iterations):

@@ -27,19 +27,16 @@ from typing import Any
 
 from bench.growth import compile_kernels, fresh_run_id, in_home
 from esper_core.karn.catalog import default_catalog
-from esper_core.run.config import RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.run.plan import RunPlan, plan_run
+from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.schedule_search import Schedule, candidate_schedules, schedule_name
 from esper_core.run.simic_train import get_plan
 from esper_core.settings import EsperSettings
-from esper_core.tamiyo.config import ScheduledGermination
 from esper_core.telemetry.paired import paired_difference
 
 Progress = Callable[[str, int, int], None]
 """``progress(what, done, total)``: called after every run."""
-
-Schedule = tuple[ScheduledGermination, ...]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,32 +108,6 @@ class HeadroomConfig:
             train_seeds=self.train_seeds or plan.train_seeds,
             holdout_seeds=self.holdout_seeds or plan.holdout_seeds,
         )
-
-
-def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...]) -> list[Schedule]:
-    """The schedules searched: one germination per (epoch, slot, fitting blueprint), and, for each
-    blueprint that fits every slot, all slots in slot order starting at each epoch."""
-    last = config.epochs - 1
-    epochs = sorted({min(last, round(f * last)) for f in at})
-    fits = {
-        slot: [b for b in config.blueprints if (b, profile) in plan.param_costs] for slot, profile in plan.slots.items()
-    }
-    singles = [
-        (ScheduledGermination(epoch=e, slot=s, blueprint=b),) for e in epochs for s, bs in fits.items() for b in bs
-    ]
-    everywhere = [b for b in config.blueprints if all(b in bs for bs in fits.values())]
-    together = [
-        tuple(ScheduledGermination(epoch=e + k, slot=s, blueprint=b) for k, s in enumerate(fits))
-        for e in epochs
-        for b in everywhere
-        if len(fits) > 1 and e + len(fits) - 1 <= last
-    ]
-    return singles + together
-
-
-def schedule_name(schedule: Schedule) -> str:
-    """``act2:seq_conv_residual@3+act3:seq_conv_residual@4``."""
-    return "+".join(f"{g.slot}:{g.blueprint}@{g.epoch}" for g in schedule)
 
 
 def run(config: HeadroomConfig, *, progress: Progress | None = None) -> dict[str, Any]:
@@ -289,4 +260,4 @@ def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401 
     return 0
 
 
-__all__ = ["PLANS", "HeadroomConfig", "HeadroomPlan", "candidate_schedules", "cli", "run", "schedule_name"]
+__all__ = ["PLANS", "HeadroomConfig", "HeadroomPlan", "cli", "run"]

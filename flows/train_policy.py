@@ -1,4 +1,5 @@
-"""train_policy: Simic trains Tamiyo's GNN: heuristic demonstrations, imitation, then PPO."""
+"""train_policy: Simic trains Tamiyo's GNN: demonstrations (the heuristic's or a searched schedule's),
+imitation, then PPO."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from prefect import flow
 from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
 from esper_core.run.simic_train import PlanName, get_plan
-from tasks.policy import collect, imitate_policy, improve_policy
+from tasks.policy import collect, demonstrate, imitate_policy, improve_policy
 
 
 @flow(name="train_policy", log_prints=True)
@@ -19,8 +20,9 @@ def train_policy(recipes: list[RecipeRef] | None = None, plan: PlanName = "defau
     Args:
         recipes: Recipes whose episodes it learns from (default: ``digits-mlp``).
         plan: Named training plan (``default``, ``smoke``, ``counterfactual``, ``varied``,
-            ``counterfactual-varied``): episodes, iterations, sizes, reward, and whether each
-            episode draws its own task.
+            ``counterfactual-varied``, ``search``, ``search-smoke``): episodes, iterations, sizes,
+            reward, whether each episode draws its own task, and who demonstrates (the heuristic,
+            or the best fixed schedule a search finds).
         device: ``cpu`` or ``cuda`` for the episodes.
 
     Returns:
@@ -28,11 +30,7 @@ def train_policy(recipes: list[RecipeRef] | None = None, plan: PlanName = "defau
     """
     recipes = recipes or ["digits-mlp"]
     p = get_plan(plan)
-    demonstrations = [
-        run_id
-        for recipe in recipes
-        for run_id in collect(recipe, plan, "heuristic", p.seeds("demonstrations"), device=device)
-    ]
+    demonstrations = [run_id for recipe in recipes for run_id in demonstrate(recipe, plan, device=device)]
     version = imitate_policy(demonstrations, plan)
     for iteration in range(p.iterations):
         rollouts = [

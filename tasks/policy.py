@@ -10,7 +10,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.run.simic_train import collect_episodes, get_plan, train_imitation, train_ppo
+from esper_core.run.simic_train import collect_demonstrations, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.simic.records import SimicStore
 from tasks._limits import limited, retry_unless_timed_out
 from tasks._runtime import settings
@@ -49,6 +49,20 @@ def collect(
         policy_version=policy_version,
         device=device,
     )
+    return [r.run_id for r in results]
+
+
+@task(
+    name="collect-demonstrations",
+    retries=1,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_timed_out,
+    cache_policy=NO_CACHE,
+    **limited("train"),
+)
+def demonstrate(recipe: str, plan: str, device: str = "cpu") -> list[str]:
+    """The plan's demonstrations of ``recipe`` (the heuristic's, or the best searched schedule's); run ids."""
+    results = collect_demonstrations(settings(), recipe=recipe, plan=get_plan(plan), device=device)
     return [r.run_id for r in results]
 
 

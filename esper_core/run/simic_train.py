@@ -16,11 +16,21 @@ from typing import Literal
 import torch
 
 from esper_core.contracts import new_id
+from esper_core.karn.catalog import default_catalog
 from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.kernels import publish_missing_kernels
+from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.schedule_search import (
+    Schedule,
+    ScheduleSearch,
+    SearchOutcome,
+    candidate_schedules,
+    schedule_name,
+    search_schedules,
+)
 from esper_core.run.variation import TaskVariation
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
@@ -35,7 +45,8 @@ class TrainingPlan:
     """How much experience each phase of Simic's training collects.
 
     Attributes:
-        demonstrations: Heuristic episodes per recipe to imitate.
+        demonstrations: Episodes per recipe to imitate: the heuristic's, or, with ``search``,
+            the seeds the schedule search runs its rounds on.
         iterations: PPO iterations after imitation.
         rollouts: Sampled GNN episodes per recipe per iteration.
         epochs: Epochs per episode (None: the recipe's).
@@ -52,6 +63,9 @@ class TrainingPlan:
         counterfactual: Where and how far rollouts fork (used with ``reward="counterfactual"``).
         variation: What each episode's task is drawn from (host width, share of the training
             data, label noise; ``esper_core.run.variation``); the default varies nothing.
+        search: Imitate the best fixed schedule this search finds on the demonstration seeds
+            (``esper_core.run.schedule_search``, ranked by validation accuracy) instead of the
+            heuristic; None: the heuristic is the demonstrator.
     """
 
     demonstrations: int = 4
@@ -65,6 +79,7 @@ class TrainingPlan:
     reward: RewardKind = "delta"
     counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)
     variation: TaskVariation = field(default_factory=TaskVariation)
+    search: ScheduleSearch | None = None
 
     @property
     def forks(self) -> CounterfactualConfig | None:
@@ -89,7 +104,7 @@ class TrainingPlan:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
 
 
-PlanName = Literal["default", "smoke", "counterfactual", "varied", "counterfactual-varied"]
+PlanName = Literal["default", "smoke", "counterfactual", "varied", "counterfactual-varied", "search", "search-smoke"]
 """The named training plans, for the ``train_policy`` flow's ``plan`` parameter (a test keeps it
 equal to ``PLANS``)."""
 
@@ -122,6 +137,25 @@ PLANS: dict[str, TrainingPlan] = {
         counterfactual=CounterfactualConfig(max_forks=4, fork_probability=0.1),
         variation=_VARIED,
     ),
+    # Expert iteration: the demonstrations are the best fixed schedule a search finds on the
+    # demonstration seeds (27 schedules on MNIST-1D, successive halving over 4 seeds: 40
+    # episodes), so imitation starts the GNN from a schedule that beat the heuristic instead of
+    # from the heuristic; counterfactual PPO then refines it, its imitation term anchored to the
+    # winner's decisions.
+    "search": TrainingPlan(
+        search=ScheduleSearch(),
+        reward="counterfactual",
+        counterfactual=CounterfactualConfig(max_forks=4, fork_probability=0.1),
+    ),
+    # The search plan in seconds: what the flow test runs.
+    "search-smoke": TrainingPlan(
+        demonstrations=2,
+        iterations=0,
+        epochs=3,
+        gnn=TamiyoGNNConfig(hidden_dim=16, num_layers=2),
+        simic=SimicConfig(imitation_epochs=2, ppo_epochs=1, batch_size=8),
+        search=ScheduleSearch(at=(0.0,)),
+    ),
 }
 
 
@@ -147,6 +181,7 @@ def collect_episodes(
     policy_version: int | None = None,
     device: str = "cpu",
     label: str = "simic",
+    schedule: Schedule = (),
 ) -> list[EpisodeResult]:
     """Run one episode per seed with ``policy`` deciding (their records land in the registry).
 
@@ -163,6 +198,7 @@ def collect_episodes(
         policy_version: GNN version to serve (None: the newest).
         device: Where to train.
         label: Prefix of the run ids.
+        schedule: The germinations policy ``scheduled`` follows.
 
     Returns:
         The episodes' results.
@@ -184,6 +220,7 @@ def collect_episodes(
             policy_version=policy_version,
             lr_schedule=plan.lr_schedule,
             task=None if variation is None else variation.draw(seed),
+            schedule=schedule,
         )
         for seed in seeds
     ]
@@ -207,6 +244,52 @@ def collect_episodes(
         ]
     finally:
         service.close()
+
+
+def collect_demonstrations(
+    settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu"
+) -> list[EpisodeResult]:
+    """The episodes imitation learns from, on ``plan.seeds("demonstrations")``.
+
+    The heuristic's episodes, or, when the plan searches (``TrainingPlan.search``), the episodes
+    of the best fixed schedule its search finds on those seeds (every candidate's episodes stay in
+    the registry; only the winner's are returned).
+    """
+    seeds = plan.seeds("demonstrations")
+    if plan.search is None:
+        return collect_episodes(settings, recipe=recipe, seeds=seeds, policy="heuristic", plan=plan, device=device)
+    return search_demonstrations(settings, recipe=recipe, plan=plan, device=device).best_episodes
+
+
+def search_demonstrations(
+    settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu"
+) -> SearchOutcome:
+    """Search ``recipe``'s fixed schedules on the demonstration seeds (``plan.search`` must be set).
+
+    Raises:
+        ValueError: The plan has no search, or the recipe's blueprints fit none of its slots.
+    """
+    if plan.search is None:
+        raise ValueError(
+            "this training plan does not search: set TrainingPlan.search or use the heuristic's demonstrations"
+        )
+    config = get_recipe(recipe, epochs=plan.epochs)
+    candidates = candidate_schedules(config, plan_run(config, catalog=default_catalog()), plan.search.at)
+
+    def run(schedule: Schedule, seed: int) -> EpisodeResult:
+        (result,) = collect_episodes(
+            settings,
+            recipe=recipe,
+            seeds=[seed],
+            policy="scheduled",
+            plan=plan,
+            device=device,
+            label=f"search-{schedule_name(schedule)}",
+            schedule=schedule,
+        )
+        return result
+
+    return search_schedules(candidates, plan.seeds("demonstrations"), run, eta=plan.search.eta)
 
 
 def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan) -> PolicyVersion:

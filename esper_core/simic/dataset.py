@@ -45,7 +45,8 @@ from esper_core.tamiyo.graph import EdgeType, NodeType, build_graph
 from esper_core.tamiyo.model import BLEND_SCHEDULES
 
 # Who proposed a decision worth learning from; breaker and safety WAITs are not a policy's choice.
-LEARNABLE_POLICIES = frozenset({"heuristic", "gnn", "random"})
+# ``scheduled``: the winner of a schedule search is a demonstrator (``TrainingPlan.search``).
+LEARNABLE_POLICIES = frozenset({"heuristic", "gnn", "random", "scheduled"})
 REWARDS = ("delta", "counterfactual")
 RewardKind = Literal["delta", "counterfactual"]
 """``delta``: ``r_t`` of every decision; ``counterfactual``: forked decisions' one-step rewards."""

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.headroom import HeadroomConfig, candidate_schedules, schedule_name
+from bench.headroom import HeadroomConfig
 from esper_cli.main import main
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.schedule_search import candidate_schedules, schedule_name
 from esper_core.settings import EsperSettings
 
 

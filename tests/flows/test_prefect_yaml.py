@@ -122,7 +122,15 @@ CHOICES = {
     ("morphogenesis", "device"): ["auto", "cpu", "cuda"],
     ("compile_catalog", "backend"): ["export", "aot_inductor"],
     ("benchmark_sweep", "sweep"): ["growth", "nightly", "smoke"],
-    ("train_policy", "plan"): ["default", "smoke", "counterfactual", "varied", "counterfactual-varied"],
+    ("train_policy", "plan"): [
+        "default",
+        "smoke",
+        "counterfactual",
+        "varied",
+        "counterfactual-varied",
+        "search",
+        "search-smoke",
+    ],
 }
 
 

@@ -33,6 +33,7 @@ def test_train_policy_imitates_then_improves_and_publishes_each_version(compiled
 def test_an_unknown_plan_is_refused_with_the_known_ones() -> None:
     with pytest.raises(
         ValueError,
-        match=r"unknown training plan 'huge'; choose one of \['counterfactual', 'counterfactual-varied', 'default', 'smoke', 'varied'\]",
+        match=r"unknown training plan 'huge'; choose one of \['counterfactual', 'counterfactual-varied', 'default', "
+        r"'search', 'search-smoke', 'smoke', 'varied'\]",
     ):
         get_plan("huge")

@@ -1,0 +1,141 @@
+"""Fixed growth schedules: the family searched, and a budgeted search for the best of them.
+
+A schedule is a list of germinations (slot x blueprint x epoch) that ignores the run's state.
+``candidate_schedules`` spans a small family of them; the headroom benchmark runs every member
+on a few seeds to measure what a learned controller could gain over the heuristic, and Simic's
+``search`` plans learn from the winner of ``search_schedules`` (expert iteration: a search
+produces the demonstrations, imitation distils them into the GNN, PPO then refines it).
+
+``search_schedules`` is successive halving: every candidate runs on the first seed, the best
+``1 / eta`` of them (by mean final validation accuracy over the seeds run so far) go on to the
+next seed, and so on, until one is left or the seeds run out. A family of 27 on four seeds costs
+27 + 9 + 3 + 1 = 40 episodes instead of 108. Ranking uses validation accuracy, never test: the
+search chooses what a policy learns, and the test split is what the policy is judged on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from esper_core.run.config import RunConfig
+from esper_core.run.episodes import EpisodeResult
+from esper_core.run.plan import RunPlan
+from esper_core.tamiyo.config import ScheduledGermination
+
+Schedule = tuple[ScheduledGermination, ...]
+RunSchedule = Callable[[Schedule, int], EpisodeResult]
+"""``run(schedule, seed)``: one real episode of policy ``scheduled``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleSearch:
+    """Which schedules a search considers and how fast it discards them.
+
+    Attributes:
+        at: Germination points, as fractions of the run (0: after the first epoch).
+        eta: Each round keeps the best ``ceil(n / eta)`` of its ``n`` candidates.
+    """
+
+    at: tuple[float, ...] = (0.05, 0.2, 0.4)
+    eta: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.at or any(not 0.0 <= f <= 1.0 for f in self.at):
+            raise ValueError(f"ScheduleSearch.at needs fractions of the run in [0, 1], got {self.at}")
+        if self.eta < 2:
+            raise ValueError(f"ScheduleSearch.eta must be >= 2 (each round must discard some), got {self.eta}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchOutcome:
+    """What a schedule search found.
+
+    Attributes:
+        best: The schedule that survived every round.
+        ranking: ``(name, mean val accuracy, seeds run)`` of every candidate, best first: the
+            ones that went further rank above the ones discarded earlier.
+        episodes: Every episode the search ran, by schedule name.
+    """
+
+    best: Schedule
+    ranking: tuple[tuple[str, float, int], ...]
+    episodes: dict[str, list[EpisodeResult]]
+
+    @property
+    def best_episodes(self) -> list[EpisodeResult]:
+        """The winner's episodes, one per seed: Simic's demonstrations."""
+        return self.episodes[schedule_name(self.best)]
+
+
+def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...]) -> list[Schedule]:
+    """The schedules searched: one germination per (epoch, slot, fitting blueprint), and, for each
+    blueprint that fits every slot, all slots in slot order starting at each epoch."""
+    last = config.epochs - 1
+    epochs = sorted({min(last, round(f * last)) for f in at})
+    fits = {
+        slot: [b for b in config.blueprints if (b, profile) in plan.param_costs] for slot, profile in plan.slots.items()
+    }
+    singles = [
+        (ScheduledGermination(epoch=e, slot=s, blueprint=b),) for e in epochs for s, bs in fits.items() for b in bs
+    ]
+    everywhere = [b for b in config.blueprints if all(b in bs for bs in fits.values())]
+    together = [
+        tuple(ScheduledGermination(epoch=e + k, slot=s, blueprint=b) for k, s in enumerate(fits))
+        for e in epochs
+        for b in everywhere
+        if len(fits) > 1 and e + len(fits) - 1 <= last
+    ]
+    return singles + together
+
+
+def schedule_name(schedule: Schedule) -> str:
+    """``act2:seq_conv_residual@3+act3:seq_conv_residual@4``."""
+    return "+".join(f"{g.slot}:{g.blueprint}@{g.epoch}" for g in schedule)
+
+
+def search_schedules(
+    candidates: Sequence[Schedule], seeds: Sequence[int], run: RunSchedule, *, eta: int
+) -> SearchOutcome:
+    """Successive halving of ``candidates`` over ``seeds`` (see the module docstring).
+
+    Args:
+        candidates: The schedules, distinct by name.
+        seeds: One round per seed, in order; the winner runs on every one of them.
+        run: Runs one episode.
+        eta: Each round keeps ``ceil(n / eta)`` of ``n``.
+
+    Raises:
+        ValueError: No candidates or seeds, or two candidates with one name.
+    """
+    if not candidates or not seeds:
+        raise ValueError(
+            f"a schedule search needs candidates and seeds, got {len(candidates)} and {len(seeds)}: "
+            "check the recipe's blueprints fit its slots and pass at least one seed"
+        )
+    by_name = {schedule_name(s): s for s in candidates}
+    if len(by_name) != len(candidates):
+        raise ValueError("candidate schedules must be distinct")
+    episodes: dict[str, list[EpisodeResult]] = {name: [] for name in by_name}
+    alive = list(by_name)
+    discarded: list[tuple[str, float, int]] = []
+
+    def score(name: str) -> float:
+        return statistics.fmean(r.val_accuracy for r in episodes[name])
+
+    for round_index, seed in enumerate(seeds):
+        for name in alive:
+            episodes[name].append(run(by_name[name], seed))
+        # Ties go to the smaller schedule (fewer parameters added), then to the earlier candidate.
+        alive.sort(key=lambda n: (-score(n), statistics.fmean(r.total_params for r in episodes[n])))
+        if round_index == len(seeds) - 1 or len(alive) == 1:
+            break
+        keep = math.ceil(len(alive) / eta)
+        discarded = [(n, score(n), len(episodes[n])) for n in alive[keep:]] + discarded
+        alive = alive[:keep]
+    ranking = tuple((n, score(n), len(episodes[n])) for n in alive) + tuple(discarded)
+    return SearchOutcome(
+        best=by_name[alive[0]], ranking=ranking, episodes={n: runs for n, runs in episodes.items() if runs}
+    )
