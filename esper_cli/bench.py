@@ -281,7 +281,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--simic-plan",
         default=None,
         choices=sorted(SIMIC_PLANS),
-        help="Simic plan that trains the learned arm (default: the growth plan's; counterfactual: forked rewards)",
+        help="Simic plan that trains the learned arm (default: the growth plan's; counterfactual: forked rewards; search: imitate the best searched schedule)",
     )
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
