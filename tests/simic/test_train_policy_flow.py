@@ -30,6 +30,26 @@ def test_train_policy_imitates_then_improves_and_publishes_each_version(compiled
     store.close()
 
 
+def test_a_searched_plan_imitates_the_winning_schedule(compiled_home: EsperSettings) -> None:
+    from flows.train_policy import train_policy
+
+    version = train_policy(recipes=["digits-cnn"], plan="search-smoke", device="cpu")
+    store = SimicStore.open(compiled_home.home)
+    try:
+        (imitation,) = store.policies()
+        assert imitation.version == version and imitation.method == "imitation"
+        runs = imitation.provenance["runs"]
+        # The winner's episodes, one per demonstration seed, named after their schedule.
+        assert len(runs) == get_plan("search-smoke").demonstrations
+        assert len({run.rsplit("-s", 1)[0] for run in runs}) == 1 and all(run.startswith("search-") for run in runs)
+        assert {d.policy for d in store.decisions(runs)} == {"scheduled"}
+        # Every candidate ran on the first seed: three schedules on digits-cnn.
+        first = [p.name for p in compiled_home.runs_dir.iterdir() if p.name.endswith("-s1000")]
+        assert len(first) == 3
+    finally:
+        store.close()
+
+
 def test_an_unknown_plan_is_refused_with_the_known_ones() -> None:
     with pytest.raises(
         ValueError,
