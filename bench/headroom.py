@@ -30,7 +30,7 @@ from esper_core.karn.catalog import default_catalog
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
-from esper_core.run.schedule_search import Schedule, candidate_schedules, schedule_name
+from esper_core.run.schedule_search import GERMINATION_POINTS, Schedule, candidate_schedules, schedule_name
 from esper_core.run.simic_train import get_plan
 from esper_core.settings import EsperSettings
 from esper_core.telemetry.paired import paired_difference
@@ -59,9 +59,8 @@ class HeadroomPlan:
 PLANS: dict[str, HeadroomPlan] = {
     # What CI runs: seconds per run.
     "smoke": HeadroomPlan(train_seeds=2, holdout_seeds=2, epochs=3, at=(0.0,)),
-    # Germination early, at a fifth and at two fifths of the run (later ones train a seed at a
-    # learning rate cosine has nearly spent).
-    "default": HeadroomPlan(train_seeds=4, holdout_seeds=10, epochs=None, at=(0.05, 0.2, 0.4)),
+    # The family Simic's search plan searches too (``GERMINATION_POINTS``).
+    "default": HeadroomPlan(train_seeds=4, holdout_seeds=10, epochs=None, at=GERMINATION_POINTS),
 }
 
 

@@ -29,6 +29,11 @@ Schedule = tuple[ScheduledGermination, ...]
 RunSchedule = Callable[[Schedule, int], EpisodeResult]
 """``run(schedule, seed)``: one real episode of policy ``scheduled``."""
 
+GERMINATION_POINTS = (0.05, 0.2, 0.4)
+"""Where the family germinates, as fractions of the run: early, at a fifth and at two fifths
+(later ones train a seed at a learning rate cosine has nearly spent). The headroom benchmark and
+Simic's search share it, so the headroom measured is the headroom searched."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleSearch:
@@ -39,7 +44,7 @@ class ScheduleSearch:
         eta: Each round keeps the best ``ceil(n / eta)`` of its ``n`` candidates.
     """
 
-    at: tuple[float, ...] = (0.05, 0.2, 0.4)
+    at: tuple[float, ...] = GERMINATION_POINTS
     eta: int = 3
 
     def __post_init__(self) -> None:
