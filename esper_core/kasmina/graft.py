@@ -103,7 +103,7 @@ def discover_slot_sites(model: nn.Module, slots: Sequence[str], sample_shape: tu
             for v in outputs.values():
                 v.clear()
             finished.clear()
-            _dry_forward(model, (batch, *sample_shape))
+            dry_forward(model, (batch, *sample_shape))
             per_batch.append(({k: list(v) for k, v in outputs.items()}, list(finished)))
     finally:
         for h in handles:
@@ -137,7 +137,7 @@ def _check_names(slots: Sequence[str], modules: dict[str, nn.Module]) -> None:
         )
 
 
-def _dry_forward(model: nn.Module, input_shape: tuple[int, ...]) -> None:
+def dry_forward(model: nn.Module, input_shape: tuple[int, ...]) -> None:
     """One forward with meta parameters, buffers and input: shapes only, nothing allocated."""
     dtype = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(())).dtype
     state = {

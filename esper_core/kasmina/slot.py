@@ -50,17 +50,23 @@ class SeedSlot(nn.Module):
         self.alpha_t.fill_(self._alpha)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.apply_seed(x, x)
+
+    def apply_seed(self, out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """Add the seed's delta, computed from ``source``, to the host activation ``out`` as the
+        stage says (a branch seed reads the activation it joins; a width seed reads the widened
+        layer's input and joins its consumer's output)."""
         seed = self.seed
         if seed is None:
-            return x
+            return out
         if self.probe_alpha is not None:
-            return self._blend(x, seed(x), self.probe_alpha)
+            return self._blend(out, seed(source), self.probe_alpha)
         if self.stage is SeedStage.TRAINING:
-            delta = seed(x.detach())
-            return x + (delta - delta.detach())
+            delta = seed(source.detach())
+            return out + (delta - delta.detach())
         if self.stage in _BLENDED:
-            return self._blend(x, seed(x), self.alpha_t)
-        return x
+            return self._blend(out, seed(source), self.alpha_t)
+        return out
 
     def _blend(self, x: torch.Tensor, delta: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
         if self.blend_mode is BlendMode.CONVEX:

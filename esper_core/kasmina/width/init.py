@@ -1,0 +1,278 @@
+"""Initialisations of a width seed's new units, from a few batches of the host's own signals.
+
+Every method keeps the host's function at germination: ``random`` and ``gradmax`` by a zero
+factor (fan-out or fan-in), ``tiny`` through the lifecycle (an isolated seed contributes nothing
+until its blend's alpha ramps up from 0).
+
+The three share one object, the first-order loss change of adding one unit with fan-in ``u`` and
+fan-out ``v``, which is bilinear: ``dL ~ u^T A v`` with ``A = sum over samples and positions of
+P(x) ... g`` (``x`` the widened layer's input, ``g`` the loss gradient at the consumer's output,
+the ops in between linearised at 0). ``A`` is built by autograd through the seed's own forward, so
+a ``Linear``, a ``Conv`` and a flatten into a ``Linear`` need no case of their own.
+
+- ``random``: the host layer's default fan-in init, zero fan-out (the plain baseline).
+- ``gradmax`` (Evci et al., 2022, "GradMax: Growing Neural Networks using Gradient Information"):
+  zero fan-in, fan-out along the top right singular vectors of ``A``, which maximise the norm of
+  the gradient the zero fan-in receives. ReLU is replayed with gradient 1 at 0 (``seed.py``), or
+  these units would never move.
+- ``tiny`` (Verbockhaven et al., 2024, "Growing Tiny Networks: Spotting Expressivity Bottlenecks
+  and Fixing Them Optimally", the method behind GroMo): remove from ``g`` what the consumer's
+  existing weights could already fit (least squares on its current inputs), then take the top
+  singular pairs of ``S^-1/2 A`` with ``S`` the covariance of the fan-in's inputs: the new units
+  that best reduce the remaining first-order loss. TINY picks the scale by a line search; here the
+  blend's alpha ramp plays that part and the units start at the host's own per-unit norms.
+
+GroMo (on the registry) implements TINY for ``Linear`` and ``Conv2d`` growing modules that replace
+the user's layers; Esper grows the user's own modules in place and needs ``Conv1d``, so the maths
+is implemented here from the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import grad, jacfwd, jacrev
+
+from esper_core.kasmina.width.seed import _RELUS, WidthSeed, _apply
+
+WIDTH_INITS = ("random", "gradmax", "tiny")
+"""How a width seed's new units start (``init_width_seed_``)."""
+
+# Singular values below this fraction of the largest are noise, not directions to grow along.
+_RANK_TOLERANCE = 1e-6
+# Added to S's diagonal (times its mean eigenvalue) so S^-1/2 exists for rank-deficient inputs.
+_RIDGE = 1e-4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WidthBatch:
+    """One batch of the host's signals at a width site.
+
+    Attributes:
+        x: The widened layer's input (B, *input_shape).
+        h: The consumer's input, the host's current units (B, ...).
+        g: The loss gradient at the consumer's output (B, ...).
+    """
+
+    x: torch.Tensor
+    h: torch.Tensor
+    g: torch.Tensor
+
+
+def width_batches(
+    model: nn.Module,
+    seed: WidthSeed,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> list[WidthBatch]:
+    """Run ``model`` forward and backward on ``batches`` and record the signals at ``seed``'s site.
+
+    The model's parameters receive no gradient (they are read, not trained); train/eval mode is
+    left as it was.
+    """
+    modules = dict(model.named_modules())
+    layer, consumer = modules[seed.site.layer], modules[seed.site.consumer]
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_input(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen["x"] = args[0].detach()
+
+    def keep_consumer(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        seen["h"], seen["y"] = args[0].detach(), out
+
+    out: list[WidthBatch] = []
+    handles = [layer.register_forward_pre_hook(keep_input), consumer.register_forward_hook(keep_consumer)]
+    try:
+        for inputs, targets in batches:
+            with torch.enable_grad():
+                loss = loss_fn(model(inputs), targets)
+                (g,) = torch.autograd.grad(loss, seen["y"])
+            out.append(WidthBatch(x=seen["x"], h=seen["h"], g=g.detach()))
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+@torch.no_grad()
+def init_width_seed_(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]) -> dict[str, float]:
+    """Set ``seed``'s fan-in and fan-out by ``method``; the host is not touched.
+
+    Args:
+        seed: A freshly built width seed.
+        method: One of ``WIDTH_INITS``.
+        batches: The host's signals at the seed's site (``width_batches``); unused by ``random``.
+
+    Returns:
+        Metrics for the seed's state (``init_energy``: the share of ``A``'s squared singular
+        values the chosen directions capture).
+
+    Raises:
+        ValueError: an unknown method, no batches for a data-aware one, or an activation between
+            the layers that is not 0 at 0 (GradMax's zero fan-in would then change the function).
+    """
+    if method not in WIDTH_INITS:
+        raise ValueError(f"width init must be one of {WIDTH_INITS}, got {method!r}")
+    seed.fan_out.zero_()
+    seed.reset_fan_in()
+    if method == "random":
+        return {"init_energy": 0.0}
+    if not batches:
+        raise ValueError(f"width init {method!r} reads the host's gradients: give it at least one batch")
+    with torch.enable_grad():
+        a = _bilinear(seed, batches, project=method == "tiny")  # (d_in, d_out)
+    k = seed.units
+    in_norm = seed.fan_in.flatten(1).norm(dim=1).mean()
+    out_norm = _host_fan_out_norm(seed)
+    if method == "gradmax":
+        _check_zero_at_zero(seed)
+        _, s, vh = torch.linalg.svd(a, full_matrices=False)
+        rank = int((s > s[0] * _RANK_TOLERANCE).sum()) if s.numel() and s[0] > 0 else 0
+        cols = vh[: min(k, rank)]  # (r, d_out)
+        # Units beyond A's rank keep a random fan-in (and zero fan-out): two zero factors never move.
+        seed.fan_in[: cols.shape[0]] = 0
+        if seed.fan_in_bias is not None:
+            seed.fan_in_bias[: cols.shape[0]] = 0
+        _set_out_rows(seed, cols * out_norm)
+        return {"init_energy": float((s[: cols.shape[0]] ** 2).sum() / (s**2).sum().clamp_min(1e-30))}
+    s_cov = _input_covariance(seed, batches)  # (d_in, d_in)
+    ridge = _RIDGE * s_cov.diagonal().mean().clamp_min(1e-12)
+    evals, evecs = torch.linalg.eigh(s_cov + ridge * torch.eye(s_cov.shape[0], dtype=s_cov.dtype))
+    inv_sqrt = evecs @ torch.diag(evals.rsqrt()) @ evecs.T
+    p, s, qh = torch.linalg.svd(inv_sqrt @ a, full_matrices=False)
+    r = min(k, int((s > s[0] * _RANK_TOLERANCE).sum()) if s.numel() and s[0] > 0 else 0)
+    u = (inv_sqrt @ p[:, :r]).T  # (r, d_in): the optimal fan-in directions
+    u = u / u.norm(dim=1, keepdim=True).clamp_min(1e-30) * in_norm
+    # A negative first-order loss change: fan-out against A's right vectors, larger for larger sigma.
+    v = -qh[:r] * (s[:r] / s[0]).unsqueeze(1) * out_norm
+    seed.fan_in[:r] = u.view(r, *seed.fan_in.shape[1:])
+    if seed.fan_in_bias is not None:
+        seed.fan_in_bias[:r] = 0
+    _set_out_rows(seed, v)
+    return {"init_energy": float((s[:r] ** 2).sum() / (s**2).sum().clamp_min(1e-30))}
+
+
+def _is_linear(seed: WidthSeed) -> bool:
+    return seed._consumer_geometry[0] == "linear"
+
+
+def _unit_out(seed: WidthSeed, flat: torch.Tensor) -> torch.Tensor:
+    """One unit's fan-out, from its flat vector to the consumer weight's layout for one unit."""
+    out = seed.fan_out.shape[0]
+    return flat.view(out, seed.site.positions) if _is_linear(seed) else flat.view(out, 1, *seed.fan_out.shape[2:])
+
+
+def _set_out_rows(seed: WidthSeed, rows: torch.Tensor) -> None:
+    """Write per-unit flat fan-outs (r, d_out) into the first r units of ``seed.fan_out``."""
+    p = seed.site.positions
+    for j, row in enumerate(rows):
+        unit = _unit_out(seed, row)
+        if _is_linear(seed):
+            seed.fan_out[:, j * p : (j + 1) * p] = unit
+        else:
+            seed.fan_out[:, j : j + 1] = unit
+
+
+def _bilinear(seed: WidthSeed, batches: Sequence[WidthBatch], *, project: bool) -> torch.Tensor:
+    """``A`` (d_in, d_out): the first-order loss change of one unit is ``u^T A v``."""
+    d_in = seed.fan_in[0].numel()
+    d_out = seed.fan_out.numel() // seed.units
+    slopes = _slopes(seed)
+
+    def change(u: torch.Tensor, v: torch.Tensor, batch: WidthBatch, g: torch.Tensor) -> torch.Tensor:
+        z = _apply(seed._layer_geometry, batch.x, u.view(1, *seed.fan_in.shape[1:]), None)
+        for i, step in enumerate(seed.site.steps):
+            if step.kind == "elementwise":
+                z = z * slopes[i]
+            elif step.kind in ("pool", "flatten"):
+                z = seed._replay(i, step, z)
+            # norms and dropout: identity to first order around a fresh unit
+        y = _apply(seed._consumer_geometry, z, _unit_out(seed, v), None)
+        return (y * g).sum()
+
+    total = torch.zeros(d_in, d_out, dtype=seed.fan_in.dtype, device=seed.fan_in.device)
+    zeros_u, zeros_v = total.new_zeros(d_in), total.new_zeros(d_out)
+    for batch in batches:
+        g = _residual_gradient(seed, batch) if project else batch.g
+        total += jacfwd(grad(change, argnums=0), argnums=1)(zeros_u, zeros_v, batch, g)
+    return total / sum(b.x.shape[0] for b in batches)
+
+
+def _residual_gradient(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
+    """``g`` less its least-squares fit by a change of the consumer's existing weights (TINY's
+    projection: only what the current units cannot express is a bottleneck)."""
+    h_rows = _rows(seed._consumer_geometry, batch.h, _consumer_unit_weight(seed, batch))  # (N, d_h)
+    g_rows = batch.g.movedim(1, -1).reshape(-1, batch.g.shape[1]) if batch.g.dim() > 2 else batch.g
+    fit = torch.linalg.lstsq(h_rows, g_rows, driver="gelsd").solution  # (d_h, out)
+    residual = g_rows - h_rows @ fit
+    if batch.g.dim() > 2:
+        return residual.reshape(batch.g.shape[0], *batch.g.shape[2:], batch.g.shape[1]).movedim(-1, 1)
+    return residual
+
+
+def _consumer_unit_weight(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
+    """A one-output weight of the consumer's shape: (1, d_h) or (1, C, *kernel)."""
+    if _is_linear(seed):
+        return batch.h.new_zeros(1, batch.h.shape[-1])
+    return batch.h.new_zeros(1, batch.h.shape[1], *seed.fan_out.shape[2:])
+
+
+def _input_covariance(seed: WidthSeed, batches: Sequence[WidthBatch]) -> torch.Tensor:
+    """``S`` (d_in, d_in): second moment of what one new unit's fan-in reads (rows or patches)."""
+    unit = seed.fan_in[:1]
+    total, n = None, 0
+    for batch in batches:
+        rows = _rows(seed._layer_geometry, batch.x, unit)
+        total = rows.T @ rows if total is None else total + rows.T @ rows
+        n += rows.shape[0]
+    assert total is not None
+    return total / n
+
+
+def _rows(geometry: tuple[str, dict[str, object]], t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The rows a one-output layer of ``weight``'s shape reads from ``t``: (samples x positions, d)."""
+    zero = torch.zeros_like(weight)
+
+    def one_output(w: torch.Tensor) -> torch.Tensor:
+        return _apply(geometry, t, w, None).flatten()
+
+    return jacrev(one_output)(zero).reshape(-1, weight[0].numel())
+
+
+def _slopes(seed: WidthSeed) -> dict[int, float]:
+    """Each elementwise step's slope at 0 (ReLU: 1, the right derivative the seed trains with)."""
+    slopes = {}
+    for i, step in enumerate(seed.site.steps):
+        if step.kind != "elementwise":
+            continue
+        if step.func in _RELUS:
+            slopes[i] = 1.0
+            continue
+        z = torch.zeros((), requires_grad=True)
+        with torch.enable_grad():
+            (d,) = torch.autograd.grad(seed._replay(i, step, z), z)
+        slopes[i] = float(d)
+    return slopes
+
+
+def _check_zero_at_zero(seed: WidthSeed) -> None:
+    for i, step in enumerate(seed.site.steps):
+        if step.kind == "elementwise" and float(seed._replay(i, step, torch.zeros(()))) != 0.0:
+            name = getattr(step.func, "__name__", step.func)
+            raise ValueError(
+                f"gradmax zeroes the new units' fan-in, but {name} is not 0 at 0, so the network would change; "
+                "use init 'random' or 'tiny' for this layer"
+            )
+
+
+def _host_fan_out_norm(seed: WidthSeed) -> torch.Tensor:
+    """The mean norm of one existing unit's fan-out in the consumer (the scale new units start at)."""
+    w2 = seed.host_weights()[1]
+    if _is_linear(seed):
+        per_unit = w2.view(w2.shape[0], -1, seed.site.positions).transpose(0, 1).flatten(1)
+    else:
+        per_unit = w2.transpose(0, 1).flatten(1)
+    return per_unit.norm(dim=1).mean()

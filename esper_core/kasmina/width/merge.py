@@ -1,0 +1,121 @@
+"""Fold a blended width seed into its host: the layers become physically wider.
+
+After the merge the host is a plain module of the static architecture at its new width (a
+``Linear(in, W + k)``, a ``BatchNorm1d(W + k)``, a consumer reading ``W + k`` units), and it
+computes what the host plus the seed at alpha 1 computed. Parameters keep their identity (their
+``data`` grows in place), so the optimizer's parameter groups, and anything else that holds them,
+stay valid; their optimizer state grows with them:
+
+- the old entries keep their moments and the tensor keeps its step count;
+- the new entries take the seed's own moments, rescaled to the host tensor's step count so that
+  Adam's bias-corrected moments (and so its step sizes) are the ones the seed had. Zero-padded
+  moments with the host's step count would give the new entries steps of about 3x the learning
+  rate for ~100 updates (bias correction no longer divides the first update's small moments);
+- a seed that never took a step gives its entries zero first moments and the old entries' mean
+  second moment: steps of the size the layer's other entries take.
+
+The seed's parameters leave the optimizer. A compiled training step re-traces once on the new
+shapes (the caller counts it); ``torch.export`` should see only the final network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from esper_core.kasmina.width.seed import WidthSeed
+from esper_core.kasmina.width.trace import WidthSite
+
+_ADAM_KEYS = {"exp_avg": 0, "exp_avg_sq": 1, "max_exp_avg_sq": 1}
+"""Adam-family state tensors and the index of the beta their bias correction uses."""
+
+
+@torch.no_grad()
+def merge_width_seed(host: nn.Module, seed: WidthSeed, optimizer: torch.optim.Optimizer | None = None) -> WidthSite:
+    """Grow ``seed.site.layer`` and its consumer by the seed's units, in place.
+
+    Args:
+        host: The model holding the site's layers.
+        seed: A width seed at alpha 1 (what it adds is folded in as is).
+        optimizer: The optimizer training ``host`` (and the seed), if any.
+
+    Returns:
+        The site at its new width (for a later widening of the same layer).
+    """
+    site, k = seed.site, seed.units
+    modules = dict(host.named_modules())
+    layer, consumer = modules[site.layer], modules[site.consumer]
+    pieces: list[tuple[nn.Parameter, nn.Parameter, int]] = [(layer.weight, seed.fan_in, 0)]
+    if layer.bias is not None:
+        assert seed.fan_in_bias is not None
+        pieces.append((layer.bias, seed.fan_in_bias, 0))
+    for i, step in enumerate(site.steps):
+        if step.kind not in ("batch_norm", "group_norm"):
+            continue
+        norm, new = modules[step.module], seed.norms[str(i)]
+        if norm.affine:
+            pieces += [(norm.weight, new.weight, 0), (norm.bias, new.bias, 0)]
+        if isinstance(norm, nn.modules.batchnorm._BatchNorm) and norm.track_running_stats:
+            norm.running_mean = torch.cat([norm.running_mean, new.running_mean])
+            norm.running_var = torch.cat([norm.running_var, new.running_var])
+        if isinstance(norm, nn.GroupNorm):
+            norm.num_groups += new.num_groups
+            norm.num_channels += k
+        else:
+            norm.num_features += k
+    pieces.append((consumer.weight, seed.fan_out, 1))
+    for host_param, seed_param, dim in pieces:
+        _grow(host_param, seed_param, dim, optimizer)
+    if isinstance(layer, nn.Linear):
+        layer.out_features += k
+    else:
+        layer.out_channels += k
+    if isinstance(consumer, nn.Linear):
+        consumer.in_features += k * site.positions
+    else:
+        consumer.in_channels += k
+    if optimizer is not None:
+        _forget(optimizer, list(seed.parameters()))
+    return dataclasses.replace(site, width=site.width + k)
+
+
+def _grow(
+    host_param: nn.Parameter, seed_param: nn.Parameter, dim: int, optimizer: torch.optim.Optimizer | None
+) -> None:
+    old_shape = host_param.shape
+    host_param.data = torch.cat([host_param.data, seed_param.data.to(host_param.dtype)], dim)
+    host_param.grad = None
+    if optimizer is None:
+        return
+    state = optimizer.state.get(host_param)
+    if not state:
+        return
+    seed_state = optimizer.state.get(seed_param, {})
+    group = next(g for g in optimizer.param_groups if any(p is host_param for p in g["params"]))
+    betas = group.get("betas")
+    host_step = float(state["step"]) if "step" in state else 0.0
+    seed_step = float(seed_state["step"]) if "step" in seed_state else 0.0
+    for key, value in list(state.items()):
+        if not isinstance(value, torch.Tensor) or value.shape != old_shape:
+            continue
+        piece = seed_state.get(key)
+        if piece is None or seed_step == 0:
+            # Nothing learned yet: no direction, and second moments at the scale of the layer's others.
+            second = key in ("exp_avg_sq", "max_exp_avg_sq")
+            piece = torch.full_like(seed_param, value.mean().item()) if second else torch.zeros_like(seed_param)
+        elif betas is not None and key in _ADAM_KEYS:
+            beta = betas[_ADAM_KEYS[key]]
+            piece = piece * ((1 - beta**host_step) / (1 - beta**seed_step))
+        state[key] = torch.cat([value, piece.to(value.dtype)], dim)
+
+
+def _forget(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
+    """Drop ``params`` from ``optimizer``'s groups and state (a group left empty stays: its owner
+    may index it)."""
+    ids = {id(p) for p in params}
+    for p in params:
+        optimizer.state.pop(p, None)
+    for group in optimizer.param_groups:
+        group["params"] = [p for p in group["params"] if id(p) not in ids]
