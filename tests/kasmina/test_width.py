@@ -226,3 +226,39 @@ def test_the_merge_keeps_adam_state_and_new_entries_take_the_seeds_step_sizes() 
     opt.step()
     # No oversized first steps for the new rows: Adam's step is at most ~lr per entry.
     assert (fc1.weight.detach() - before).abs().max() <= 1.5e-2
+
+
+@pytest.mark.parametrize("order", [("conv1", "conv2", "conv3"), ("conv3", "conv2", "conv1")])
+def test_adjacent_layers_grown_together_merge_in_either_order(order: tuple[str, ...]) -> None:
+    torch.manual_seed(0)
+    model = MNIST1DCNN(channels=4)
+    clean = copy.deepcopy(model)
+    x = torch.randn(8, 40)
+    seeds = {}
+    for name in ("conv1", "conv2", "conv3"):
+        slot, seed = _grown(model, name, (40,), 2)
+        nn.init.normal_(seed.fan_out, std=0.3)
+        slot.stage, slot.alpha = SeedStage.BLENDING, 1.0
+        seeds[name] = seed
+    opt = torch.optim.Adam([*clean.parameters()], lr=1e-2)
+    F.cross_entropy(clean(x), torch.zeros(8, dtype=torch.long)).backward()
+    opt.step()
+    model.load_state_dict(clean.state_dict())  # the same host weights after the step
+    for name in order:
+        merge_width_seed(clean, seeds[name], opt)
+    # New units of one layer never fed the next layer's new units: those weights start at zero.
+    torch.testing.assert_close(clean(x), model(x), rtol=1e-5, atol=1e-5)
+    assert clean.conv2.weight.shape == (6, 6, 3) and clean.fc.in_features == 6 * 5
+    assert opt.state[clean.conv2.weight]["exp_avg"].shape == (6, 6, 3)
+    opt.zero_grad()
+    F.cross_entropy(clean(x), torch.zeros(8, dtype=torch.long)).backward()
+    opt.step()
+
+
+def test_a_unit_that_would_be_dead_after_the_merge_is_refused() -> None:
+    model = MNIST1DMLP(width=4)
+    x, y = torch.randn(16, 40), torch.randint(0, 10, (16,))
+    _, seed = _grown(model, "fc1", (40,), 2)
+    init_width_seed_(seed, "gradmax", width_batches(model, seed, [(x, y)], F.cross_entropy))
+    with pytest.raises(ValueError, match=r"units \[0, 1\] .* all-zero fan-in .* train the seed at least one step"):
+        merge_width_seed(copy.deepcopy(model), seed)

@@ -45,6 +45,14 @@ def merge_width_seed(host: nn.Module, seed: WidthSeed, optimizer: torch.optim.Op
         The site at its new width (for a later widening of the same layer).
     """
     site, k = seed.site, seed.units
+    dead = [i for i, row in enumerate(seed.fan_in.flatten(1)) if not row.any()]
+    if dead:
+        # The seed replays ReLU with gradient 1 at 0; the host's own ReLU has gradient 0 there,
+        # so a unit merged with all-zero fan-in would never move again.
+        raise ValueError(
+            f"units {dead} of the width seed on {site.layer!r} still have all-zero fan-in (GradMax starts them so): "
+            "merged now they would never learn; train the seed at least one step before merging it"
+        )
     modules = dict(host.named_modules())
     layer, consumer = modules[site.layer], modules[site.consumer]
     pieces: list[tuple[nn.Parameter, nn.Parameter, int]] = [(layer.weight, seed.fan_in, 0)]
@@ -85,7 +93,7 @@ def _grow(
     host_param: nn.Parameter, seed_param: nn.Parameter, dim: int, optimizer: torch.optim.Optimizer | None
 ) -> None:
     old_shape = host_param.shape
-    host_param.data = torch.cat([host_param.data, seed_param.data.to(host_param.dtype)], dim)
+    host_param.data = torch.cat([host_param.data, _fit(seed_param.data.to(host_param.dtype), old_shape, dim, 0.0)], dim)
     host_param.grad = None
     if optimizer is None:
         return
@@ -100,15 +108,31 @@ def _grow(
     for key, value in list(state.items()):
         if not isinstance(value, torch.Tensor) or value.shape != old_shape:
             continue
+        # Entries with no history of their own: no direction, second moments at the scale of
+        # the layer's other entries (zero would make Adam's first steps several times lr).
+        fill = value.mean().item() if key in ("exp_avg_sq", "max_exp_avg_sq") else 0.0
         piece = seed_state.get(key)
         if piece is None or seed_step == 0:
-            # Nothing learned yet: no direction, and second moments at the scale of the layer's others.
-            second = key in ("exp_avg_sq", "max_exp_avg_sq")
-            piece = torch.full_like(seed_param, value.mean().item()) if second else torch.zeros_like(seed_param)
+            piece = torch.full_like(seed_param, fill)
         elif betas is not None and key in _ADAM_KEYS:
             beta = betas[_ADAM_KEYS[key]]
             piece = piece * ((1 - beta**host_step) / (1 - beta**seed_step))
-        state[key] = torch.cat([value, piece.to(value.dtype)], dim)
+        state[key] = torch.cat([value, _fit(piece.to(value.dtype), old_shape, dim, fill)], dim)
+
+
+def _fit(piece: torch.Tensor, host_shape: torch.Size, dim: int, fill: float) -> torch.Tensor:
+    """Pad ``piece`` at the end of every dim but ``dim`` to ``host_shape``.
+
+    A neighbouring seed merged first may have grown the host tensor on another dim (the layer
+    before added input channels, or the consumer added rows); this seed's units never saw those,
+    so their connections to them start at zero.
+    """
+    pad = [(0, host_shape[d] - piece.shape[d]) if d != dim else (0, 0) for d in range(piece.dim())]
+    if not any(after for _, after in pad):
+        return piece
+    out = piece.new_full([host_shape[d] if d != dim else piece.shape[d] for d in range(piece.dim())], fill)
+    out[tuple(slice(0, n) for n in piece.shape)] = piece
+    return out
 
 
 def _forget(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
