@@ -74,7 +74,7 @@ def _germinate(model: nn.Module, layers: list[str], factor: float, init: str, pr
     for name in layers:
         site = trace_width_site(model, name, sample_shape)
         seed = WidthSeed(site, model, units=round(site.width * (factor - 1)))
-        init_width_seed_(seed, init, width_batches(model, seed, probe, F.cross_entropy))
+        init_width_seed_(seed, init, width_batches(model, seed.site, probe, F.cross_entropy))
         if init == "tiny":
             _line_search(model, seed, probe)
         slot = WidthSlot(site=site, batch_max=1 << 20)

@@ -36,6 +36,9 @@ class KasminaConfig:
     """Training batches the ``gradmax`` statistic is computed from, once, at germination."""
     isolation_lr: IsolationLRConfig = field(default_factory=IsolationLRConfig)
     """The seed's learning-rate factor, warm-up and decay while it trains in isolation."""
+    width_max_factor: float = 2.0
+    """A width seed may add at most ``(width_max_factor - 1) x`` a layer's current units at once
+    (2.0: at most double it); G0 refuses more."""
 
     def __post_init__(self) -> None:
         for name in ("min_training_epochs", "probation_epochs", "embargo_epochs"):
@@ -43,6 +46,10 @@ class KasminaConfig:
                 raise ValueError(f"{name} must be >= 1 epoch, got {getattr(self, name)}")
         if self.seed_init not in SEED_INITS:
             raise ValueError(f"seed_init must be one of {SEED_INITS}, got {self.seed_init!r}")
+        if not self.width_max_factor > 1.0:
+            raise ValueError(
+                f"width_max_factor must be > 1 (2.0 lets a width seed double a layer), got {self.width_max_factor}"
+            )
         if self.seed_init_batches < 1:
             raise ValueError(
                 f"seed_init_batches must be >= 1 (the gradmax statistic needs a batch), got {self.seed_init_batches}"

@@ -43,6 +43,23 @@ class GateConfig:
             raise ValueError(f"max_loss_ratio must be > 1, got {self.max_loss_ratio}")
 
 
+def g0_width(*, layer: str, width: int, units: int, init: str, inits: Sequence[str], max_factor: float) -> GateVerdict:
+    """A width seed's request is sane: a known init and 1 <= units <= (max_factor - 1) x width."""
+    limit = max(1, math.floor(width * (max_factor - 1)))
+    if init not in inits:
+        return GateVerdict(
+            gate=GateId.G0_SANITY, passed=False, reason=f"width init must be one of {tuple(inits)}, got {init!r}"
+        )
+    if not 1 <= units <= limit:
+        return GateVerdict(
+            gate=GateId.G0_SANITY,
+            passed=False,
+            reason=f"{layer} has {width} units: a width seed may add 1..{limit} at once (KasminaConfig.width_max_factor "
+            f"{max_factor:g}), got {units}",
+        )
+    return GateVerdict(gate=GateId.G0_SANITY, passed=True, reason=f"widen {layer} {width} -> {width + units} ({init})")
+
+
 def g0_sanity(
     catalog: KarnCatalog,
     *,

@@ -16,17 +16,17 @@ Shapes: ``x`` is the model's input (B, *sample_shape); a slot's activation is (B
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.dryrun import dry_forward
 from esper_core.kasmina.slot import SeedSlot
+from esper_core.kasmina.width import WidthSlot, graft_width_slot, trace_width_site
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +137,6 @@ def _check_names(slots: Sequence[str], modules: dict[str, nn.Module]) -> None:
         )
 
 
-def dry_forward(model: nn.Module, input_shape: tuple[int, ...]) -> None:
-    """One forward with meta parameters, buffers and input: shapes only, nothing allocated."""
-    dtype = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(())).dtype
-    state = {
-        k: torch.empty_like(v, device="meta")
-        for k, v in itertools.chain(model.named_parameters(), model.named_buffers())
-    }
-    x = torch.empty(input_shape, dtype=dtype if dtype.is_floating_point else torch.float32, device="meta")
-    with torch.no_grad():
-        functional_call(model, state, (x,), strict=False)
-
-
 def _feature_shape(name: str, outputs_per_batch: list[list[object]]) -> tuple[int, ...]:
     shapes = []
     for batch, outs in zip(_PROBE_BATCHES, outputs_per_batch, strict=True):
@@ -206,13 +194,26 @@ class GrowableModel(nn.Module):
         slots: Dotted names of the modules whose output a seed may grow on.
         sample_shape: Shape of one input sample, without the batch dimension.
         batch_max: The largest batch a slot must accept (seed kernels are compiled for it).
+        widen: Dotted names of ``Linear`` / ``Conv`` layers width seeds may widen; each gets a
+            width slot ``"<name>+width"`` (``esper_core.kasmina.width``).
+
+    Raises:
+        ValueError: a slot or a layer to widen that the model cannot take, with the reason.
     """
 
     def __init__(
-        self, model: nn.Module, *, slots: Sequence[str], sample_shape: tuple[int, ...], batch_max: int
+        self,
+        model: nn.Module,
+        *,
+        slots: Sequence[str],
+        sample_shape: tuple[int, ...],
+        batch_max: int,
+        widen: Sequence[str] = (),
     ) -> None:
         super().__init__()
         sites = discover_slot_sites(model, slots, sample_shape)
+        # Traced before anything is built: a layer that cannot take new units is refused here.
+        width_sites = [trace_width_site(model, name, sample_shape) for name in widen]
         self.model = model
         self.kind = "custom"
         self.sites = tuple(sites)
@@ -230,11 +231,19 @@ class GrowableModel(nn.Module):
         modules = dict(model.named_modules())
         for slot in self.seed_slots.values():
             modules[slot.slot_id].register_forward_hook(_graft(slot))
+        for site in width_sites:
+            width_slot = WidthSlot(site=site, batch_max=batch_max)
+            self.seed_slots[width_slot.slot_id.replace(".", "-")] = width_slot
+            graft_width_slot(model, width_slot)
         layers = weight_layers(model)
         # A plain list, not a ModuleList: these modules are registered once, under `model`.
         self.layers: list[nn.Module] = list(layers.values())
         self.layer_names = tuple(layers)
-        self.layer_widths = tuple(int(m.weight.shape[0]) for m in layers.values())
+
+    @property
+    def layer_widths(self) -> tuple[int, ...]:
+        """Each weight layer's current output width (a merged width seed changes it)."""
+        return tuple(int(m.weight.shape[0]) for m in self.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)

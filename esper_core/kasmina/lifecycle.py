@@ -14,7 +14,9 @@ TRANSITIONS: dict[SeedStage, frozenset[SeedStage]] = {
     S.TRAINING: frozenset({S.BLENDING, S.CULLED}),
     S.BLENDING: frozenset({S.PROBATIONARY, S.CULLED}),
     S.PROBATIONARY: frozenset({S.FOSSILIZED, S.CULLED}),
-    S.FOSSILIZED: frozenset(),
+    # Only a width slot leaves FOSSILIZED: once its seed is merged into the host, the slot is free
+    # to widen the layer again. A branch seed lives on in its slot for good.
+    S.FOSSILIZED: frozenset({S.DORMANT}),
     S.CULLED: frozenset({S.EMBARGOED}),
     S.EMBARGOED: frozenset({S.DORMANT}),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,8 +32,11 @@ from esper_core.kasmina.fastpath import strip_runtime_guards
 from esper_core.kasmina.lifecycle import blend_alpha, check_transition
 from esper_core.kasmina.loader import LoadedKernel, check_guard
 from esper_core.kasmina.param_groups import SeedParamGroups
+from esper_core.kasmina.records import WIDTH_BLUEPRINT, SeedRecord
 from esper_core.kasmina.seed_init import gradmax_init_
 from esper_core.kasmina.slot import SeedSlot
+from esper_core.kasmina.width import WidthSeed, WidthSlot, resize_width
+from esper_core.kasmina.width_commands import WidthCommands
 
 S = SeedStage
 # Stages whose seed parameters are updated by the optimizer.
@@ -42,22 +45,6 @@ TRAINABLE = frozenset({S.TRAINING, S.BLENDING, S.PROBATIONARY})
 SlotGradients = Callable[[str, int], list[tuple[torch.Tensor, torch.Tensor]]]
 """``(slot_id, batches) -> [(x, g), ...]``: the activation entering a slot and the loss gradient at
 its output for up to ``batches`` training batches (``Trainer.slot_gradients``)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class _Seed:
-    """Bookkeeping for the seed in one slot."""
-
-    blueprint_id: str
-    params: dict[str, float]
-    artifact: KernelArtifact
-    lr_scale: float
-    schedule: BlendSchedule
-    blend_epochs: int
-    age: int = 0
-    epochs_in_stage: int = 0
-    with_seed_losses: list[float] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,7 +64,7 @@ class EpochObservation:
     sample_input: Callable[[str], torch.Tensor]
 
 
-class SeedManager:
+class SeedManager(WidthCommands):
     """Owns the seed slots of one host model."""
 
     def __init__(
@@ -90,7 +77,7 @@ class SeedManager:
         self.slots = slots
         self.catalog = catalog
         self.config = config or KasminaConfig()
-        self._seeds: dict[str, _Seed] = {}
+        self._seeds: dict[str, SeedRecord] = {}
         self._last_gate: dict[str, GateVerdict] = {}
         self._embargo_left: dict[str, int] = {}
         self._events: list[TelemetryEvent] = []
@@ -132,6 +119,10 @@ class SeedManager:
             The G0 verdict; on failure the slot stays DORMANT.
         """
         slot = self._slot(slot_id)
+        if isinstance(slot, WidthSlot):
+            raise ValueError(
+                f"slot {slot_id} widens {slot.site.layer}: it takes width seeds (germinate_width), not kernels"
+            )
         check_transition(slot_id, slot.stage, S.GERMINATED)
         artifact = kernel.artifact
         verdict = gates.g0_sanity(
@@ -156,7 +147,7 @@ class SeedManager:
         module = strip_runtime_guards(kernel.module)
         slot.seed = module
         slot.alpha = 0.0
-        self._seeds[slot_id] = _Seed(
+        self._seeds[slot_id] = SeedRecord(
             blueprint_id=artifact.blueprint_id,
             params=dict(params or artifact.params),
             artifact=artifact,
@@ -201,6 +192,9 @@ class SeedManager:
                 f"slot {slot_id} cannot be fossilized: it must be probationary with a passed G4 "
                 f"(stage {slot.stage.value}, last gate {last.gate.value if last else 'none'})"
             )
+        if isinstance(slot, WidthSlot):
+            self._merge_width(slot)
+            return
         self.param_groups.remove(slot_id)
         for p in self.seed_parameters(slot_id):
             p.requires_grad_(False)
@@ -238,7 +232,7 @@ class SeedManager:
         """What the forward pass's code path depends on (stage and seed of each slot); alphas are
         left out because slots read them from device buffers."""
         return tuple(
-            (sid, slot.stage.value, self._seeds[sid].artifact.sha256 if sid in self._seeds else None)
+            (sid, slot.stage.value, self._seed_key(sid), getattr(slot, "site", None) and slot.site.width)
             for sid, slot in self.slots.items()
         )
 
@@ -351,8 +345,10 @@ class SeedManager:
         x = obs.sample_input(sid)
         with torch.inference_mode():
             y = slot.seed(x)
+        # A width seed maps the layer's input to a delta of the consumer's output.
+        expected = (x.shape[0], *slot.site.output_shape) if isinstance(slot, WidthSlot) else tuple(x.shape)
         verdict = gates.g3_interface(
-            input_shape=tuple(x.shape),
+            input_shape=tuple(expected),
             output_shape=tuple(y.shape),
             input_dtype=x.dtype,
             output_dtype=y.dtype,
@@ -402,7 +398,7 @@ class SeedManager:
                     shape_profile=slot.profile.name,
                     stage=slot.stage,
                     blueprint_id=seed.blueprint_id if seed else None,
-                    artifact_sha256=seed.artifact.sha256 if seed else None,
+                    artifact_sha256=seed.artifact.sha256 if seed and seed.artifact else None,
                     alpha=slot.alpha,
                     blend_mode=slot.blend_mode,
                     age_epochs=seed.age if seed else 0,
@@ -437,7 +433,7 @@ class SeedManager:
                 else {
                     "blueprint_id": seed.blueprint_id,
                     "params": seed.params,
-                    "artifact": seed.artifact.to_json(),
+                    "artifact": seed.artifact.to_json() if seed.artifact else None,
                     "lr_scale": seed.lr_scale,
                     "schedule": seed.schedule.value,
                     "blend_epochs": seed.blend_epochs,
@@ -448,7 +444,9 @@ class SeedManager:
                     "frozen": slot.stage is S.FOSSILIZED,
                 },
             }
-        return {"slots": slots, "group_order": self.param_groups.order()}
+        # The architecture: every width slot's layer width, so a restore reshapes the host first.
+        widths = {sid: slot.site.width for sid, slot in self.slots.items() if isinstance(slot, WidthSlot)}
+        return {"slots": slots, "group_order": self.param_groups.order(), "widths": widths}
 
     def load_state_dict(self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]) -> None:
         """Restore slots (re-fetching kernels through ``load_kernel``) and optimizer groups."""
@@ -457,6 +455,10 @@ class SeedManager:
         self._seeds.clear()
         self._last_gate.clear()
         self._embargo_left.clear()
+        for sid, width in state.get("widths", {}).items():
+            slot = self._slot(sid)
+            assert isinstance(slot, WidthSlot)
+            slot.site = resize_width(slot.host, slot.site, int(width))
         for sid, entry in state["slots"].items():
             slot = self._slot(sid)
             slot.stage = S(entry["stage"])
@@ -469,13 +471,18 @@ class SeedManager:
             s = entry["seed"]
             if s is None:
                 continue
-            artifact = KernelArtifact.from_json(s["artifact"])
-            check_guard(artifact.guard, feature_shape=slot.profile.feature_shape, dtype=slot.profile.dtype)
-            slot.seed = strip_runtime_guards(load_kernel(artifact).module)
+            artifact = None if s["artifact"] is None else KernelArtifact.from_json(s["artifact"])
+            if artifact is None:
+                assert isinstance(slot, WidthSlot)
+                # Its weights come with the host's state dict, loaded after this.
+                slot.seed = WidthSeed(slot.site, slot.host, units=int(s["params"]["units"]))
+            else:
+                check_guard(artifact.guard, feature_shape=slot.profile.feature_shape, dtype=slot.profile.dtype)
+                slot.seed = strip_runtime_guards(load_kernel(artifact).module)
             if s["frozen"]:
                 for p in slot.seed.parameters():
                     p.requires_grad_(False)
-            self._seeds[sid] = _Seed(
+            self._seeds[sid] = SeedRecord(
                 blueprint_id=s["blueprint_id"],
                 params=dict(s["params"]),
                 artifact=artifact,
@@ -492,13 +499,19 @@ class SeedManager:
 
     # ------------------------------------------------------------------ internals
 
+    def _seed_key(self, slot_id: str) -> str | None:
+        seed = self._seeds.get(slot_id)
+        if seed is None:
+            return None
+        return seed.artifact.sha256 if seed.artifact else f"{WIDTH_BLUEPRINT}:{int(seed.params['units'])}"
+
     def _slot(self, slot_id: str) -> SeedSlot:
         slot = self.slots.get(slot_id)
         if slot is None:
             raise ValueError(f"unknown slot {slot_id!r}; this host has slots {sorted(self.slots)}")
         return slot
 
-    def _require_seed(self, slot_id: str) -> _Seed:
+    def _require_seed(self, slot_id: str) -> SeedRecord:
         seed = self._seeds.get(slot_id)
         if seed is None:
             raise ValueError(f"slot {slot_id} holds no seed (stage {self.slots[slot_id].stage.value})")

@@ -16,6 +16,11 @@ class SeedParamGroups:
         self._optimizer: torch.optim.Optimizer | None = None
         self._base_lr = 0.0
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The bound optimizer (None before ``bind``)."""
+        return self._optimizer
+
     def bind(self, optimizer: torch.optim.Optimizer, *, base_lr: float) -> None:
         """Manage seed groups in ``optimizer``; seeds get ``base_lr * lr_scale``."""
         self._optimizer = optimizer

@@ -66,7 +66,8 @@ def test_lifecycle_table() -> None:
         IllegalTransitionError, match="cannot go from dormant to blending; allowed from dormant: germinated"
     ):
         check_transition("s", SeedStage.DORMANT, SeedStage.BLENDING)
-    with pytest.raises(IllegalTransitionError, match="terminal"):
+    # A fossilized seed is never culled; only a width slot, its seed merged, goes back to dormant.
+    with pytest.raises(IllegalTransitionError, match="allowed from fossilized: dormant"):
         check_transition("s", SeedStage.FOSSILIZED, SeedStage.CULLED)
 
 

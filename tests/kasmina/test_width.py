@@ -16,6 +16,7 @@ from esper_core.kasmina.width import (
     graft_width_slot,
     init_width_seed_,
     merge_width_seed,
+    resize_width,
     trace_width_site,
     width_batches,
 )
@@ -152,7 +153,7 @@ def test_germination_and_isolation_leave_the_host_function_and_gradients_bit_ide
     reference = copy.deepcopy(model)
     x, y = torch.randn(32, 40), torch.randint(0, 10, (32,))
     slot, seed = _grown(model, "conv3", (40,), 3)
-    init_width_seed_(seed, init, width_batches(model, seed, [(x, y)], F.cross_entropy))
+    init_width_seed_(seed, init, width_batches(model, seed.site, [(x, y)], F.cross_entropy))
     for stage in (SeedStage.GERMINATED, SeedStage.TRAINING):
         slot.stage = stage
         out = model(x)
@@ -173,7 +174,7 @@ def test_gradmax_units_learn_through_relu_and_aim_along_the_gradient() -> None:
     model = MNIST1DMLP(width=6)
     x, y = torch.randn(64, 40), torch.randint(0, 10, (64,))
     slot, seed = _grown(model, "fc1", (40,), 3)
-    metrics = init_width_seed_(seed, "gradmax", width_batches(model, seed, [(x, y)], F.cross_entropy))
+    metrics = init_width_seed_(seed, "gradmax", width_batches(model, seed.site, [(x, y)], F.cross_entropy))
     assert 0 < metrics["init_energy"] <= 1
     assert torch.count_nonzero(seed.fan_in) == 0 and torch.count_nonzero(seed.fan_out) > 0
     slot.stage, slot.alpha = SeedStage.BLENDING, 1.0
@@ -187,7 +188,7 @@ def test_tiny_units_lower_the_loss_to_first_order() -> None:
     model = MNIST1DCNN(channels=4)
     x, y = torch.randn(128, 40), torch.randint(0, 10, (128,))
     slot, seed = _grown(model, "conv2", (40,), 2)
-    init_width_seed_(seed, "tiny", width_batches(model, seed, [(x, y)], F.cross_entropy))
+    init_width_seed_(seed, "tiny", width_batches(model, seed.site, [(x, y)], F.cross_entropy))
     slot.stage = SeedStage.BLENDING
     losses = []
     for alpha in (0.0, 1e-3):
@@ -259,6 +260,25 @@ def test_a_unit_that_would_be_dead_after_the_merge_is_refused() -> None:
     model = MNIST1DMLP(width=4)
     x, y = torch.randn(16, 40), torch.randint(0, 10, (16,))
     _, seed = _grown(model, "fc1", (40,), 2)
-    init_width_seed_(seed, "gradmax", width_batches(model, seed, [(x, y)], F.cross_entropy))
+    init_width_seed_(seed, "gradmax", width_batches(model, seed.site, [(x, y)], F.cross_entropy))
     with pytest.raises(ValueError, match=r"units \[0, 1\] .* all-zero fan-in .* train the seed at least one step"):
         merge_width_seed(copy.deepcopy(model), seed)
+
+
+def test_resize_width_round_trips_a_checkpoint_of_a_grown_network() -> None:
+    torch.manual_seed(0)
+    grown, narrow = BNConvNet(), BNConvNet()
+    _, seed = _grown(grown, "features.0", (1, 8, 8), 2)
+    nn.init.normal_(seed.fan_out)
+    seed.fan_in.data.normal_()
+    site = merge_width_seed(grown, seed)
+    checkpoint = copy.deepcopy(grown.state_dict())
+    # A fresh narrow model reshaped to the checkpoint's widths loads it and computes the same.
+    resized = resize_width(narrow, trace_width_site(narrow, "features.0", (1, 8, 8)), site.width)
+    narrow.load_state_dict(checkpoint)
+    grown.eval(), narrow.eval()
+    x = torch.randn(4, 1, 8, 8)
+    assert torch.equal(narrow(x), grown(x)) and resized.width == 8
+    # ...and back down: a rollback to before the merge.
+    resize_width(narrow, resized, 6)
+    assert narrow.features[0].weight.shape == (6, 1, 3, 3) and narrow.features[4].in_channels == 6

@@ -8,7 +8,7 @@
 """
 
 from esper_core.kasmina.width.init import WIDTH_INITS, WidthBatch, init_width_seed_, width_batches
-from esper_core.kasmina.width.merge import merge_width_seed
+from esper_core.kasmina.width.merge import merge_width_seed, resize_width
 from esper_core.kasmina.width.seed import WidthSeed
 from esper_core.kasmina.width.slot import WidthSlot, graft_width_slot
 from esper_core.kasmina.width.trace import Step, WidthSite, trace_width_site
@@ -23,6 +23,7 @@ __all__ = [
     "graft_width_slot",
     "init_width_seed_",
     "merge_width_seed",
+    "resize_width",
     "trace_width_site",
     "width_batches",
 ]

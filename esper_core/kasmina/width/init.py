@@ -37,6 +37,7 @@ from torch import nn
 from torch.func import grad, jacfwd, jacrev
 
 from esper_core.kasmina.width.seed import _RELUS, WidthSeed, _apply
+from esper_core.kasmina.width.trace import WidthSite
 
 WIDTH_INITS = ("random", "gradmax", "tiny")
 """How a width seed's new units start (``init_width_seed_``)."""
@@ -64,17 +65,17 @@ class WidthBatch:
 
 def width_batches(
     model: nn.Module,
-    seed: WidthSeed,
+    site: WidthSite,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> list[WidthBatch]:
-    """Run ``model`` forward and backward on ``batches`` and record the signals at ``seed``'s site.
+    """Run ``model`` forward and backward on ``batches`` and record the signals at ``site``.
 
     The model's parameters receive no gradient (they are read, not trained); train/eval mode is
     left as it was.
     """
     modules = dict(model.named_modules())
-    layer, consumer = modules[seed.site.layer], modules[seed.site.consumer]
+    layer, consumer = modules[site.layer], modules[site.consumer]
     seen: dict[str, torch.Tensor] = {}
 
     def keep_input(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:

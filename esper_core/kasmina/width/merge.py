@@ -143,3 +143,54 @@ def _forget(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> Non
         optimizer.state.pop(p, None)
     for group in optimizer.param_groups:
         group["params"] = [p for p in group["params"] if id(p) not in ids]
+
+
+@torch.no_grad()
+def resize_width(host: nn.Module, site: WidthSite, width: int) -> WidthSite:
+    """Give ``site.layer`` exactly ``width`` units (truncating or zero-padding every tensor the
+    widening touches), for loading a checkpoint taken at that width; the values are the
+    checkpoint's to fill in, and optimizer state is the checkpoint's too.
+
+    Returns:
+        The site at ``width``.
+    """
+    if width < 1:
+        raise ValueError(f"a layer keeps at least one unit, got width={width} for {site.layer!r}")
+    if width == site.width:
+        return site
+    modules = dict(host.named_modules())
+    layer, consumer = modules[site.layer], modules[site.consumer]
+    tensors: list[tuple[nn.Module, str, int, int]] = [(layer, "weight", 0, 1), (layer, "bias", 0, 1)]
+    for step in site.steps:
+        if step.kind not in ("batch_norm", "group_norm"):
+            continue
+        norm = modules[step.module]
+        tensors += [(norm, n, 0, 1) for n in ("weight", "bias", "running_mean", "running_var")]
+        if isinstance(norm, nn.GroupNorm):
+            per_group = norm.num_channels // norm.num_groups
+            if width % per_group:
+                raise ValueError(f"{step.module!r} has groups of {per_group}: width {width} is not a multiple")
+            norm.num_groups, norm.num_channels = width // per_group, width
+        else:
+            norm.num_features = width
+    tensors.append((consumer, "weight", 1, site.positions))
+    for module, name, dim, per_unit in tensors:
+        t = getattr(module, name, None)
+        if t is None:
+            continue
+        size = width * per_unit
+        kept = t.data.narrow(dim, 0, min(size, t.shape[dim]))
+        pad = list(kept.shape)
+        pad[dim] = size - kept.shape[dim]
+        new = torch.cat([kept, kept.new_zeros(pad)], dim) if pad[dim] > 0 else kept.clone()
+        t.data = new
+        t.grad = None
+    if isinstance(layer, nn.Linear):
+        layer.out_features = width
+    else:
+        layer.out_channels = width
+    if isinstance(consumer, nn.Linear):
+        consumer.in_features = width * site.positions
+    else:
+        consumer.in_channels = width
+    return dataclasses.replace(site, width=width)

@@ -37,6 +37,16 @@ class WidthSlot(SeedSlot):
         )
         self.site = site
         self._source: torch.Tensor | None = None
+        # The model the slot widens: in a tuple, so it is not registered as a submodule (the host
+        # owns the slot, not the other way round).
+        self._host: tuple[nn.Module, ...] = ()
+
+    @property
+    def host(self) -> nn.Module:
+        """The model whose layer this slot widens (set by ``graft_width_slot``)."""
+        if not self._host:
+            raise ValueError(f"width slot {self.slot_id} is not grafted onto a model: call graft_width_slot first")
+        return self._host[0]
 
     def capture(self, x: torch.Tensor) -> None:
         """Keep the widened layer's input for the consumer's hook (only while a seed is here)."""
@@ -53,6 +63,7 @@ class WidthSlot(SeedSlot):
 def graft_width_slot(host: nn.Module, slot: WidthSlot) -> list[RemovableHandle]:
     """Hook ``slot`` into ``host`` (input kept at the layer, seed applied at the consumer)."""
     modules = dict(host.named_modules())
+    slot._host = (host,)
 
     def keep(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         slot.capture(args[0])

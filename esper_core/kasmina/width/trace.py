@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from esper_core.kasmina.graft import dry_forward
+from esper_core.kasmina.dryrun import dry_forward
 
 StepKind = Literal["elementwise", "dropout", "batch_norm", "group_norm", "layer_norm", "pool", "flatten"]
 
@@ -104,6 +104,7 @@ class WidthSite:
         input_shape: Per-sample shape of the layer's input.
         positions: Consumer input columns per unit: 1, or the spatial positions a flatten folds
             into the consumer's features.
+        output_shape: Per-sample shape of the consumer's output (what a width seed adds to).
     """
 
     layer: str
@@ -112,6 +113,7 @@ class WidthSite:
     width: int
     input_shape: tuple[int, ...]
     positions: int
+    output_shape: tuple[int, ...]
 
 
 def trace_width_site(model: nn.Module, layer: str, sample_shape: tuple[int, ...]) -> WidthSite:
@@ -176,6 +178,7 @@ class _Tracer(TorchFunctionMode):
         self.readers: dict[int, int] = {}
         self.steps: list[Step] = []
         self.consumers: list[str] = []
+        self.output_shapes: dict[str, tuple[int, ...]] = {}
         self.input_shape: tuple[int, ...] = ()
         self.problem: str | None = None
         self.positions = 1
@@ -191,6 +194,8 @@ class _Tracer(TorchFunctionMode):
     def leave(self, name: str) -> Callable[[nn.Module, object, object], None]:
         def hook(_m: nn.Module, _args: object, out: object) -> None:
             self.stack.pop()
+            if isinstance(out, torch.Tensor):
+                self.output_shapes[name] = tuple(out.shape[1:])
             if name == self.layer:
                 self.calls += 1
                 assert isinstance(out, torch.Tensor)
@@ -310,6 +315,7 @@ class _Tracer(TorchFunctionMode):
             width=int(width),
             input_shape=self.input_shape,
             positions=self.positions,
+            output_shape=self.output_shapes[consumer],
         )
 
 
