@@ -71,8 +71,9 @@ def _accuracy(model: nn.Module, loader: DataLoader) -> float:
 def _germinate(model: nn.Module, layers: list[str], factor: float, init: str, probe, sample_shape, opt):  # noqa: ANN001, ANN202
     """Attach a width seed to every layer, initialised by ``init``; returns (slot, seed, handles)."""
     grown = []
-    for name in layers:
-        site = trace_width_site(model, name, sample_shape)
+    # Every site is traced before any seed is attached: the dry forward runs on the bare host.
+    sites = [trace_width_site(model, name, sample_shape) for name in layers]
+    for site in sites:
         seed = WidthSeed(site, model, units=round(site.width * (factor - 1)))
         init_width_seed_(seed, init, width_batches(model, seed.site, probe, F.cross_entropy))
         if init == "tiny":
@@ -160,8 +161,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=5000)
     parser.add_argument("--inits", nargs="+", default=list(WIDTH_INITS), choices=WIDTH_INITS)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None, help="write config, summary and every run here")
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="instead of running: pool the runs of several --json outputs (disjoint seeds, e.g. two processes) into --json",
+    )
     args = parser.parse_args(argv)
+    if args.combine:
+        _combine(args.combine, args.json)
+        return
     recipe = load_recipe(args.recipe)
     epochs = args.epochs or recipe.epochs
     host = recipe.host.build()
@@ -190,6 +201,29 @@ def main(argv: list[str] | None = None) -> None:
                 f,
                 indent=2,
             )
+
+
+def _combine(paths: list[str], out: str | None) -> None:
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            parts.append(json.load(f))
+    seeds = [
+        s
+        for part in parts
+        for s in range(part["config"]["first_seed"], part["config"]["first_seed"] + part["config"]["seeds"])
+    ]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--combine needs disjoint seeds; these files share some: {paths}")
+    arms = [a for a in parts[0]["runs"] if all(a in p["runs"] for p in parts)]
+    runs = {a: [r for p in parts for r in p["runs"][a]] for a in arms}
+    factor = parts[0]["config"]["factor"]
+    summary = _summarise(runs, arms, factor)
+    print(json.dumps(summary, indent=2))
+    if out:
+        config = parts[0]["config"] | {"seeds": len(seeds), "seed_list": seeds, "combined_from": len(parts)}
+        with open(out, "w") as f:
+            json.dump({"config": config, "summary": summary, "runs": runs}, f, indent=2)
 
 
 def _widenable(model: nn.Module, name: str, sample_shape: tuple[int, ...]) -> bool:
