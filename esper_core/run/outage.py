@@ -1,0 +1,213 @@
+"""Riding out a registry outage: a run keeps training while Urza's database is unreachable.
+
+Every call a run makes to the database goes through one ``RegistryLink``. A call that finds the
+database unreachable (``RegistryUnavailableError``, translated at Urza's SQL boundary) opens an
+outage: the run goes on without the database (no candidates, so Tamiyo decides WAIT: nothing
+germinates without a kernel; kernels already loaded keep serving from memory), writes wait in
+order, and the link tries again after an exponentially growing delay with jitter (so many runs
+do not reconnect in step). The first call that succeeds closes the outage and the queued writes
+go out (they are idempotent by id: nothing is lost or doubled). An outage longer than
+``ESPER_REGISTRY_OUTAGE_LIMIT_S`` fails the run with ``RegistryOutageError``.
+
+Outages are telemetry events: ``urza.outage.started``, ``urza.outage.ended`` (with its length)
+and ``urza.outage.exceeded``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from esper_core.contracts import FieldReport, TelemetryEvent, TelemetryLevel
+from esper_core.simic.records import DecisionRecord, SimicStore
+from esper_core.urza.errors import RegistryUnavailableError
+
+T = TypeVar("T")
+_BASE_DELAY_S = 0.5
+_MAX_DELAY_S = 30.0
+
+
+class RegistryOutageError(RuntimeError):
+    """The registry stayed unreachable longer than the run's limit (not a rejected command: fatal)."""
+
+
+class RegistryLink:
+    """A run's one path to the registry database, with outage bookkeeping and backoff.
+
+    Args:
+        limit_s: Longest outage a run survives (``ESPER_REGISTRY_OUTAGE_LIMIT_S``).
+        emit: Sends an outage event at once (the run's telemetry sink).
+        clock: Monotonic seconds (tests may pass their own).
+        rng: Source of the jitter.
+    """
+
+    def __init__(
+        self,
+        *,
+        limit_s: float,
+        emit: Callable[[TelemetryEvent], None],
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if limit_s <= 0:
+            raise ValueError(
+                f"the registry outage limit must be > 0 s, got {limit_s}: set ESPER_REGISTRY_OUTAGE_LIMIT_S"
+            )
+        self.limit_s = limit_s
+        self._emit = emit
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.since: float | None = None
+        self.failures = 0
+        self._next_try = 0.0
+        self._last_error = ""
+
+    @property
+    def down(self) -> bool:
+        """Whether an outage is open (the last call found the database unreachable)."""
+        return self.since is not None
+
+    def try_call(self, operation: str, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """Call ``fn`` unless the link is backing off; never waits.
+
+        Returns:
+            ``(True, result)``, or ``(False, None)`` when the database is (still) unreachable.
+
+        Raises:
+            RegistryOutageError: The outage has lasted longer than the limit.
+        """
+        if self.since is not None and self._clock() < self._next_try:
+            self._check_limit(operation)
+            return False, None
+        try:
+            result = fn()
+        except RegistryUnavailableError as e:
+            self.failed(operation, e)
+            return False, None
+        self._recovered()
+        return True, result
+
+    def call(self, operation: str, fn: Callable[[], T]) -> T:
+        """Call ``fn``, waiting out an outage with backoff (up to the limit).
+
+        Raises:
+            RegistryOutageError: The database stayed unreachable past the limit.
+        """
+        while True:
+            done, result = self.try_call(operation, fn)
+            if done:
+                return result  # type: ignore[return-value]
+            # The backoff itself: sleep until the next attempt is due.
+            time.sleep(max(0.0, self._next_try - self._clock()))
+
+    def failed(self, operation: str, error: Exception) -> None:
+        """Record that ``operation`` found the database unreachable; schedule the next attempt.
+
+        Raises:
+            RegistryOutageError: The outage has lasted longer than the limit.
+        """
+        now = self._clock()
+        self._last_error = str(error)
+        if self.since is None:
+            self.since = now
+            self._emit(
+                TelemetryEvent(
+                    name="urza.outage.started",
+                    level=TelemetryLevel.WARNING,
+                    message=f"registry unreachable while trying to {operation}; training goes on without it: {error}",
+                    attributes={"operation": operation, "limit_s": self.limit_s},
+                )
+            )
+        self.failures += 1
+        cap = min(_MAX_DELAY_S, _BASE_DELAY_S * 2 ** min(self.failures - 1, 16))
+        # "Equal jitter": at least half the exponential delay, so retries still back off.
+        self._next_try = now + cap / 2 + self._rng.uniform(0.0, cap / 2)
+        self._check_limit(operation)
+
+    def _check_limit(self, operation: str) -> None:
+        assert self.since is not None
+        elapsed = self._clock() - self.since
+        if elapsed <= self.limit_s:
+            return
+        message = (
+            f"the registry database has been unreachable for {elapsed:.0f} s, longer than the run's limit "
+            f"of {self.limit_s:g} s (ESPER_REGISTRY_OUTAGE_LIMIT_S), while trying to {operation}: "
+            f"{self._last_error}. Bring the database back and resume the run (its last commit is intact), "
+            "or raise ESPER_REGISTRY_OUTAGE_LIMIT_S"
+        )
+        self._emit(
+            TelemetryEvent(
+                name="urza.outage.exceeded",
+                level=TelemetryLevel.CRITICAL,
+                message=message,
+                attributes={"operation": operation, "outage_s": round(elapsed, 3), "limit_s": self.limit_s},
+            )
+        )
+        raise RegistryOutageError(message)
+
+    def _recovered(self) -> None:
+        if self.since is None:
+            return
+        elapsed = self._clock() - self.since
+        self._emit(
+            TelemetryEvent(
+                name="urza.outage.ended",
+                message=f"registry reachable again after {elapsed:.1f} s and {self.failures} failed attempt(s)",
+                attributes={"outage_s": round(elapsed, 3), "failed_attempts": self.failures},
+            )
+        )
+        self.since = None
+        self.failures = 0
+
+
+class PendingRecords:
+    """Committed field reports and decisions on their way to the database, oldest first.
+
+    Args:
+        store: Simic's store (None: a registry without SQL, nothing to write).
+        link: The run's registry link.
+    """
+
+    def __init__(self, store: SimicStore | None, link: RegistryLink) -> None:
+        self._store = store
+        self._link = link
+        self._reports: list[FieldReport] = []
+        self._decisions: list[DecisionRecord] = []
+
+    def __len__(self) -> int:
+        return len(self._reports) + len(self._decisions)
+
+    def add(self, reports: Sequence[FieldReport], decisions: Sequence[DecisionRecord]) -> None:
+        """Queue a commit's reports and decisions."""
+        if self._store is not None:
+            self._reports.extend(reports)
+            self._decisions.extend(decisions)
+
+    def flush(self, *, wait: bool) -> bool:
+        """Write everything queued in one transaction (idempotent by id, so a replay never doubles).
+
+        Args:
+            wait: Wait out an outage (up to the limit) instead of leaving the records queued.
+
+        Returns:
+            Whether the queue is empty now.
+
+        Raises:
+            RegistryOutageError: The outage has lasted longer than the limit.
+        """
+        if not self or self._store is None:
+            return True
+        store = self._store
+
+        def write() -> None:
+            store.record(reports=self._reports, decisions=self._decisions)
+            self._reports, self._decisions = [], []
+
+        operation = "record field reports and decisions"
+        if wait:
+            self._link.call(operation, write)
+        else:
+            self._link.try_call(operation, write)
+        return not self
