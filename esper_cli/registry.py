@@ -1,4 +1,4 @@
-"""``esper registry``: Urza's artifacts (list, show, quarantine, retire, tag, gc, upgrade)."""
+"""``esper registry``: Urza's artifacts (list, show, quarantine, retire, tag, gc, upgrade, resign)."""
 
 from __future__ import annotations
 
@@ -171,6 +171,27 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+@_registry_errors
+def _cmd_resign(args: argparse.Namespace) -> int:
+    _, urza = _open()
+    try:
+        report = urza.resign(dry_run=args.dry_run)
+    finally:
+        urza.close()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        verb = "would sign" if report.dry_run else "signed"
+        print(
+            f"{verb} {len(report.resigned)} artifact(s) with key {report.key_id}; "
+            f"{len(report.current)} already signed with it"
+        )
+        for artifact_id, why in report.refused:
+            print(f"refused artifact {artifact_id}: {why}", file=sys.stderr)
+    # Refused artifacts do not verify: an operator must look at them (quarantine, re-publish).
+    return 1 if report.refused else 0
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -179,7 +200,7 @@ def _non_negative(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``registry list|show|quarantine|retire|tag|gc|upgrade``."""
+    """Add ``registry list|show|quarantine|retire|tag|gc|upgrade|resign``."""
     registry = sub.add_parser("registry", help="Urza's artifact registry").add_subparsers(
         dest="registry_command", required=True, metavar="ACTION"
     )
@@ -217,3 +238,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r_gc.set_defaults(func=_cmd_gc)
     r_upgrade = registry.add_parser("upgrade", help="upgrade the registry's schema to this Esper's (back up first)")
     r_upgrade.set_defaults(func=_cmd_upgrade)
+    r_resign = registry.add_parser(
+        "resign",
+        help="sign every unsigned artifact, and those of an older key, with ESPER_SIGNING_KEY (after a key "
+        "rotation or an upgrade from an Esper without signatures)",
+    )
+    r_resign.add_argument("--dry-run", action="store_true", help="only report what would be signed")
+    r_resign.add_argument("--json", action="store_true", help="print JSON")
+    r_resign.set_defaults(func=_cmd_resign)
