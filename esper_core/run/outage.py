@@ -26,7 +26,7 @@ from esper_core.urza.errors import RegistryUnavailableError
 
 T = TypeVar("T")
 _BASE_DELAY_S = 0.5
-_MAX_DELAY_S = 30.0
+_MAX_DELAY_S = 10.0
 
 
 class RegistryOutageError(RuntimeError):
