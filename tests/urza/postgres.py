@@ -93,8 +93,13 @@ class LocalServer:
         log = str(self.root / "server.log")
         self._run([str(self._bindir / "pg_ctl"), "-D", str(self._data), "-l", log, "-o", options, "-w", "start"])
 
-    def stop(self, mode: str = "immediate") -> None:
-        """Stop the server and wait until it is gone (``immediate``: as if it crashed)."""
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server and wait until it is gone.
+
+        ``fast`` (what ``systemctl stop`` does) ends open sessions and flushes what was committed;
+        ``immediate`` is a crash, which with this cluster's ``synchronous_commit=off`` may lose the
+        last commits.
+        """
         self._run([str(self._bindir / "pg_ctl"), "-D", str(self._data), "-m", mode, "-w", "stop"])
 
 
