@@ -196,7 +196,12 @@ _ENTRIES: tuple[TelemetryName, ...] = (
         "A run found the registry database unreachable; it trains on (WAIT, records queued)",
         alerting=True,
     ),
-    _n("urza.outage.ended", _E, "The registry database is reachable again; queued records are written"),
+    _n(
+        "urza.outage.ended",
+        _E,
+        "The registry database is reachable again; queued records are written",
+        alerting=True,
+    ),
     _n(
         "urza.outage.exceeded",
         _E,
