@@ -89,6 +89,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"  guard        {a.guard.describe()}")
     print(f"  blob         {a.sha256} ({a.size_bytes} bytes{'' if blob_present else ', MISSING'})")
     print(f"  compile      {a.compile_ms:.0f} ms")
+    print(
+        "  signature    " + (f"key {a.signature_key_id}" if a.signature else "NONE (refused: `esper registry resign`)")
+    )
     for key, s in sorted(a.latency.items(), key=lambda kv: (kv[0].rpartition("b")[0], int(kv[0].rpartition("b")[2]))):
         print(f"  latency      {key:<9} p50 {s.p50_ms:.3f} ms  p95 {s.p95_ms:.3f} ms  ({s.samples} calls)")
     print(f"  tags         {', '.join(record.tags) or '-'}")

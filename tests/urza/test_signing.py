@@ -299,3 +299,28 @@ def test_concurrent_first_uses_agree_on_one_key(tmp_path: Path) -> None:
     assert key_file.read_text().replace(":", " ") == outputs[0]
     assert [p.name for p in home.iterdir()] == [KEY_FILE_NAME]  # no temporary file left behind
     assert os.access(key_file, os.R_OK)
+
+
+def test_a_run_rejects_a_mis_signed_kernel_and_reports_it(compiled_home: EsperSettings) -> None:
+    from esper_core.run.commits import epoch_tag
+    from esper_core.run.session import RunSession
+
+    _sql(compiled_home.registry_db_url, "UPDATE artifacts SET signature = :s", s="0" * 64)
+    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=3, device="cpu", run_id="forged")
+    outcomes = []
+    try:
+        for epoch in range(3):
+            session.train_epoch()
+            session.commit(epoch_tag(epoch, "trained"))
+            command = session.decide()
+            outcomes.append((command.action, session.apply(command)))
+            session.commit(epoch_tag(epoch, "applied"))
+    finally:
+        session.close()
+    # The run goes on without the kernel: the germination is rejected, nothing was loaded.
+    rejected = [o for a, o in outcomes if a == "germinate"]
+    assert rejected and all(o.startswith("rejected:") and "refused before loading" in o for o in rejected)
+    assert all(s.blueprint_id is None for s in session.history[-1].seeds)
+    lines = (compiled_home.runs_dir / "forged" / "telemetry.jsonl").read_text().splitlines()
+    refused = [e for line in lines for e in json.loads(line)["events"] if e["name"] == "urza.signature.refused"]
+    assert refused and refused[0]["attributes"]["reason"] == "mismatch"
