@@ -30,7 +30,7 @@ from esper_core.urza.errors import (
     MissingBlobError,
     UnsignedArtifactError,
 )
-from esper_core.urza.signing import ArtifactSigner
+from esper_core.urza.signing import ArtifactSigner, signed_descriptor
 from esper_core.urza.sql import SqlRegistry
 
 if TYPE_CHECKING:
@@ -256,6 +256,8 @@ class Urza:
             MissingBlobError: The blob is not in the blob store.
             CorruptBlobError: The stored blob fails verification.
         """
+        if artifact.signature is None and artifact.artifact_id is not None:
+            artifact = self._signed_row(artifact)
         try:
             self.signer.check_signed(artifact)
             blob = self.blobs.get(artifact.sha256)
@@ -276,6 +278,18 @@ class Urza:
             )
             raise
         return blob
+
+    def _signed_row(self, copy: KernelArtifact) -> KernelArtifact:
+        """The registry's row for an unsigned copy made before signing (e.g. in an old checkpoint).
+
+        The row is used only if it describes exactly the same kernel; it may have been signed
+        since by ``esper registry resign``. Otherwise the copy is returned (and refused).
+        """
+        try:
+            row = self.store.get(copy.artifact_id or 0)
+        except ArtifactNotFoundError:
+            return copy
+        return row if signed_descriptor(row) == signed_descriptor(copy) else copy
 
     def resign(self, *, dry_run: bool = False) -> ResignReport:
         """Sign every artifact that is unsigned or signed with an older key with the current key.

@@ -230,6 +230,12 @@ def test_a_legacy_unsigned_row_is_refused_until_resigned(
         monkeypatch.undo()
         assert urza.resign().resigned == (legacy.artifact_id,)
         load_for_slot(urza, "lowrank_adapter", PROFILE, catalog=default_catalog(), prewarm=False)
+        # An unsigned copy made before (a checkpoint's) is served by its row, now signed...
+        assert urza.fetch_blob(legacy) == kernel.blob
+        # ...but only if it describes the same kernel.
+        other = legacy.model_copy(update={"fallback_reason": "x"})
+        with pytest.raises(UnsignedArtifactError):
+            urza.fetch_blob(other)
     finally:
         urza.close()
 
