@@ -176,23 +176,35 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 
 @_registry_errors
 def _cmd_resign(args: argparse.Namespace) -> int:
+    from esper_core.simic.policy_signing import resign_policies
+    from esper_core.simic.records import SimicStore
+
     _, urza = _open()
     try:
         report = urza.resign(dry_run=args.dry_run)
+        simic = SimicStore.for_urza(urza)
+        policies, refused_policies = (
+            ([], []) if simic is None else resign_policies(simic, urza.signer, dry_run=args.dry_run)
+        )
     finally:
         urza.close()
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        out = {**report.to_dict(), "policies_resigned": policies}
+        out["policies_refused"] = [{"version": v, "why": why} for v, why in refused_policies]
+        print(json.dumps(out, indent=2))
     else:
         verb = "would sign" if report.dry_run else "signed"
         print(
             f"{verb} {len(report.resigned)} artifact(s) with key {report.key_id}; "
             f"{len(report.current)} already signed with it"
         )
+        print(f"{verb} {len(policies)} Simic policy version(s)")
         for artifact_id, why in report.refused:
             print(f"refused artifact {artifact_id}: {why}", file=sys.stderr)
-    # Refused artifacts do not verify: an operator must look at them (quarantine, re-publish).
-    return 1 if report.refused else 0
+        for version, why in refused_policies:
+            print(f"refused policy v{version}: {why}", file=sys.stderr)
+    # Refused ones do not verify: an operator must look at them (quarantine, re-publish, retrain).
+    return 1 if report.refused or refused_policies else 0
 
 
 def _non_negative(text: str) -> float:

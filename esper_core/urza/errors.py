@@ -97,11 +97,13 @@ RESIGN_HINT = "run `esper registry resign` with the registry's signing key (see 
 class UnsignedArtifactError(RegistryError):
     """An artifact row carries no signature (published before signing, or written around Urza)."""
 
-    def __init__(self, artifact_id: int | None, blueprint_id: str) -> None:
+    def __init__(
+        self, artifact_id: int | None, blueprint_id: str, *, republish: str = "`esper catalog compile <blueprint>`"
+    ) -> None:
+        what = blueprint_id if artifact_id is None else f"artifact {artifact_id} ({blueprint_id})"
         super().__init__(
-            f"artifact {artifact_id} ({blueprint_id}) is not signed, so it is not loaded: if you trust the "
-            f"registry's current contents, {RESIGN_HINT}; otherwise re-publish it "
-            "(`esper catalog compile <blueprint>`)"
+            f"{what} is not signed, so it is not loaded: if you trust the "
+            f"registry's current contents, {RESIGN_HINT}; otherwise re-publish it ({republish})"
         )
         self.artifact_id = artifact_id
 
@@ -110,5 +112,6 @@ class ArtifactSignatureError(RegistryError):
     """An artifact's signature does not verify: its bytes or descriptor changed, or its key is unknown."""
 
     def __init__(self, artifact_id: int | None, blueprint_id: str, why: str) -> None:
-        super().__init__(f"artifact {artifact_id} ({blueprint_id}) is refused before loading: {why}")
+        what = blueprint_id if artifact_id is None else f"artifact {artifact_id} ({blueprint_id})"
+        super().__init__(f"{what} is refused before loading: {why}")
         self.artifact_id = artifact_id

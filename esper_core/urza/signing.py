@@ -104,8 +104,7 @@ def signed_descriptor(artifact: KernelArtifact) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _message(artifact: KernelArtifact, blob: bytes) -> bytes:
-    descriptor = signed_descriptor(artifact)
+def _message(descriptor: bytes, blob: bytes) -> bytes:
     # Length-prefixed, so no descriptor/blob split of the same bytes can collide.
     return b"%s\n%d\n%s%s" % (SCHEME, len(descriptor), descriptor, blob)
 
@@ -156,8 +155,48 @@ class ArtifactSigner:
 
     def sign(self, artifact: KernelArtifact, blob: bytes) -> KernelArtifact:
         """``artifact`` with a signature over it and ``blob`` made with the active key."""
-        signature = self.active.sign(_message(artifact, blob))
+        signature = self.sign_bytes(signed_descriptor(artifact), blob)
         return artifact.model_copy(update={"signature": signature, "signature_key_id": self.active.key_id})
+
+    def sign_bytes(self, descriptor: bytes, blob: bytes) -> str:
+        """The active key's signature over a descriptor's canonical bytes and a blob."""
+        return self.active.sign(_message(descriptor, blob))
+
+    def verify_bytes(
+        self, what: str, signature: str | None, key_id: str | None, descriptor: bytes, blob: bytes, *, fix: str
+    ) -> None:
+        """Check a signature over ``descriptor`` and ``blob`` (any stored object, e.g. a Simic policy).
+
+        Args:
+            what: The object, for messages (``policy v3``).
+            signature: Its stored signature (None: unsigned).
+            key_id: Id of the key that made it.
+            descriptor: Canonical bytes of the signed fields.
+            blob: Its blob.
+            fix: How to publish it again (appended to the messages).
+
+        Raises:
+            UnsignedArtifactError: ``signature`` is None.
+            ArtifactSignatureError: Unknown key, or the signature does not match.
+        """
+        if signature is None or key_id is None:
+            raise UnsignedArtifactError(None, what, republish=fix)
+        key = self._keys.get(key_id)
+        if key is None:
+            raise ArtifactSignatureError(None, what, self._unknown_key(key_id))
+        if not hmac.compare_digest(key.sign(_message(descriptor, blob)), signature):
+            raise ArtifactSignatureError(
+                None,
+                what,
+                f"its signature (key {key_id}) does not match its blob and descriptor: publish it again ({fix})",
+            )
+
+    def _unknown_key(self, key_id: str) -> str:
+        return (
+            f"it is signed with key {key_id!r}, which this installation does not hold "
+            f"(it holds {', '.join(self.key_ids)}): add that key to ESPER_SIGNING_KEY_FALLBACKS, or re-sign "
+            "the registry with `esper registry resign` where the key is held"
+        )
 
     def verify(self, artifact: KernelArtifact, blob: bytes) -> None:
         """Check ``artifact``'s signature over its descriptor and ``blob``.
@@ -168,7 +207,8 @@ class ArtifactSigner:
         """
         self.check_signed(artifact)
         key = self._keys[artifact.signature_key_id or ""]
-        if not hmac.compare_digest(key.sign(_message(artifact, blob)), artifact.signature or ""):
+        message = _message(signed_descriptor(artifact), blob)
+        if not hmac.compare_digest(key.sign(message), artifact.signature or ""):
             raise ArtifactSignatureError(
                 artifact.artifact_id,
                 artifact.blueprint_id,
@@ -189,11 +229,7 @@ class ArtifactSigner:
             raise UnsignedArtifactError(artifact.artifact_id, artifact.blueprint_id)
         if artifact.signature_key_id not in self._keys:
             raise ArtifactSignatureError(
-                artifact.artifact_id,
-                artifact.blueprint_id,
-                f"it is signed with key {artifact.signature_key_id!r}, which this installation does not hold "
-                f"(it holds {', '.join(self.key_ids)}): add that key to ESPER_SIGNING_KEY_FALLBACKS, or re-sign "
-                "the registry with `esper registry resign` where the key is held",
+                artifact.artifact_id, artifact.blueprint_id, self._unknown_key(artifact.signature_key_id)
             )
 
     def is_current(self, artifact: KernelArtifact) -> bool:

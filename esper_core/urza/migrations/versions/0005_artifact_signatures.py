@@ -1,4 +1,4 @@
-"""Artifacts carry a signature (``artifacts.signature``, ``artifacts.signature_key_id``).
+"""Artifacts and Simic policies carry a signature (``signature``, ``signature_key_id`` on ``artifacts`` and ``simic_policies``).
 
 Both nullable, and existing rows are left unsigned on purpose: a migration that signed them would
 vouch for whatever the database and blob store hold at upgrade time (tampered rows included),
@@ -22,12 +22,17 @@ branch_labels = None
 depends_on = None
 
 
+_SIGNED = ("artifacts", "simic_policies")
+
+
 def upgrade() -> None:
-    op.add_column("artifacts", sa.Column("signature", sa.String(length=64), nullable=True))
-    op.add_column("artifacts", sa.Column("signature_key_id", sa.String(length=64), nullable=True))
+    for table in _SIGNED:
+        op.add_column(table, sa.Column("signature", sa.String(length=64), nullable=True))
+        op.add_column(table, sa.Column("signature_key_id", sa.String(length=64), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("artifacts") as batch:
-        batch.drop_column("signature_key_id")
-        batch.drop_column("signature")
+    for table in _SIGNED:
+        with op.batch_alter_table(table) as batch:
+            batch.drop_column("signature_key_id")
+            batch.drop_column("signature")
