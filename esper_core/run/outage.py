@@ -15,16 +15,20 @@ and ``urza.outage.exceeded``.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from esper_core.contracts import FieldReport, TelemetryEvent, TelemetryLevel
+from esper_core.settings import EsperSettings
 from esper_core.simic.records import DecisionRecord, SimicStore
 from esper_core.urza.errors import RegistryUnavailableError
+from esper_core.urza.service import Urza
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _BASE_DELAY_S = 0.5
 _MAX_DELAY_S = 10.0
 
@@ -211,3 +215,20 @@ class PendingRecords:
         else:
             self._link.try_call(operation, write)
         return not self
+
+
+def _log_event(event: TelemetryEvent) -> None:
+    log.warning("%s: %s", event.name, event.message)
+
+
+def open_registry(settings: EsperSettings, *, emit: Callable[[TelemetryEvent], None] = _log_event) -> Urza:
+    """Urza for a run, waiting out an outage up to ``ESPER_REGISTRY_OUTAGE_LIMIT_S``.
+
+    A worker that starts or resumes a run while the database is down waits for it (the run has
+    no telemetry sink yet, so the outage events go to ``emit``, by default the log).
+
+    Raises:
+        RegistryOutageError: The database stayed unreachable past the limit.
+    """
+    link = RegistryLink(limit_s=settings.registry_outage_limit_s, emit=emit)
+    return link.call("open the registry", lambda: Urza.open(settings.home, settings.registry_db_url))

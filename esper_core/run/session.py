@@ -35,7 +35,7 @@ from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.field_reports import judge_pending
-from esper_core.run.outage import PendingRecords, RegistryLink
+from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
@@ -157,7 +157,7 @@ class RunSession:
             config=config,
             settings=settings,
             run_id=run_id,
-            urza=Urza.open(settings.home, settings.registry_db_url),
+            urza=open_registry(settings),
             extra_sink=extra_sink,
             tamiyo=tamiyo,
         )
@@ -176,7 +176,7 @@ class RunSession:
             config=config,
             settings=settings,
             run_id=run_id,
-            urza=Urza.open(settings.home, settings.registry_db_url),
+            urza=open_registry(settings),
             extra_sink=extra_sink,
         )
         session.restore()

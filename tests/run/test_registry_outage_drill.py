@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from esper_core.contracts import SeedOperation
+from esper_core.contracts import SeedOperation, TelemetryEvent
 from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import compile_job, publish_kernel
 from esper_core.run.commits import epoch_tag
+from esper_core.run.outage import RegistryOutageError, open_registry
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
@@ -135,3 +136,32 @@ def test_a_run_survives_a_30_s_registry_outage(server: postgres.LocalServer, tmp
     assert sorted(decisions) == list(range(EPOCHS))
     assert sorted(reports) == sorted(r.report_id for r in session.reports) and session.reports
     session.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_opened_during_an_outage_waits_for_the_registry(server: postgres.LocalServer, tmp_path: Path) -> None:
+    settings = EsperSettings(home=tmp_path / "esper", registry_url=server.url, registry_outage_limit_s=60)
+    open_registry(settings).close()
+    server.stop()
+    events: list[TelemetryEvent] = []
+    starting: list[threading.Thread] = []
+
+    def emit(event: TelemetryEvent) -> None:
+        events.append(event)
+        if event.name == "urza.outage.started":  # the worker is waiting: bring the database back
+            starting.append(threading.Thread(target=server.start))
+            starting[0].start()
+
+    urza = open_registry(settings, emit=emit)
+    urza.close()
+    starting[0].join()
+    assert [e.name for e in events] == ["urza.outage.started", "urza.outage.ended"]
+
+
+@pytest.mark.timeout(120)
+def test_an_outage_past_the_limit_fails_naming_the_setting(server: postgres.LocalServer, tmp_path: Path) -> None:
+    settings = EsperSettings(home=tmp_path / "esper", registry_url=server.url, registry_outage_limit_s=1)
+    open_registry(settings).close()
+    server.stop()
+    with pytest.raises(RegistryOutageError, match="longer than the run's limit of 1 s .ESPER_REGISTRY_OUTAGE_LIMIT_S"):
+        open_registry(settings)
