@@ -6,7 +6,8 @@ outage: the run goes on without the database (no candidates, so Tamiyo decides W
 germinates without a kernel; kernels already loaded keep serving from memory), writes wait in
 order, and the link tries again after an exponentially growing delay with jitter (so many runs
 do not reconnect in step). The first call that succeeds closes the outage and the queued writes
-go out (they are idempotent by id: nothing is lost or doubled). An outage longer than
+go out (they are idempotent by id: nothing is lost or doubled; a queue is also kept on disk,
+so a process that dies mid-outage loses nothing either). An outage longer than
 ``ESPER_REGISTRY_OUTAGE_LIMIT_S`` fails the run with ``RegistryOutageError``.
 
 Outages are telemetry events: ``urza.outage.started``, ``urza.outage.ended`` (with its length)
@@ -15,15 +16,18 @@ and ``urza.outage.exceeded``.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
-from esper_core.contracts import FieldReport, TelemetryEvent, TelemetryLevel
+from esper_core.contracts import AdaptationCommand, FieldReport, TelemetryEvent, TelemetryLevel
 from esper_core.settings import EsperSettings
-from esper_core.simic.records import DecisionRecord, SimicStore
+from esper_core.simic.records import CounterfactualOutcome, DecisionRecord, DecisionState, SimicStore
 from esper_core.urza.errors import RegistryUnavailableError
 from esper_core.urza.service import Urza
 
@@ -169,16 +173,26 @@ class RegistryLink:
 class PendingRecords:
     """Committed field reports and decisions on their way to the database, oldest first.
 
+    While some are queued they are also kept in ``path`` (replaced atomically after every
+    attempt, removed once written), so a process that dies during an outage loses nothing: the
+    next one to open the run writes them.
+
     Args:
         store: Simic's store (None: a registry without SQL, nothing to write).
         link: The run's registry link.
+        path: Where the queue survives the process (``<run>/unrecorded.json``).
     """
 
-    def __init__(self, store: SimicStore | None, link: RegistryLink) -> None:
+    def __init__(self, store: SimicStore | None, link: RegistryLink, path: Path) -> None:
         self._store = store
         self._link = link
+        self._path = path
         self._reports: list[FieldReport] = []
         self._decisions: list[DecisionRecord] = []
+        if store is not None and path.exists():
+            saved = json.loads(path.read_text())
+            self._reports = [FieldReport.from_json(r) for r in saved["reports"]]
+            self._decisions = [_decision_from_dict(d) for d in saved["decisions"]]
 
     def __len__(self) -> int:
         return len(self._reports) + len(self._decisions)
@@ -210,11 +224,53 @@ class PendingRecords:
             self._reports, self._decisions = [], []
 
         operation = "record field reports and decisions"
-        if wait:
-            self._link.call(operation, write)
-        else:
-            self._link.try_call(operation, write)
+        try:
+            if wait:
+                self._link.call(operation, write)
+            else:
+                self._link.try_call(operation, write)
+        finally:
+            self._save()
         return not self
+
+    def _save(self) -> None:
+        if not self:
+            self._path.unlink(missing_ok=True)
+            return
+        saved = {
+            "reports": [r.to_json() for r in self._reports],
+            "decisions": [_decision_to_dict(d) for d in self._decisions],
+        }
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(saved))
+        os.replace(tmp, self._path)
+
+
+def _decision_to_dict(d: DecisionRecord) -> dict[str, Any]:
+    return {
+        "command": d.command.to_json(),
+        "proposal": d.proposal.to_json(),
+        "policy": d.policy,
+        "policy_version": d.policy_version,
+        "state": d.state.to_json(),
+        "log_prob": d.log_prob,
+        "value": d.value,
+        "counterfactual": None if d.counterfactual is None else d.counterfactual.to_json(),
+    }
+
+
+def _decision_from_dict(d: dict[str, Any]) -> DecisionRecord:
+    return DecisionRecord(
+        command=AdaptationCommand.from_json(d["command"]),
+        proposal=AdaptationCommand.from_json(d["proposal"]),
+        policy=d["policy"],
+        policy_version=d["policy_version"],
+        state=DecisionState.from_json(d["state"]),
+        log_prob=d["log_prob"],
+        value=d["value"],
+        counterfactual=None if d["counterfactual"] is None else CounterfactualOutcome.from_json(d["counterfactual"]),
+    )
 
 
 def _log_event(event: TelemetryEvent) -> None:

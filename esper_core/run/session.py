@@ -104,7 +104,7 @@ class RunSession:
         self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
         # Every database call of the run goes through it: an outage is ridden out, not fatal.
         self.registry = RegistryLink(limit_s=settings.registry_outage_limit_s, emit=self._emit_event)
-        self._unrecorded = PendingRecords(self.records, self.registry)
+        self._unrecorded = PendingRecords(self.records, self.registry, self.run_dir / "unrecorded.json")
         self.history: list[SystemStatePacket] = []
         self.commands: list[AdaptationCommand] = []
         self.reports: list[FieldReport] = []

@@ -165,3 +165,30 @@ def test_an_outage_past_the_limit_fails_naming_the_setting(server: postgres.Loca
     server.stop()
     with pytest.raises(RegistryOutageError, match="longer than the run's limit of 1 s .ESPER_REGISTRY_OUTAGE_LIMIT_S"):
         open_registry(settings)
+
+
+@pytest.mark.timeout(120)
+def test_records_queued_by_a_process_that_died_mid_outage_are_written_by_the_next(
+    server: postgres.LocalServer, tmp_path: Path
+) -> None:
+    from esper_core.run.outage import PendingRecords, RegistryLink
+    from esper_core.simic.records import SimicStore
+    from tests.simic.test_records import _command, _decision, _report
+
+    settings = EsperSettings(home=tmp_path / "esper", registry_url=server.url)
+    urza = open_registry(settings)
+    store = SimicStore.for_urza(urza)
+    assert store is not None
+    queue_file = tmp_path / "run" / "unrecorded.json"
+    command = _command()
+    report, decision = _report(command), _decision(command)
+    server.stop()
+    queue = PendingRecords(store, RegistryLink(limit_s=60, emit=lambda e: None), queue_file)
+    queue.add([report], [decision])
+    assert not queue.flush(wait=False) and queue_file.exists()
+    # That process dies here; the database returns and the next process opens the run.
+    server.start()
+    resumed = PendingRecords(store, RegistryLink(limit_s=60, emit=lambda e: None), queue_file)
+    assert len(resumed) == 2 and resumed.flush(wait=True) and not queue_file.exists()
+    assert store.field_reports() == [report] and store.decisions() == [decision]
+    urza.close()
