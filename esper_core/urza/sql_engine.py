@@ -101,16 +101,32 @@ def translate_errors(url: str, operation: str) -> Iterator[None]:
             f"registry {url}: could not {operation}, a constraint rejected the write "
             f"({e.orig}); another writer probably changed the same rows: retry"
         ) from e
-    except (OperationalError, InterfaceError) as e:
-        # Refused or lost connections (PostgreSQL), a locked or unreadable file (SQLite): transient
-        # conditions a caller may wait out, unlike a rejected statement.
-        raise RegistryUnavailableError(_message(url, operation, e)) from e
     except DBAPIError as e:
-        if e.connection_invalidated:
+        if _unavailable(e):
             raise RegistryUnavailableError(_message(url, operation, e)) from e
         raise RegistryError(_message(url, operation, e)) from e
     except SQLAlchemyError as e:
         raise RegistryError(_message(url, operation, e)) from e
+
+
+# SQLite reports a bad statement ("no such table") as OperationalError too; only these are transient.
+_SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o")
+
+
+def _unavailable(e: DBAPIError) -> bool:
+    """Whether the database could not be reached (a condition to wait out), not a rejected statement.
+
+    PostgreSQL drivers report refused, lost and timed-out connections as OperationalError or
+    InterfaceError (SQLAlchemy also marks a dropped pooled connection ``connection_invalidated``);
+    SQLite's transient ones are a locked, busy or unreadable file.
+    """
+    if e.connection_invalidated:
+        return True
+    if not isinstance(e, (OperationalError, InterfaceError)):
+        return False
+    if isinstance(e.orig, sqlite3.Error):
+        return any(word in str(e.orig).lower() for word in _SQLITE_TRANSIENT)
+    return True
 
 
 def _message(url: str, operation: str, e: SQLAlchemyError) -> str:

@@ -7,13 +7,16 @@ test's, so backoff and the limit are checked exactly.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from esper_core.contracts import TelemetryEvent
 from esper_core.run.outage import RegistryLink, RegistryOutageError
 from esper_core.settings import EsperSettings
-from esper_core.urza.errors import RegistryUnavailableError
+from esper_core.urza.errors import RegistryError, RegistryUnavailableError
+from esper_core.urza.sql_engine import create_registry_engine, translate_errors
 
 
 class _Clock:
@@ -99,3 +102,16 @@ def test_the_limit_is_a_setting_and_must_be_positive(monkeypatch: pytest.MonkeyP
     assert EsperSettings().registry_outage_limit_s == 45.0
     with pytest.raises(ValueError, match="ESPER_REGISTRY_OUTAGE_LIMIT_S"):
         RegistryLink(limit_s=0, emit=lambda e: None)
+
+
+def test_a_rejected_statement_is_not_an_outage(tmp_path: Path) -> None:
+    engine = create_registry_engine(f"sqlite:///{tmp_path / 'r.db'}")
+    # SQLite reports "no such table" as OperationalError too: waiting would not cure it.
+    with (
+        pytest.raises(RegistryError, match="no such table") as info,
+        translate_errors("r.db", "read"),
+        engine.connect() as conn,
+    ):
+        conn.execute(text("SELECT * FROM nowhere"))
+    assert not isinstance(info.value, RegistryUnavailableError)
+    engine.dispose()
