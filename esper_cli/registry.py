@@ -1,4 +1,4 @@
-"""``esper registry``: Urza's artifacts (list, show, quarantine, retire, tag, gc, upgrade)."""
+"""``esper registry``: Urza's artifacts (list, show, quarantine, retire, tag, gc, upgrade, resign)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"  guard        {a.guard.describe()}")
     print(f"  blob         {a.sha256} ({a.size_bytes} bytes{'' if blob_present else ', MISSING'})")
     print(f"  compile      {a.compile_ms:.0f} ms")
+    print(
+        "  signature    " + (f"key {a.signature_key_id}" if a.signature else "NONE (refused: `esper registry resign`)")
+    )
     for key, s in sorted(a.latency.items(), key=lambda kv: (kv[0].rpartition("b")[0], int(kv[0].rpartition("b")[2]))):
         print(f"  latency      {key:<9} p50 {s.p50_ms:.3f} ms  p95 {s.p95_ms:.3f} ms  ({s.samples} calls)")
     print(f"  tags         {', '.join(record.tags) or '-'}")
@@ -171,6 +174,39 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+@_registry_errors
+def _cmd_resign(args: argparse.Namespace) -> int:
+    from esper_core.simic.policy_signing import resign_policies
+    from esper_core.simic.records import SimicStore
+
+    _, urza = _open()
+    try:
+        report = urza.resign(dry_run=args.dry_run)
+        simic = SimicStore.for_urza(urza)
+        policies, refused_policies = (
+            ([], []) if simic is None else resign_policies(simic, urza.signer, dry_run=args.dry_run)
+        )
+    finally:
+        urza.close()
+    if args.json:
+        out = {**report.to_dict(), "policies_resigned": policies}
+        out["policies_refused"] = [{"version": v, "why": why} for v, why in refused_policies]
+        print(json.dumps(out, indent=2))
+    else:
+        verb = "would sign" if report.dry_run else "signed"
+        print(
+            f"{verb} {len(report.resigned)} artifact(s) with key {report.key_id}; "
+            f"{len(report.current)} already signed with it"
+        )
+        print(f"{verb} {len(policies)} Simic policy version(s)")
+        for artifact_id, why in report.refused:
+            print(f"refused artifact {artifact_id}: {why}", file=sys.stderr)
+        for version, why in refused_policies:
+            print(f"refused policy v{version}: {why}", file=sys.stderr)
+    # Refused ones do not verify: an operator must look at them (quarantine, re-publish, retrain).
+    return 1 if report.refused or refused_policies else 0
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -179,7 +215,7 @@ def _non_negative(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``registry list|show|quarantine|retire|tag|gc|upgrade``."""
+    """Add ``registry list|show|quarantine|retire|tag|gc|upgrade|resign``."""
     registry = sub.add_parser("registry", help="Urza's artifact registry").add_subparsers(
         dest="registry_command", required=True, metavar="ACTION"
     )
@@ -217,3 +253,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r_gc.set_defaults(func=_cmd_gc)
     r_upgrade = registry.add_parser("upgrade", help="upgrade the registry's schema to this Esper's (back up first)")
     r_upgrade.set_defaults(func=_cmd_upgrade)
+    r_resign = registry.add_parser(
+        "resign",
+        help="sign every unsigned artifact, and those of an older key, with ESPER_SIGNING_KEY (after a key "
+        "rotation or an upgrade from an Esper without signatures)",
+    )
+    r_resign.add_argument("--dry-run", action="store_true", help="only report what would be signed")
+    r_resign.add_argument("--json", action="store_true", help="print JSON")
+    r_resign.set_defaults(func=_cmd_resign)

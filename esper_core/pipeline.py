@@ -189,7 +189,7 @@ def publish_staged(
     descriptor = catalog.get(artifact.blueprint_id).descriptor
     urza.register_blueprint(descriptor)
     all_tags = (*tags, *plan.extra_tags, *approval_tags(descriptor))
-    return urza.store.publish(artifact, compile_run_id=plan.compile_run_id, tags=all_tags, actor=plan.actor)
+    return urza.publish_artifact(artifact, compile_run_id=plan.compile_run_id, tags=all_tags, actor=plan.actor)
 
 
 def publish_kernel(

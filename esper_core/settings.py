@@ -3,7 +3,8 @@
 Read from ``ESPER_*`` environment variables, e.g. ``ESPER_HOME=/data/esper``,
 ``ESPER_REGISTRY_URL=postgresql+psycopg://...``, ``ESPER_PROMETHEUS_PORT=9464``,
 ``ESPER_PUSHGATEWAY_URL=http://127.0.0.1:9091``, ``ESPER_DASK_ADDRESS=tcp://127.0.0.1:8786``,
-``ESPER_GROW_TASK_SECONDS=10``, ``ESPER_COMPILE_TIMEOUT_S=1800``, ``ESPER_ALERT_WEBHOOK_URL=https://...``.
+``ESPER_GROW_TASK_SECONDS=10``, ``ESPER_COMPILE_TIMEOUT_S=1800``, ``ESPER_ALERT_WEBHOOK_URL=https://...``,
+``ESPER_SIGNING_KEY=<key id>:<secret>``, ``ESPER_REGISTRY_OUTAGE_LIMIT_S=600``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,25 @@ class EsperSettings(BaseSettings):
         default=None,
         description="POST a JSON message here when a benchmark sweep fails or crashes (e.g. a Slack or Teams "
         "incoming webhook); unset: no notification.",
+    )
+
+    signing_key: SecretStr | None = Field(
+        default=None,
+        description="Key that signs every artifact Urza publishes, as '<key id>:<secret>' (a secret of at least "
+        "32 characters, e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`); unset: a key generated "
+        "in <home>/signing.key on first use (fine for one machine; set one key everywhere when several workers "
+        "share a registry).",
+    )
+    signing_key_fallbacks: SecretStr | None = Field(
+        default=None,
+        description="Older keys that still verify (never sign), comma-separated '<key id>:<secret>' entries: "
+        "list the previous ESPER_SIGNING_KEY here when rotating, run `esper registry resign`, then drop it.",
+    )
+    registry_outage_limit_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long a training run rides out an unreachable registry database (deciding WAIT, keeping "
+        "its records queued and retrying with backoff) before it fails.",
     )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(

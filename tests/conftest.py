@@ -48,6 +48,9 @@ def esper_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EsperSettings
     monkeypatch.delenv("ESPER_PUSHGATEWAY_URL", raising=False)
     monkeypatch.delenv("ESPER_DASK_ADDRESS", raising=False)
     monkeypatch.delenv("ESPER_GROW_TASK_SECONDS", raising=False)
+    monkeypatch.delenv("ESPER_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("ESPER_SIGNING_KEY_FALLBACKS", raising=False)
+    monkeypatch.delenv("ESPER_REGISTRY_OUTAGE_LIMIT_S", raising=False)
     return EsperSettings()
 
 

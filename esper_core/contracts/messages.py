@@ -168,6 +168,10 @@ class KernelArtifact(Message):
     compile_ms: float = Field(default=0.0, ge=0.0)
     version: int = Field(default=0, ge=0)
     artifact_id: int | None = None
+    signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """HMAC-SHA256 (hex) over the blob and descriptor (``esper_core.urza.signing``); None: unsigned."""
+    signature_key_id: str | None = None
+    """Id of the key that made ``signature`` (keys rotate)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

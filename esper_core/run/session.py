@@ -35,6 +35,7 @@ from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.field_reports import judge_pending
+from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
@@ -49,7 +50,7 @@ from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointSto
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted, call_with_deadline
-from esper_core.urza.errors import RegistryError
+from esper_core.urza.errors import RegistryError, RegistryUnavailableError
 from esper_core.urza.service import Urza
 
 
@@ -101,6 +102,9 @@ class RunSession:
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
         jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
         self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
+        # Every database call of the run goes through it: an outage is ridden out, not fatal.
+        self.registry = RegistryLink(limit_s=settings.registry_outage_limit_s, emit=self._emit_event)
+        self._unrecorded = PendingRecords(self.records, self.registry, self.run_dir / "unrecorded.json")
         self.history: list[SystemStatePacket] = []
         self.commands: list[AdaptationCommand] = []
         self.reports: list[FieldReport] = []
@@ -153,7 +157,7 @@ class RunSession:
             config=config,
             settings=settings,
             run_id=run_id,
-            urza=Urza.open(settings.home, settings.registry_db_url),
+            urza=open_registry(settings),
             extra_sink=extra_sink,
             tamiyo=tamiyo,
         )
@@ -172,7 +176,7 @@ class RunSession:
             config=config,
             settings=settings,
             run_id=run_id,
-            urza=Urza.open(settings.home, settings.registry_db_url),
+            urza=open_registry(settings),
             extra_sink=extra_sink,
         )
         session.restore()
@@ -240,8 +244,12 @@ class RunSession:
         quarantined in the meantime is still refused when Kasmina loads it.
         """
         if self._candidates is None:
-            self._candidates = self._lookup_candidates()
-        return self._candidates
+            done, found = self.registry.try_call("look up kernels", self._lookup_candidates)
+            if not done:
+                # Registry unreachable: nothing can germinate (Tamiyo waits); look again next epoch.
+                return []
+            self._candidates = found
+        return self._candidates or []
 
     def _lookup_candidates(self) -> list[BlueprintCandidate]:
         env = environment_key(self.device)
@@ -289,7 +297,8 @@ class RunSession:
         history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
         epoch = history[-1].epoch
         # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.
-        refresh_policy(self.tamiyo, self.records, pinned=self.config.tamiyo.policy_version)
+        if not self.registry.down:
+            refresh_policy(self.tamiyo, self.records, pinned=self.config.tamiyo.policy_version)
         breaker = self.tamiyo.breaker
         decision: Decision | None = None
         metrics = [MetricPoint(name="urza.lookup.latency_ms", value=self.lookup_ms, unit="ms")]
@@ -393,6 +402,8 @@ class RunSession:
             # refused gate) is rejected and reported; the run goes on without it.
             outcome = f"rejected: {e}"
             self._candidates = None  # the registry may have changed under the run: look again
+            if isinstance(e, RegistryUnavailableError):
+                self.registry.failed("load a kernel", e)
             events.append(
                 TelemetryEvent(
                     name="kasmina.command.rejected",
@@ -405,6 +416,7 @@ class RunSession:
             last = self.history[-1]
             self._pending.append((command, last.val_loss, last.val_accuracy))
         events.extend(self.manager.drain_events())
+        events.extend(self.urza.drain_events())
         rail_metrics, rail_events = self.rails.drain()
         self._outbox.append(
             TelemetryPacket(
@@ -480,9 +492,11 @@ class RunSession:
         """Checkpoint everything under ``tag``, then release the step's telemetry and reports.
 
         Field reports and applied decisions go to the registry database first (idempotent by id),
-        so whatever a checkpoint holds is already recorded when the run dies right after it.
+        so whatever a checkpoint holds is already recorded when the run dies right after it;
+        during a registry outage they are queued in order and written when it ends
+        (``esper_core.run.outage``).
         """
-        self._record_for_simic()
+        self._record_for_simic(final=epochs_applied(tag) >= self.config.epochs)
         state = {
             "trainer": self.trainer.state_dict(),
             "history": [p.to_json() for p in self.history],
@@ -511,13 +525,14 @@ class RunSession:
             return None
         return epoch_tag(min(applied, key=lambda p: p.val_loss).epoch, "applied")
 
-    def _record_for_simic(self) -> None:
+    def _record_for_simic(self, *, final: bool) -> None:
         applied = {c.command_id for c in self.commands}
         decisions = [r for command_id, r in self._decision_records.items() if command_id in applied]
-        if self.records is not None:
-            self.records.record(reports=self._report_outbox, decisions=decisions)
+        self._unrecorded.add(self._report_outbox, decisions)
         # Decisions never applied (their task was retried) are dropped with the rest.
         self._decision_records.clear()
+        # During an outage they stay queued; the run's last commit waits for the database.
+        self._unrecorded.flush(wait=final)
 
     def restore(self, tag: str | None = None) -> None:
         """Return to the committed state ``tag`` (default: the latest commit), escalation included."""
@@ -574,6 +589,10 @@ class RunSession:
                 source="tolaria", run_id=self.run_id, epoch=epoch, metrics=tuple(metrics), events=tuple(events)
             )
         )
+
+    def _emit_event(self, event: TelemetryEvent) -> None:
+        """Send one event at once (an outage is news now, not at the next commit)."""
+        self.sink.emit(TelemetryPacket(source="urza", run_id=self.run_id, epoch=self.trainer.epoch, events=(event,)))
 
     def rewind_partial_epoch(self) -> None:
         """If the last commit is a trained-but-not-applied epoch, go back to before it.

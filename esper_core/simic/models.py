@@ -116,4 +116,7 @@ class PolicyRow(Base):
     feature_dims_json: Mapped[str] = mapped_column(Text)
     provenance_json: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default="active")
+    # NULL on versions published before signing (revision 0005): refused until `esper registry resign`.
+    signature: Mapped[str | None] = mapped_column(String(64))
+    signature_key_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)

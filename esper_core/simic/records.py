@@ -24,7 +24,9 @@ import torch
 from sqlalchemy import Connection, Engine, func, select
 
 from esper_core.contracts import AdaptationCommand, FieldReport, SystemStatePacket
+from esper_core.settings import EsperSettings
 from esper_core.simic.models import DecisionRow, FieldReportRow, PolicyRow
+from esper_core.simic.policy_signing import sign_policy, verify_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES, TREND_WINDOW
 from esper_core.tamiyo.model import TamiyoGNNConfig
@@ -33,6 +35,7 @@ from esper_core.urza import schema
 from esper_core.urza.blobs import BlobStore
 from esper_core.urza.errors import RegistryConflictError, RegistryError
 from esper_core.urza.service import BLOB_DIR_NAME, REGISTRY_DB_NAME, Urza
+from esper_core.urza.signing import ArtifactSigner
 from esper_core.urza.sql import SqlRegistry
 from esper_core.urza.sql_engine import WRITE_OPTION, translate_errors, upsert
 
@@ -214,6 +217,8 @@ class PolicyVersion:
         feature_dims: Graph feature widths it was trained on.
         provenance: Training data, configuration and metrics.
         created_at: Publication time (UTC).
+        signature: HMAC over weights and descriptor (``policy_signing``); None: unsigned.
+        signature_key_id: Id of the key that made it.
     """
 
     version: int
@@ -225,6 +230,8 @@ class PolicyVersion:
     feature_dims: dict[str, int]
     provenance: dict[str, Any]
     created_at: dt.datetime
+    signature: str | None = None
+    signature_key_id: str | None = None
 
     @property
     def label(self) -> str:
@@ -279,11 +286,20 @@ class SimicStore:
             opened by Urza, or another Esper version changed it), or cannot be read.
     """
 
-    def __init__(self, engine: Engine, blobs: BlobStore, *, url: str, owns_engine: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        blobs: BlobStore,
+        *,
+        url: str,
+        owns_engine: bool = False,
+        signer: ArtifactSigner | None = None,
+    ) -> None:
         self.engine = engine
         self.blobs = blobs
         self.url = url
         self._owns_engine = owns_engine
+        self._signer = signer
         # One SELECT: writing into a registry Urza never prepared would otherwise fail later with
         # "no such table" in the middle of a training run.
         with self._read("check the registry's schema revision") as conn:
@@ -301,7 +317,7 @@ class SimicStore:
         engine = getattr(urza.store, "engine", None)
         if not isinstance(engine, Engine):
             return None
-        return cls(engine, urza.blobs, url=getattr(urza.store, "url", str(engine.url)))
+        return cls(engine, urza.blobs, url=getattr(urza.store, "url", str(engine.url)), signer=urza.signer)
 
     @classmethod
     def open(cls, home: Path, url: str | None = None) -> SimicStore:
@@ -319,6 +335,13 @@ class SimicStore:
         except BaseException:
             registry.close()
             raise
+
+    @property
+    def signer(self) -> ArtifactSigner:
+        """Signs and verifies policy versions (default: the keys of ``EsperSettings``, as Urza's)."""
+        if self._signer is None:
+            self._signer = ArtifactSigner.from_settings(EsperSettings(), home=self.blobs.root.parent)
+        return self._signer
 
     def close(self) -> None:
         """Release the engine if this store created it."""
@@ -395,6 +418,7 @@ class SimicStore:
             ),
             "status": "active",
         }
+        signature = sign_policy(self.signer, values, data)
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
                 with self._write("publish a policy version") as conn:
@@ -410,7 +434,12 @@ class SimicStore:
                     version = conn.execute(same).scalar()
                     if version is None:
                         version = (conn.execute(select(func.max(PolicyRow.version))).scalar() or 0) + 1
-                        conn.execute(PolicyRow.__table__.insert().values(version=version, **values))
+                        conn.execute(PolicyRow.__table__.insert().values(version=version, **values, **signature))
+                    else:
+                        # Re-publishing signs a version left unsigned or signed with an older key.
+                        conn.execute(
+                            PolicyRow.__table__.update().where(PolicyRow.version == version).values(**signature)
+                        )
                 break
             except RegistryConflictError:
                 # Only without BEGIN IMMEDIATE (PostgreSQL): two publishers took the same number.
@@ -482,8 +511,24 @@ class SimicStore:
         return _to_policy(row)
 
     def load_weights(self, policy: PolicyVersion) -> dict[str, torch.Tensor]:
-        """The ``state_dict`` of ``policy`` (verified against its SHA-256 on read)."""
-        return torch.load(io.BytesIO(self.blobs.get(policy.sha256)), weights_only=True)
+        """The ``state_dict`` of ``policy``, its SHA-256 and signature verified before unpickling.
+
+        Raises:
+            UnsignedArtifactError: The version predates signing (``esper registry resign``).
+            ArtifactSignatureError: Its weights or descriptor changed after signing, or its key is unknown.
+        """
+        blob = self.blobs.get(policy.sha256)
+        verify_policy(self.signer, policy, blob)
+        return torch.load(io.BytesIO(blob), weights_only=True)
+
+    def set_policy_signature(self, version: int, *, signature: str, key_id: str) -> None:
+        """Store a version's signature (``esper registry resign``)."""
+        with self._write("store a policy's signature") as conn:
+            conn.execute(
+                PolicyRow.__table__.update()
+                .where(PolicyRow.version == version)
+                .values(signature=signature, signature_key_id=key_id)
+            )
 
     # ------------------------------------------------------------------ plumbing
 
@@ -560,6 +605,8 @@ def _to_policy(row: Any) -> PolicyVersion:  # noqa: ANN401  (a Core row of simic
         feature_dims=json.loads(row.feature_dims_json),
         provenance=json.loads(row.provenance_json),
         created_at=created,
+        signature=row.signature,
+        signature_key_id=row.signature_key_id,
     )
 
 

@@ -6,7 +6,7 @@ import logging
 
 from esper_core.simic.records import PolicyVersion, SimicStore
 from esper_core.tamiyo.service import TamiyoService
-from esper_core.urza.errors import RegistryError
+from esper_core.urza.errors import ArtifactSignatureError, RegistryError, UnsignedArtifactError
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -61,6 +61,12 @@ def refresh_policy(
             f"policy {policy.label} was trained with {policy.gnn}, but this Tamiyo runs {service.model.config}: "
             f"set TamiyoConfig.gnn to the stored size or pin another version"
         )
-    service.swap_policy(store.load_weights(policy), version=policy.label)
+    try:
+        weights = store.load_weights(policy)
+    except (UnsignedArtifactError, ArtifactSignatureError) as e:
+        # Never serve weights that fail verification; the ones already served stay.
+        log.error("%s; serving %s", e, service.policy_version or "untrained weights")
+        return None
+    service.swap_policy(weights, version=policy.label)
     log.info("Tamiyo now serves policy %s (%s)", policy.label, policy.method)
     return policy

@@ -184,6 +184,30 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     ),
     _n("urza.artifacts.published_total", _C, "Artifacts published, by status", labels=("status",)),
     _n("urza.lookup.latency_ms", _G, "Registry lookup of an active artifact", "ms"),
+    _n(
+        "urza.signature.refused",
+        _E,
+        "An unsigned or mis-signed artifact was refused before loading (the message names the fix)",
+        alerting=True,
+    ),
+    _n(
+        "urza.outage.started",
+        _E,
+        "A run found the registry database unreachable; it trains on (WAIT, records queued)",
+        alerting=True,
+    ),
+    _n(
+        "urza.outage.ended",
+        _E,
+        "The registry database is reachable again; queued records are written",
+        alerting=True,
+    ),
+    _n(
+        "urza.outage.exceeded",
+        _E,
+        "A registry outage outlasted ESPER_REGISTRY_OUTAGE_LIMIT_S and failed the run",
+        alerting=True,
+    ),
 )
 
 CATALOG: dict[str, TelemetryName] = {}

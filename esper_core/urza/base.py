@@ -111,6 +111,14 @@ class RegistryStore(Protocol):
         """
         ...
 
+    def set_signature(self, artifact_id: int, *, signature: str, key_id: str) -> KernelArtifact:
+        """Store an artifact's signature and the id of its key; return the updated artifact.
+
+        Raises:
+            ArtifactNotFoundError: No such id.
+        """
+        ...
+
     def add_tags(self, artifact_id: int, tags: Sequence[str]) -> tuple[str, ...]:
         """Add tags (idempotent) and return all of the artifact's tags, sorted.
 

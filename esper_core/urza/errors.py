@@ -11,6 +11,10 @@ class RegistryError(Exception):
     """Base of every Urza error; also what database failures are translated to."""
 
 
+class RegistryUnavailableError(RegistryError):
+    """The database could not be reached or dropped the connection (an outage, not a bad request)."""
+
+
 class RegistryConflictError(RegistryError):
     """A concurrent writer changed the same rows first (a unique or foreign-key conflict)."""
 
@@ -85,3 +89,29 @@ class CompileRunNotFoundError(RegistryError, LookupError):
             "publishing artifacts that name it"
         )
         self.run_id = run_id
+
+
+RESIGN_HINT = "run `esper registry resign` with the registry's signing key (see ESPER_SIGNING_KEY)"
+
+
+class UnsignedArtifactError(RegistryError):
+    """An artifact row carries no signature (published before signing, or written around Urza)."""
+
+    def __init__(
+        self, artifact_id: int | None, blueprint_id: str, *, republish: str = "`esper catalog compile <blueprint>`"
+    ) -> None:
+        what = blueprint_id if artifact_id is None else f"artifact {artifact_id} ({blueprint_id})"
+        super().__init__(
+            f"{what} is not signed, so it is not loaded: if you trust the "
+            f"registry's current contents, {RESIGN_HINT}; otherwise re-publish it ({republish})"
+        )
+        self.artifact_id = artifact_id
+
+
+class ArtifactSignatureError(RegistryError):
+    """An artifact's signature does not verify: its bytes or descriptor changed, or its key is unknown."""
+
+    def __init__(self, artifact_id: int | None, blueprint_id: str, why: str) -> None:
+        what = blueprint_id if artifact_id is None else f"artifact {artifact_id} ({blueprint_id})"
+        super().__init__(f"{what} is refused before loading: {why}")
+        self.artifact_id = artifact_id

@@ -177,6 +177,13 @@ class InMemoryRegistry:
             )
             return updated
 
+    def set_signature(self, artifact_id: int, *, signature: str, key_id: str) -> KernelArtifact:
+        """Store an artifact's signature and its key id."""
+        with self._lock:
+            updated = self._require(artifact_id).model_copy(update={"signature": signature, "signature_key_id": key_id})
+            self._artifacts[artifact_id] = updated
+            return updated
+
     def add_tags(self, artifact_id: int, tags: Sequence[str]) -> tuple[str, ...]:
         """Add tags (idempotent) and return all of the artifact's tags, sorted."""
         checked = check_tags(tags)

@@ -123,6 +123,9 @@ class ArtifactRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     status_reason: Mapped[str | None] = mapped_column(Text)
     compile_ms: Mapped[float] = mapped_column(Float)
+    # NULL on rows published before signing (revision 0005): refused until `esper registry resign`.
+    signature: Mapped[str | None] = mapped_column(String(64))
+    signature_key_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
     blueprint: Mapped[BlueprintRow] = relationship(back_populates="artifacts", lazy="raise")

@@ -411,6 +411,21 @@ class SqlRegistry:
             session.flush()
             return to_artifact(row)
 
+    def set_signature(self, artifact_id: int, *, signature: str, key_id: str) -> KernelArtifact:
+        """Store an artifact's signature and its key id (``Urza`` signs; ``esper registry resign``).
+
+        Raises:
+            ArtifactNotFoundError: No such id.
+        """
+        with self._session("store an artifact's signature") as session:
+            row = session.get(ArtifactRow, artifact_id, with_for_update=True)
+            if row is None:
+                raise ArtifactNotFoundError.for_id(artifact_id, self.url)
+            row.signature = signature
+            row.signature_key_id = key_id
+            session.flush()
+            return to_artifact(row)
+
     def add_tags(self, artifact_id: int, tags: Sequence[str]) -> tuple[str, ...]:
         """Add tags (idempotent) and return all of the artifact's tags, sorted.
 

@@ -27,11 +27,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from esper_core.urza.errors import RegistryConflictError, RegistryError
+from esper_core.urza.errors import RegistryConflictError, RegistryError, RegistryUnavailableError
 
+_CONNECT_TIMEOUT_S = 5
 WRITE_OPTION = "esper_write"
 """Execution option marking a connection whose transactions write (SQLite: BEGIN IMMEDIATE)."""
 _SCHEMA_LOCK_KEY = 0x45535052  # "ESPR": PostgreSQL advisory lock id held while checking the schema
@@ -41,7 +42,9 @@ def create_registry_engine(url: str) -> Engine:
     """An engine for ``url`` with Urza's SQLite settings (WAL, busy timeout, BEGIN IMMEDIATE)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
+        # A bounded connect: behind a dropped network route libpq would otherwise wait for ever, and
+        # a run riding out an outage must get its answer (and go on training) in seconds.
+        return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": _CONNECT_TIMEOUT_S})
     connect_args: dict[str, Any] = {"isolation_level": None}
     if parsed.database in (None, "", ":memory:"):
         # One shared connection, or every pooled connection would see its own empty database.
@@ -98,12 +101,40 @@ def translate_errors(url: str, operation: str) -> Iterator[None]:
             f"registry {url}: could not {operation}, a constraint rejected the write "
             f"({e.orig}); another writer probably changed the same rows: retry"
         ) from e
+    except DBAPIError as e:
+        if _unavailable(e):
+            raise RegistryUnavailableError(_message(url, operation, e)) from e
+        raise RegistryError(_message(url, operation, e)) from e
     except SQLAlchemyError as e:
-        raise RegistryError(
-            f"registry {url}: could not {operation} ({type(e).__name__}: "
-            f"{getattr(e, 'orig', None) or e}); check that the database is reachable and "
-            "writable (for SQLite: the directory exists and no process holds a long lock)"
-        ) from e
+        raise RegistryError(_message(url, operation, e)) from e
+
+
+# SQLite reports a bad statement ("no such table") as OperationalError too; only these are transient.
+_SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o")
+
+
+def _unavailable(e: DBAPIError) -> bool:
+    """Whether the database could not be reached (a condition to wait out), not a rejected statement.
+
+    PostgreSQL drivers report refused, lost and timed-out connections as OperationalError or
+    InterfaceError (SQLAlchemy also marks a dropped pooled connection ``connection_invalidated``);
+    SQLite's transient ones are a locked, busy or unreadable file.
+    """
+    if e.connection_invalidated:
+        return True
+    if not isinstance(e, (OperationalError, InterfaceError)):
+        return False
+    if isinstance(e.orig, sqlite3.Error):
+        return any(word in str(e.orig).lower() for word in _SQLITE_TRANSIENT)
+    return True
+
+
+def _message(url: str, operation: str, e: SQLAlchemyError) -> str:
+    return (
+        f"registry {url}: could not {operation} ({type(e).__name__}: "
+        f"{getattr(e, 'orig', None) or e}); check that the database is reachable and "
+        "writable (for SQLite: the directory exists and no process holds a long lock)"
+    )
 
 
 _BUSY_TIMEOUT_MS = 5000

@@ -51,6 +51,8 @@ def to_row(artifact: KernelArtifact, *, version: int) -> ArtifactRow:
         status=artifact.status.value,
         status_reason=artifact.status_reason,
         compile_ms=artifact.compile_ms,
+        signature=artifact.signature,
+        signature_key_id=artifact.signature_key_id,
     )
 
 
@@ -73,6 +75,8 @@ def to_artifact(row: ArtifactRow | Row[Any]) -> KernelArtifact:
         compile_ms=row.compile_ms,
         version=row.version,
         artifact_id=row.id,
+        signature=row.signature,
+        signature_key_id=row.signature_key_id,
     )
 
 

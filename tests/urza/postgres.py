@@ -64,6 +64,68 @@ def _as_server_user(argv: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
 
+class LocalServer:
+    """A throw-away cluster on a loopback port that a test may stop and start again (an outage drill).
+
+    Args:
+        root: Empty directory owned by the server's user; the cluster goes in ``root/data``.
+    """
+
+    def __init__(self, root: Path) -> None:
+        bindir = find_binaries()
+        assert bindir is not None, unavailable_reason()
+        self.root = root
+        self._bindir = bindir
+        self._data = root / "data"
+        self.port = _free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self._run([str(bindir / "initdb"), "-D", str(self._data), "-U", "postgres", "--auth=trust", "--no-sync"])
+
+    def _run(self, argv: list[str]) -> None:
+        try:
+            subprocess.run(_as_server_user(argv), check=True, capture_output=True, text=True, timeout=120)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"{argv[0]} failed: {e.stderr or e.stdout}") from e
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections (``pg_ctl -w``)."""
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        log = str(self.root / "server.log")
+        self._run([str(self._bindir / "pg_ctl"), "-D", str(self._data), "-l", log, "-o", options, "-w", "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server and wait until it is gone.
+
+        ``fast`` (what ``systemctl stop`` does) ends open sessions and flushes what was committed;
+        ``immediate`` is a crash, which with this cluster's ``synchronous_commit=off`` may lose the
+        last commits.
+        """
+        self._run([str(self._bindir / "pg_ctl"), "-D", str(self._data), "-m", mode, "-w", "stop"])
+
+
+@contextmanager
+def controllable_server() -> Iterator[LocalServer]:
+    """A started ``LocalServer`` of its own (never ``ESPER_TEST_DB_URL``'s: a drill stops it)."""
+    root = Path(tempfile.mkdtemp(prefix="esper-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, user="postgres", group="postgres")
+    try:
+        server = LocalServer(root)
+        server.start()
+        try:
+            yield server
+        finally:
+            subprocess.run(
+                _as_server_user(
+                    [str(server._bindir / "pg_ctl"), "-D", str(server._data), "-m", "immediate", "-w", "stop"]
+                ),
+                capture_output=True,
+                timeout=60,
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @contextmanager
 def local_server() -> Iterator[str]:
     """Start a throw-away cluster and yield its admin URL (database ``postgres``)."""
@@ -71,38 +133,8 @@ def local_server() -> Iterator[str]:
     if existing:
         yield existing
         return
-    bindir = find_binaries()
-    assert bindir is not None, unavailable_reason()
-    root = Path(tempfile.mkdtemp(prefix="esper-pg-"))
-    data = root / "data"
-    if os.geteuid() == 0:
-        shutil.chown(root, user="postgres", group="postgres")
-    port = _free_port()
-    run = {"check": True, "capture_output": True, "text": True, "timeout": 120}
-    try:
-        subprocess.run(
-            _as_server_user([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"]),
-            **run,
-        )
-        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
-        subprocess.run(
-            _as_server_user(
-                [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-o", options, "-w", "start"]
-            ),
-            **run,
-        )
-    except subprocess.CalledProcessError as e:
-        shutil.rmtree(root, ignore_errors=True)
-        raise RuntimeError(f"could not start PostgreSQL: {e.stderr or e.stdout}") from e
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(
-            _as_server_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+    with controllable_server() as server:
+        yield server.url
 
 
 @contextmanager

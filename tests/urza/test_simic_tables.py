@@ -73,9 +73,12 @@ _ROWS: dict[str, dict[str, Any]] = {
 }
 
 
-# Columns later revisions added (0004: a decision's counterfactual outcome): an older Simic's
-# tables lack them, and its rows read NULL there after the upgrade.
-_ADDED_LATER: dict[str, dict[str, Any]] = {"simic_decisions": {"counterfactual_json": None}}
+# Columns later revisions added (0004: a decision's counterfactual outcome; 0005: a policy's
+# signature): an older Simic's tables lack them, and its rows read NULL there after the upgrade.
+_ADDED_LATER: dict[str, dict[str, Any]] = {
+    "simic_decisions": {"counterfactual_json": None},
+    "simic_policies": {"signature": None, "signature_key_id": None},
+}
 _ROWS_AT_HEAD = {name: [{**row, **_ADDED_LATER.get(name, {})}] for name, row in _ROWS.items()}
 
 

@@ -149,6 +149,16 @@ def test_status_change_needs_a_reason(registry_store: RegistryStore, make_artifa
         registry_store.set_status(stored.artifact_id or 0, ArtifactStatus.RETIRED, " ")
 
 
+def test_signatures_are_stored_with_their_key_id(registry_store: RegistryStore, make_artifact: MakeArtifact) -> None:
+    signed = registry_store.publish(make_artifact(signature="a" * 64, signature_key_id="k1"))
+    assert (signed.signature, signed.signature_key_id) == ("a" * 64, "k1")
+    resigned = registry_store.set_signature(signed.artifact_id or 0, signature="b" * 64, key_id="k2")
+    assert registry_store.get(signed.artifact_id or 0) == resigned
+    assert (resigned.signature, resigned.signature_key_id, resigned.version) == ("b" * 64, "k2", signed.version)
+    with pytest.raises(ArtifactNotFoundError):
+        registry_store.set_signature(999, signature="b" * 64, key_id="k2")
+
+
 # --------------------------------------------------------------------------- SQL only
 
 
