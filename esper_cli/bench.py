@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -307,6 +308,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")
     b_growth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_growth.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_growth.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="Dask worker processes (one thread each) on a local cluster; 0: one run after another in this "
+        "process, same numbers (default: one per core, %(default)s)",
+    )
+    b_growth.add_argument(
+        "--dask-address",
+        default=None,
+        metavar="ADDRESS",
+        help="fan out on this Dask scheduler (tcp://host:8786) instead; needs --home on a path every worker sees",
+    )
     b_growth.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     b_growth.add_argument(
         "--save-baseline", type=Path, default=None, metavar="DIR", help="write growth.json and growth_frontier.png here"
