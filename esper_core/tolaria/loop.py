@@ -210,9 +210,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         steps = -(-len(self.data.train) // self.batch_size)
         stride = max(1, steps // GRAD_NORM_SAMPLES)
+        # Stages change between epochs only (gates, commands), so the step's kind is fixed here.
+        aggregate = self.config.aggregation.aggregates(len(trainable))
         for i, (x, y) in enumerate(self.batches.epoch(self.epoch)):
-            trainable = self.manager.trainable_slots()
-            if self.config.aggregation.aggregates(len(trainable)):
+            if aggregate:
                 loss_sum += self._aggregated_step(x, y, trainable)
             else:
                 # Short-circuit: zero or one trainable seed is the plain single backward.
