@@ -1,19 +1,22 @@
-"""Shared pieces of the training benchmarks: options, the bare-PyTorch twin, a seed for a slot."""
+"""Shared pieces of the training benchmark: options, the bare-PyTorch twin and loop, a seed for a slot."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+from torch.utils.data import DataLoader
 
 from esper_core.contracts import BlendSchedule
-from esper_core.data import Split, epoch_batches
+from esper_core.data import AnySplit, Split, epoch_batches, epoch_order
 from esper_core.hosts import CNNHost
 from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.loader import load_kernel
+from esper_core.run.config import ModelSpec
 from esper_core.tezzeret.compiler import compile_blueprint
 from esper_core.tolaria.loop import Trainer
 
@@ -57,31 +60,66 @@ class _Residual(nn.Module):
         return x + self.block(x)
 
 
-def bare_twin(trainer: Trainer) -> nn.Module:
-    """A plain ``nn.Sequential`` doing the same computation as the trainer's host: its layers, plus
-    each active seed as an ordinary residual block built from Karn with the seed's weights. The
-    ratio against it measures Esper's machinery (isolation, bookkeeping, metrics), not the seed."""
+def bare_twin(trainer: Trainer, spec: ModelSpec | None = None) -> nn.Module:
+    """A plain module doing the same computation as the trainer's host, seeds included.
+
+    A built-in host becomes an ``nn.Sequential`` of its layers; a user's model (``ModelSpec``) is
+    rebuilt by its own ``build()`` with the host's weights. Each active seed becomes an ordinary
+    residual block built from Karn with the seed's weights, after the module it grows on. The
+    ratio against it measures Esper's machinery (isolation, bookkeeping, metrics), not the seed.
+
+    Args:
+        trainer: The trainer whose host (and seeds) the twin copies.
+        spec: The recipe's ``ModelSpec`` when the host is a user's model (needed to rebuild it).
+    """
+    if isinstance(trainer.model, GrowableModel):
+        if spec is None:
+            raise ValueError("the host is a user's model: pass its recipe's ModelSpec to rebuild it bare")
+        return _bare_user_model(trainer, trainer.model, spec)
     host = trainer.model
     slots = {slot.layer: slot for slot in trainer.manager.slots.values()}
-    seeds = {s.slot_id: s for s in trainer.manager.export_seed_states() if s.blueprint_id is not None}
-    catalog = default_catalog()
     layers: list[nn.Module] = []
     last = len(host.layers) - 1
     for i, (name, layer) in enumerate(zip(host.layer_names, host.layers, strict=True)):
         if isinstance(host, CNNHost) and i == last:
             layers += [nn.AdaptiveAvgPool2d(2), nn.Flatten()]
         slot = slots.get(name)
-        if slot is not None and slot.slot_id in seeds and slot.seed is not None:
-            state = seeds[slot.slot_id]
-            block = catalog.build(state.blueprint_id or "", slot.profile)
-            block.load_state_dict(slot.seed.state_dict())
-            layers.append(_Residual(block))
+        if slot is not None:
+            block = _seed_block(trainer, slot.slot_id)
+            if block is not None:
+                layers.append(block)
         clone = type(layer)(*_shape_args(layer))
         clone.load_state_dict(layer.state_dict())
         layers.append(clone)
         if i < last:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def _seed_block(trainer: Trainer, slot_id: str) -> nn.Module | None:
+    """The seed in ``slot_id`` as a plain residual block, or None for an empty slot."""
+    slot = trainer.manager.slots[slot_id]
+    state = next(s for s in trainer.manager.export_seed_states() if s.slot_id == slot_id)
+    if slot.seed is None or state.blueprint_id is None:
+        return None
+    block = default_catalog().build(state.blueprint_id, slot.profile)
+    block.load_state_dict(slot.seed.state_dict())
+    return _Residual(block)
+
+
+def _bare_user_model(trainer: Trainer, host: GrowableModel, spec: ModelSpec) -> nn.Module:
+    """The user's model built afresh (no slot hooks) with the host's weights; an active seed
+    follows the module it grows on inside an ``nn.Sequential``."""
+    model = spec.build()
+    model.load_state_dict(host.model.state_dict())
+    for slot_id in trainer.manager.slots:
+        block = _seed_block(trainer, slot_id)
+        if block is None:
+            continue
+        parent_name, _, child = slot_id.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, nn.Sequential(getattr(parent, child), block))
+    return model
 
 
 def _shape_args(layer: nn.Module) -> tuple:
@@ -92,54 +130,106 @@ def _shape_args(layer: nn.Module) -> tuple:
 
 
 class BareLoop:
-    """The bare training loop: zero_grad, forward, loss, backward, SGD step, one sync an epoch."""
+    """The bare training loop: zero_grad, forward, loss, backward, optimizer step, one sync an
+    epoch; the same optimizer (SGD with momentum, or Adam) and per-epoch learning-rate schedule
+    as the trainer, written as a person would with ``torch.optim``."""
 
     def __init__(self, model: nn.Module, trainer: Trainer) -> None:
         cfg = trainer.config
         self.model = model.to(trainer.device)
         self.device = trainer.device
-        self.opt = torch.optim.SGD(
-            self.model.parameters(),
-            lr=cfg.lr,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            # PyTorch's default implementation, as a person would write it; Esper's own
-            # choices (foreach updates and the rest) are what the ratio measures.
-        )
+        # PyTorch's default implementations, as a person would write them; Esper's own choices
+        # (foreach updates and the rest) are what the ratio measures.
+        if cfg.optimizer == "adam":
+            self.opt: torch.optim.Optimizer = torch.optim.Adam(
+                self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            )
+        else:
+            self.opt = torch.optim.SGD(
+                self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            )
+        total = trainer.total_epochs
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda e: cfg.lr_factor(e, total))
+        self.loss_fn = trainer.loss_fn
         self.split = trainer.data.train
+        self.val = trainer.data.val
         self.batch_size = trainer.batch_size
+        self.val_batch_size = cfg.val_batch_size
         self.seed = trainer.data_seed
+
+    def _batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if isinstance(self.split, Split):
+            return epoch_batches(self.split, batch_size=self.batch_size, seed=self.seed, epoch=epoch)
+        order = epoch_order(len(self.split), seed=self.seed, epoch=epoch).tolist()
+        loader = DataLoader(self.split.dataset, batch_size=self.batch_size, sampler=order)
+        return ((x.to(self.device), y.to(self.device)) for x, y in loader)
 
     def epoch(self, epoch: int) -> float:
         """Train one epoch; returns its wall time in ms."""
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
-        for x, y in epoch_batches(self.split, batch_size=self.batch_size, seed=self.seed, epoch=epoch):
+        for x, y in self._batches(epoch):
             self.opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.loss_fn(self.model(x), y)
             loss.backward()
             self.opt.step()
             loss_sum += loss.detach() * y.shape[0]
+        self.schedule.step()
         loss_sum.item()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return (time.perf_counter() - start) * 1e3
 
-    def accuracy(self, split: Split) -> float:
+    def validate(self) -> float:
+        """Loss on the validation split under inference mode, as a plain loop would check it
+        every epoch; returns its wall time in ms."""
+        start = time.perf_counter()
+        self.model.eval()
+        loss_sum = torch.zeros((), device=self.device)
+        with torch.inference_mode():
+            for x, y in _eval_batches(self.val, self.val_batch_size, self.device):
+                loss_sum += self.loss_fn(self.model(x), y) * y.shape[0]
+        loss_sum.item()
+        self.model.train()
+        return (time.perf_counter() - start) * 1e3
+
+    def accuracy(self, split: AnySplit) -> float:
         """Accuracy on ``split`` under inference mode."""
         self.model.eval()
+        correct = 0
         with torch.inference_mode():
-            acc = (self.model(split.x).argmax(dim=1) == split.y).sum().item() / len(split)
+            for x, y in _eval_batches(split, self.val_batch_size, self.device):
+                correct += int((self.model(x).argmax(dim=1) == y).sum())
         self.model.train()
-        return acc
+        return correct / len(split)
 
 
-def germinate_one(trainer: Trainer, blueprint_id: str = "lowrank_adapter") -> str:
-    """Compile ``blueprint_id`` for the first slot it fits (in memory, no registry), germinate it
-    and promote it to TRAINING; returns the slot id."""
+def _eval_batches(split: AnySplit, size: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(split, Split):
+        for start in range(0, len(split), size):
+            yield split.x[start : start + size], split.y[start : start + size]
+        return
+    for x, y in DataLoader(split.dataset, batch_size=size):
+        yield x.to(device), y.to(device)
+
+
+def germinate_one(trainer: Trainer, blueprints: Sequence[str] = ("lowrank_adapter",)) -> str:
+    """Compile the first of ``blueprints`` that fits a slot (in memory, no registry) for the first
+    slot it fits, germinate it and promote it to TRAINING; returns the slot id.
+
+    Raises:
+        ValueError: none of ``blueprints`` fits any slot of the host.
+    """
     catalog = default_catalog()
-    descriptor = catalog.get(blueprint_id).descriptor
-    slot = next(s for s in trainer.manager.slots.values() if s.profile.kind in descriptor.host_kinds)
+    fits = (
+        (blueprint_id, slot)
+        for blueprint_id in blueprints
+        for slot in trainer.manager.slots.values()
+        if slot.profile.kind in catalog.get(blueprint_id).descriptor.host_kinds
+    )
+    blueprint_id, slot = next(fits, (None, None))
+    if blueprint_id is None or slot is None:
+        raise ValueError(f"none of the blueprints {list(blueprints)} fits a slot of this host; bench with --seeds 0")
     kernel = compile_blueprint(catalog, blueprint_id, slot.profile, device=trainer.device)
     loaded = load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device=trainer.device)
     verdict = trainer.manager.germinate(

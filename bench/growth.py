@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench.growth_report import ARMS, GROWING_ARMS, format_table, frontier_png, summarise_recipe
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
@@ -105,6 +107,12 @@ class GrowthBenchConfig:
         policy_version: Evaluate this stored policy version instead of training one (needs ``home``).
         home: ESPER_HOME to use (default: a temporary one).
         device: Where runs train.
+        workers: Dask worker processes (one thread each) the evaluation runs fan out on, on a
+            ``LocalCluster`` of this machine; 0 runs them one after another in this process.
+            Either way each run trains on one thread, so the numbers are the same bit for bit.
+        dask_address: A running Dask scheduler (``tcp://host:8786``) to fan out on instead of a
+            local cluster; its workers need this ``home`` on a shared path and the same
+            ``ESPER_REGISTRY_URL``.
     """
 
     # MNIST-1D first: a narrow CNN with 10-13 points of width headroom, where growth can matter;
@@ -118,8 +126,17 @@ class GrowthBenchConfig:
     policy_version: int | None = None
     home: Path | None = None
     device: str = "cpu"
+    workers: int = 0
+    dask_address: str | None = None
 
     def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: runs one after another in this process), got {self.workers}")
+        if self.dask_address is not None and self.home is None:
+            raise ValueError(
+                "a Dask cluster's workers need the registry and runs on a shared path: give home "
+                "(a directory every worker sees) with dask_address"
+            )
         if self.plan not in PLANS:
             raise ValueError(f"unknown growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
         if self.widths is not None:
@@ -208,27 +225,20 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
         policy.require_current_inputs()  # a stale --policy-version fails here, before any run
     finally:
         store.close()
-    done = 0
+    jobs = [
+        SeedJob(recipe=recipe, seed=seed, home=str(home), version=version, gnn=policy.gnn, plan=plan, config=config)
+        for recipe in config.recipes
+        for seed in range(plan.seeds)
+    ]
+    by_job = fan_out(jobs, config, lambda done: report("evaluation runs", done * (total // len(jobs)), total))
     results: dict[str, Any] = {}
     for recipe in config.recipes:
         arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in ARMS}
         frontier: dict[float, list[EpisodeResult]] = {w: [] for w in plan.widths}
-        for seed in range(plan.seeds):
-            for arm, width in [(a, 1.0) for a in ARMS] + [("none", w) for w in plan.widths]:
-                run_config = _arm_config(recipe, seed=seed, arm=arm, width=width, plan=plan, config=config)
-                run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=policy.gnn)
-                if arm == "gnn":
-                    run_config.tamiyo = dataclasses.replace(run_config.tamiyo, policy_version=version)
-                if arm == "random":
-                    gnn = arms["gnn"][-1]
-                    budget = gnn.total_params - gnn.host_params
-                    risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=budget)
-                    run_config.tamiyo = dataclasses.replace(run_config.tamiyo, risk=risk)
-                run_id = fresh_run_id(settings, f"growth-{recipe}-{arm}-w{width:g}-s{seed}")
-                result = run_episode(run_config, settings=settings, run_id=run_id)
-                (arms[arm] if width == 1.0 else frontier[width]).append(result)
-                done += 1
-                report(f"{recipe} seed {seed} {arm if width == 1.0 else f'static x{width:g}'}", done, total)
+        for job, runs in zip(jobs, by_job, strict=True):
+            if job.recipe == recipe:
+                for arm, width, result in runs:
+                    (arms[arm] if width == 1.0 else frontier[width]).append(result)
         frontier[1.0] = arms["none"]
         results[recipe] = summarise_recipe(arms, dict(sorted(frontier.items())))
     return {
@@ -255,6 +265,86 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
         "wall_s": time.perf_counter() - start,
         "results": results,
     }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SeedJob:
+    """The evaluation runs of one recipe and seed: every arm and frontier width (a unit of fan-out:
+    the ``random`` arm's budget is the ``gnn`` arm's of the same seed)."""
+
+    recipe: str
+    seed: int
+    home: str
+    version: int
+    gnn: Any
+    plan: GrowthPlan
+    config: GrowthBenchConfig
+
+
+def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
+    """Run ``job``'s arms in order on one torch thread; returns ``(arm, width, result)`` each.
+
+    One thread whatever the process has, so a run gives the same numbers in this process, in a
+    Dask worker, or on another machine's worker.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        settings = EsperSettings(home=Path(job.home))
+        runs: list[tuple[str, float, EpisodeResult]] = []
+        gnn: EpisodeResult | None = None
+        for arm, width in [(a, 1.0) for a in ARMS] + [("none", w) for w in job.plan.widths]:
+            run_config = _arm_config(job.recipe, seed=job.seed, arm=arm, width=width, plan=job.plan, config=job.config)
+            run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=job.gnn)
+            if arm == "gnn":
+                run_config.tamiyo = dataclasses.replace(run_config.tamiyo, policy_version=job.version)
+            if arm == "random":
+                assert gnn is not None, "ARMS lists gnn before random"
+                risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=gnn.total_params - gnn.host_params)
+                run_config.tamiyo = dataclasses.replace(run_config.tamiyo, risk=risk)
+            run_id = fresh_run_id(settings, f"growth-{job.recipe}-{arm}-w{width:g}-s{job.seed}")
+            result = run_episode(run_config, settings=settings, run_id=run_id)
+            if arm == "gnn":
+                gnn = result
+            runs.append((arm, width, result))
+        return runs
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fan_out(
+    jobs: list[SeedJob], config: GrowthBenchConfig, progress: Callable[[int], None]
+) -> list[list[tuple[str, float, EpisodeResult]]]:
+    """``seed_runs`` of every job, in the jobs' order: here one after another (``workers=0``), or
+    on Dask (``config.dask_address``, else a ``LocalCluster`` of ``config.workers`` processes
+    with one thread each). ``progress`` hears how many jobs are done."""
+    if config.workers == 0 and config.dask_address is None:
+        out = []
+        for job in jobs:
+            out.append(seed_runs(job))
+            progress(len(out))
+        return out
+    # Imported here: only a fanned-out benchmark pays for Dask's import (~0.5 s).
+    from distributed import Client, LocalCluster, as_completed
+
+    with contextlib.ExitStack() as stack:
+        if config.dask_address is not None:
+            client = stack.enter_context(Client(config.dask_address))
+        else:
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=config.workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    host="127.0.0.1",
+                    dashboard_address="127.0.0.1:0",
+                )
+            )
+            client = stack.enter_context(Client(cluster))
+        futures = client.map(seed_runs, jobs, pure=False)
+        for done, _ in enumerate(as_completed(futures), start=1):
+            progress(done)
+        return client.gather(futures)
 
 
 def _arm_config(
@@ -341,6 +431,8 @@ def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401 
             policy_version=args.policy_version,
             home=args.home,
             device=args.device,
+            workers=args.workers,
+            dask_address=args.dask_address,
         ),
         progress=progress,
     )
@@ -355,10 +447,12 @@ __all__ = [
     "PLANS",
     "GrowthBenchConfig",
     "GrowthPlan",
+    "SeedJob",
     "cli",
     "compile_kernels",
     "fresh_run_id",
     "in_home",
     "run",
     "save_baseline",
+    "seed_runs",
 ]

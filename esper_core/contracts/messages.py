@@ -201,10 +201,11 @@ class SeedState(Message):
     Karn profile name of that activation (artifacts must match it). ``metrics`` keys written by
     Kasmina: ``grad_norm``, ``samples``, ``val_loss_with_seed``, ``val_loss_without_seed``.
 
-    ``activation_grad_norm`` is Tolaria's bottleneck signal at the slot, measured whatever the
-    stage (DORMANT slots too): the root-mean-square over a probe batch of each sample's norm of
-    the loss gradient with respect to the activation leaving the slot. None where it was not
-    measured (packets recorded before it existed, or a non-finite value).
+    ``activation_grad_norm`` is Tolaria's bottleneck signal at the slot, measured in the stages
+    where the slot can act (DORMANT and seeds in flight): the root-mean-square over a probe batch
+    of each sample's norm of the loss gradient with respect to the activation leaving the slot.
+    None where it was not measured (nobody reads it in the run, a FOSSILIZED, CULLED or EMBARGOED
+    slot, packets recorded before it existed, or a non-finite value).
     """
 
     slot_id: str = Field(min_length=1)
@@ -242,9 +243,10 @@ class LayerState(Message):
 class SystemStatePacket(Message):
     """Everything Tamiyo sees about the run at the end of one epoch.
 
-    ``train_accuracy`` is the share of training samples the epoch's training steps classified
-    correctly (from the logits of each step, as the weights were at that step); None when the
-    targets are not class indices, and in packets recorded before it existed.
+    ``train_accuracy`` is the share of a fixed sample of training signals (the first 512) the
+    model classifies correctly at the end of the epoch (packets recorded before 2026-11-24 counted
+    it during the epoch's steps instead); None when the targets are not class indices, when
+    nobody reads it in the run, and in packets recorded before it existed.
     """
 
     run_id: str = Field(min_length=1)

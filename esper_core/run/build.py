@@ -14,6 +14,7 @@ from esper_core.kasmina.manager import SeedManager
 from esper_core.run.config import RunConfig
 from esper_core.run.task import vary_dataset
 from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.slotgrads import GROWTH_SIGNALS
 from esper_core.tolaria.step import DecisionCache
 
 
@@ -29,6 +30,21 @@ def build_host(config: RunConfig, *, feature_shape: tuple[int, ...], num_classes
         return build_host_from_config(config.host, feature_shape=feature_shape, num_classes=num_classes)
     spec = config.host
     return GrowableModel(spec.build(), slots=spec.slots, sample_shape=feature_shape, batch_max=spec.batch_max)
+
+
+def growth_signals(config: RunConfig, *, recorded: bool) -> frozenset[str]:
+    """The growth signals (``slotgrads.GROWTH_SIGNALS``) someone reads in a run of ``config``.
+
+    The GNN reads them when it decides; Simic reads them from the packets of every decision
+    recorded for it (a run whose registry has a database), whatever policy decided, so that the
+    GNN it trains sees at serving time the inputs it was trained on. A run read by neither (the
+    heuristic, scheduled, random, periodic or no policy, without recording) measures none.
+
+    Args:
+        config: The run's configuration (its ``tamiyo.policy`` decides).
+        recorded: Whether the run's decisions are recorded for Simic.
+    """
+    return frozenset(GROWTH_SIGNALS) if recorded or config.tamiyo.policy == "gnn" else frozenset()
 
 
 def load_run_data(config: RunConfig) -> Dataset:
@@ -48,6 +64,7 @@ def build_trainer(
     run_id: str,
     home: Path | None = None,
     data: Dataset | None = None,
+    recorded: bool = True,
 ) -> Trainer:
     """Seed every RNG, load the data, build the host with its slots and the trainer around it.
 
@@ -58,6 +75,7 @@ def build_trainer(
         home: ESPER_HOME; the step engine remembers its compile decisions there. None: the
             engine measures afresh.
         data: The run's data, when already loaded (e.g. by the plan); default: loaded here.
+        recorded: Whether the run's decisions are recorded for Simic (``growth_signals``).
     """
     initialise_pytorch_defaults()
     seed_everything(config.seed)
@@ -80,4 +98,5 @@ def build_trainer(
         workload=f"{config.recipe}:{type(host).__name__}{host.layer_widths}:b{config.data.batch_size}",
         decision_cache=None if home is None else DecisionCache(home / "step_decisions.json"),
         total_epochs=config.epochs,
+        signals=growth_signals(config, recorded=recorded),
     )

@@ -86,14 +86,21 @@ class RunSession:
         self.catalog = catalog or default_catalog()
         data = load_run_data(config)
         self.plan: RunPlan = plan_run(config, catalog=self.catalog, data=data, approved=config.approved_blueprints)
-        self.trainer = build_trainer(config, catalog=self.catalog, run_id=run_id, home=settings.home, data=data)
+        # Field reports and decisions for Simic, in the registry database (None without SQL).
+        self.records = SimicStore.for_urza(urza)
+        self.trainer = build_trainer(
+            config,
+            catalog=self.catalog,
+            run_id=run_id,
+            home=settings.home,
+            data=data,
+            recorded=self.records is not None,
+        )
         self.manager = self.trainer.manager
         self.device = self.trainer.device
         if tamiyo is None:
             tamiyo = TamiyoService(config.tamiyo, cache_dir=settings.home / "cache" / "inductor")
         self.tamiyo = tamiyo
-        # Field reports and decisions for Simic, in the registry database (None without SQL).
-        self.records = SimicStore.for_urza(urza)
         self._decision_records: dict[str, DecisionRecord] = {}
         self.profiles = self.plan.profiles
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)

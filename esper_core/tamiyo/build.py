@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import queue
@@ -51,6 +53,73 @@ log = logging.getLogger(__name__)
 XDict = dict[NodeType, Tensor]
 EdgeDict = dict[EdgeType, Tensor]
 _RECOMPILE_MESSAGE = "Detected recompile"  # the RuntimeError text of the fail_on_recompile stance
+
+LOADING_SWITCH_INTERVAL_S = 1e-4
+"""The interpreter's thread switch interval while this process compiles against the hot cache.
+
+Dynamo and Inductor run in Python on the background thread; each torch op of an eager decision
+releases the GIL and then waits for it for up to the switch interval (5 ms by default), so a
+~200-op decision took up to 1 s while loading. At 0.1 ms the decision waits ~20 ms at most and
+the load itself is barely slower. Process-wide, so it is set only while loading (``_yielding``).
+"""
+_yield_lock = threading.Lock()
+_yield_depth = 0
+_yield_previous = 0.0
+
+
+@contextlib.contextmanager
+def _yielding() -> Iterator[None]:
+    """Run the block with ``LOADING_SWITCH_INTERVAL_S`` (nested or concurrent blocks share it)."""
+    global _yield_depth, _yield_previous
+    with _yield_lock:
+        if _yield_depth == 0:
+            _yield_previous = sys.getswitchinterval()
+            sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
+        _yield_depth += 1
+    try:
+        yield
+    finally:
+        with _yield_lock:
+            _yield_depth -= 1
+            if _yield_depth == 0:
+                sys.setswitchinterval(_yield_previous)
+
+
+def warm_marker(
+    model: TamiyoGNN,
+    inputs: tuple[dict[Any, Tensor], dict[Any, Tensor]],
+    *,
+    config: PolicyCompileConfig,
+    device: torch.device,
+    dtype: torch.dtype | None,
+) -> Path | None:
+    """Where a completed compile of this policy and these shapes is recorded in the compiler cache.
+
+    Its presence means the on-disk cache already holds the compile, so the warm-up child process
+    (3-5 s of start-up and imports on 2 cores) is skipped and this process loads directly. It lives
+    inside the cache directory, so removing the cache removes it too.
+
+    Returns:
+        The marker's path; None when no cache directory is set (``use_compiler_cache``).
+    """
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache is None:
+        return None
+    x_dict, edge_index_dict = inputs
+    shapes = sorted((str(k), tuple(v.shape)) for k, v in (*x_dict.items(), *edge_index_dict.items()))
+    key = json.dumps(
+        {
+            "gnn": dataclasses.asdict(model.config),
+            "compile": [config.mode, config.dynamic, config.backend],
+            "device": str(device),
+            "dtype": str(dtype),
+            "shapes": shapes,
+            "torch": torch.__version__,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return Path(cache) / "tamiyo-warm" / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -258,30 +327,38 @@ class PreparedPolicy:
                         self._idle.set()
 
     def _compile_isolated(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
-        """The background job: the cold compile in a child process, then the hot one here."""
+        """The background job: the cold compile in a child process (skipped when ``warm_marker``
+        says the cache already holds it), then the hot one here, yielding the GIL often."""
         assert self.config is not None
         start = time.perf_counter()
-        self.stage = "warming"
-        try:
-            warm_in_subprocess(
-                self.model,
-                (x_dict, edge_index_dict),
-                config=self.config,
-                device=self.device,
-                dtype=self.dtype,
-                timeout_s=self.config.warmup_timeout_s,
-            )
-        # A child that failed to compile would fail here too (and cold): serve eagerly for good.
-        except RuntimeError as e:
-            with self._lock:
-                self._fall_back(e)
-            self.stage = "idle"
-            return
+        inputs = (x_dict, edge_index_dict)
+        marker = warm_marker(self.model, inputs, config=self.config, device=self.device, dtype=self.dtype)
+        if marker is None or not marker.exists():
+            self.stage = "warming"
+            try:
+                warm_in_subprocess(
+                    self.model,
+                    inputs,
+                    config=self.config,
+                    device=self.device,
+                    dtype=self.dtype,
+                    timeout_s=self.config.warmup_timeout_s,
+                )
+            # A child that failed to compile would fail here too (and cold): serve eagerly for good.
+            except RuntimeError as e:
+                with self._lock:
+                    self._fall_back(e)
+                self.stage = "idle"
+                return
         loaded = time.perf_counter()
         self.cache_warm_s = loaded - start
         self.stage = "loading"
-        self._compile(x_dict, edge_index_dict)
+        with _yielding():
+            self._compile(x_dict, edge_index_dict)
         self.load_s = time.perf_counter() - loaded
+        if marker is not None and self._compiled is not None:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
         self.stage = "idle"
 
     def _compile(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:

@@ -36,11 +36,13 @@ from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.safety import EpochFailed, epoch_failure
 from esper_core.tolaria.slotgrads import (
-    batch_stats,
+    ACTING_STAGES,
+    GROWTH_SIGNALS,
+    TRAIN_ACCURACY_SAMPLES,
     classifies,
+    sample_accuracy,
     slot_activation_grad_norms,
     slot_input_and_gradient,
-    train_accuracy,
 )
 from esper_core.tolaria.staging import BatchSource
 from esper_core.tolaria.step import DecisionCache, StepEngine
@@ -67,6 +69,12 @@ class EpochResult:
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+GRAD_NORM_SAMPLES = 8
+"""Steps per epoch whose gradient norms are measured (evenly spaced; every step of a shorter
+epoch): the norms are an RMS over steps, read by gates (finite, non-zero) and by the policy (which
+layer gets the larger gradient), and 8 of them keep the heuristic's decisions on the reference
+recipes while sparing the other steps the norm kernels."""
+
 
 class Trainer:
     """Trains one host model with its seed manager on a data set (in memory or a user's Dataset)."""
@@ -86,7 +94,14 @@ class Trainer:
         workload: str = "",
         decision_cache: DecisionCache | None = None,
         total_epochs: int | None = None,
+        signals: frozenset[str] = frozenset(GROWTH_SIGNALS),
     ) -> None:
+        """``signals``: the ``slotgrads.GROWTH_SIGNALS`` someone reads in this run (the rest are
+        not measured and stay None in the packets)."""
+        unknown = sorted(signals - set(GROWTH_SIGNALS))
+        if unknown:
+            raise ValueError(f"unknown growth signals {unknown}; choose from {GROWTH_SIGNALS}")
+        self.signals = signals
         if config.lr_schedule != "constant" and total_epochs is None:
             raise ValueError(f"lr_schedule {config.lr_schedule!r} is a function of the run's length: pass total_epochs")
         self.model = model.to(device)
@@ -133,18 +148,17 @@ class Trainer:
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
         x0, y0 = self.data.train.head(batch_size)
         self._probe_batch = (x0.to(device), y0.to(device))
+        self._accuracy_sample: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ training
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The step closure the engine runs (eager, compiled or captured): forward under the
-        precision policy, loss, backward. Returns the batch's ``batch_stats`` (loss sum, correct,
-        counted)."""
+        precision policy, loss, backward. Returns the batch's loss sum, detached (no host sync)."""
         with self.precision.autocast():
-            logits = self.model(x)
-            loss = self.loss_fn(logits, y)
+            loss = self.loss_fn(self.model(x), y)
         self.precision.backward(loss)
-        return batch_stats(loss, logits, y)
+        return loss.detach().float() * y.shape[0]
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -154,7 +168,7 @@ class Trainer:
         bypassed, then each seed alone), host gradients combined by PCGrad (or summed), seed
         gradients from their own task. Eager on purpose: swapping seeds in and out and
         ``autograd.grad`` do not belong in a compiled or captured step. Returns the mean over
-        the tasks of their ``batch_stats`` (the loss and accuracy the epoch reports)."""
+        the tasks of their loss sums (the loss the epoch reports)."""
         self._zero_grad()
         k = 1 + len(trainable)
         stats, losses, private = [], [], []
@@ -163,9 +177,8 @@ class Trainer:
                 for sid in trainable:
                     if sid != keep:
                         stack.enter_context(self.manager.without_seed(sid))
-                logits = self.model(x)
-                loss = self.loss_fn(logits, y)
-            stats.append(batch_stats(loss, logits, y))
+                loss = self.loss_fn(self.model(x), y)
+            stats.append(loss.detach().float() * y.shape[0])
             # Each task's loss is divided by k so the combined step stays near a plain step's size.
             losses.append(self.precision.scale(loss / k))
             private.append([] if keep is None else self.manager.seed_parameters(keep))
@@ -177,7 +190,7 @@ class Trainer:
             self.grad_agg_stats,
             private_params=private,
         )
-        return torch.stack(stats).mean(dim=0)
+        return torch.stack(stats).mean()
 
     def train_epoch(self) -> EpochResult:
         """Run one epoch: train on every batch, validate, run the seed gates, build the packet."""
@@ -194,21 +207,24 @@ class Trainer:
             }
         )
         self.model.train()
-        stats = torch.zeros(3, device=self.device)  # batch_stats summed: loss, correct, counted
-        for x, y in self.batches.epoch(self.epoch):
-            trainable = self.manager.trainable_slots()
-            if self.config.aggregation.aggregates(len(trainable)):
-                stats += self._aggregated_step(x, y, trainable)
+        loss_sum = torch.zeros((), device=self.device)
+        steps = -(-len(self.data.train) // self.batch_size)
+        stride = max(1, steps // GRAD_NORM_SAMPLES)
+        # Stages change between epochs only (gates, commands), so the step's kind is fixed here.
+        aggregate = self.config.aggregation.aggregates(len(trainable))
+        for i, (x, y) in enumerate(self.batches.epoch(self.epoch)):
+            if aggregate:
+                loss_sum += self._aggregated_step(x, y, trainable)
             else:
                 # Short-circuit: zero or one trainable seed is the plain single backward.
-                stats += self.engine.run(x, y)
+                loss_sum += self.engine.run(x, y)
             # Outside the step closure: attribution and per-seed metrics stay plain and eager.
             self.precision.unscale(self.optimizer)
             self.manager.attribute_batch(int(y.shape[0]))
-            self.grad_norms.step()
+            if i % stride == 0:
+                self.grad_norms.step()
             self.precision.step(self.optimizer)
-        loss_sum, correct, counted = stats.tolist()  # the epoch's one sync
-        train_loss = loss_sum / len(self.data.train)
+        train_loss = loss_sum.item() / len(self.data.train)  # the epoch's one sync
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         train_ms = (time.perf_counter() - start) * 1e3
@@ -228,7 +244,7 @@ class Trainer:
         self.best_val_loss = val.loss if self.best_val_loss is None else min(self.best_val_loss, val.loss)
         norms = self.grad_norms.reduce()  # the epoch's one device sync for gradient norms
         probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
-        bottlenecks = self.activation_grad_norms()
+        bottlenecks = self.activation_grad_norms() if "activation_grad_norm" in self.signals else {}
         verdicts = self.manager.end_epoch(
             EpochObservation(
                 val_loss=val.loss,
@@ -246,7 +262,7 @@ class Trainer:
             train_loss=train_loss,
             val_loss=val.loss,
             val_accuracy=val.accuracy,
-            train_accuracy=train_accuracy(correct, counted),
+            train_accuracy=self.train_accuracy() if "train_accuracy" in self.signals else None,
             learning_rate=self.optimizer.param_groups[0]["lr"],
             epoch_latency_ms=train_ms,
             latency_budget_ms=self.config.latency_budget_ms,
@@ -372,10 +388,21 @@ class Trainer:
         return max((a - b).abs().max().item() for a, b in zip(with_seed, without, strict=True))
 
     def activation_grad_norms(self) -> dict[str, float | None]:
-        """Each slot's bottleneck signal on the probe batch (``slotgrads`` says how and why
-        there, not in the training steps); the run's numbers do not change by measuring it."""
+        """The bottleneck signal of each slot that can act, on the probe batch (``slotgrads``
+        says how and why there, not in the training steps); the run's numbers do not change by
+        measuring it. Slots that cannot act are left out (None in the packet)."""
+        acting = {sid: slot for sid, slot in self.manager.slots.items() if slot.stage in ACTING_STAGES}
+        if not acting:
+            return {}
         x, y = self._probe_batch
-        return slot_activation_grad_norms(self.model, self.manager.slots, self.loss_fn, x, y)
+        return slot_activation_grad_norms(self.model, acting, self.loss_fn, x, y)
+
+    def train_accuracy(self) -> float | None:
+        """Accuracy on a fixed sample of the training split (``slotgrads.sample_accuracy``)."""
+        if self._accuracy_sample is None:
+            x, y = self.data.train.head(min(len(self.data.train), TRAIN_ACCURACY_SAMPLES))
+            self._accuracy_sample = (x.to(self.device), y.to(self.device))
+        return sample_accuracy(self.model, *self._accuracy_sample)
 
     def slot_input(self, slot_id: str) -> torch.Tensor:
         """The activation entering ``slot_id`` for the probe batch."""
@@ -441,13 +468,12 @@ class Trainer:
 
 
 def _optimizer(params: list[nn.Parameter], config: TrainerConfig) -> torch.optim.Optimizer:
-    # Multi-tensor updates (seed 000, change 6) pay off on CPU too: measured 72 -> 57 us a step
-    # for the digits MLP with one thread.
+    # Fused updates (one kernel per parameter group, on CPU as on CUDA) beat the multi-tensor
+    # ones of seed 000's change 6 on these small hosts: with one thread, Adam on the MNIST-1D MLP
+    # 198 -> 81 us a step, SGD on the digits MLP 105 -> 63 us (README, "Training").
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, foreach=True)
-    return torch.optim.SGD(
-        params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, foreach=True
-    )
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, fused=True)
 
 
 def count_parameters(module: nn.Module) -> int:

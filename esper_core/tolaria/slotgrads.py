@@ -1,15 +1,25 @@
-"""Per-epoch training signals measured beside the step: train accuracy and slot bottlenecks.
+"""Growth signals Tolaria measures for Tamiyo, once per epoch and only when someone reads them.
 
-**Train accuracy** rides in the step's return value (``batch_stats``): the step closure returns
-a ``(3,)`` tensor ``[loss sum, correct, counted]`` that the loop adds up on the device and reads
-once per epoch with the loss (the same single sync as before). Counting inside the closure keeps
-it valid on every path of the step engine: eager, compiled (two extra ops in the traced graph)
-and a captured CUDA graph (the counts are computed on the static buffers at each replay).
+Which signals an epoch measures is ``GROWTH_SIGNALS`` filtered by the trainer's ``signals`` (the
+run's readers: the deciding policy, and Simic when the run's decisions are recorded for it; see
+``esper_core.run.build.growth_signals``). Nothing of it runs inside the training steps: an
+unread signal costs nothing, and a read one costs a fixed amount per epoch, whatever the number
+of steps.
+
+**Train accuracy** (``sample_accuracy``): the share of a fixed sample of training signals
+(the first ``TRAIN_ACCURACY_SAMPLES`` in data order) the model classifies correctly at the end of
+the epoch, under inference mode. Counting it inside each training step (as before) cost an
+argmax and a sum per step, about 15 % of a digits-MLP epoch; at the epoch's end it is one
+inference forward, and it is measured on the same weights as the validation accuracy, so the
+train-validation gap compares like with like. 512 samples put one epoch's value within about
++-2 points (binomial SD at 80 %: 1.8 points), finer than a policy needs to tell under- from
+over-fitting.
 
 **Slot bottleneck** (``slot_activation_grad_norms``): the norm of the loss gradient with respect
-to the activation leaving each seed slot, DORMANT slots included. It is measured once per epoch
-by one extra forward and a partial backward on the trainer's fixed probe batch, not by hooks on
-the training steps, because:
+to the activation leaving each slot that can act (``ACTING_STAGES``: DORMANT slots, which can
+germinate, and seeds in flight, which can be advanced or culled; not FOSSILIZED, CULLED or
+EMBARGOED slots). It is measured by one extra forward and a partial backward on the trainer's
+fixed probe batch, not by hooks on the training steps, because:
 
 - a hook inside the step would have to survive ``torch.compile`` and CUDA-graph capture (a
   tensor hook registered in a traced forward either breaks the graph or is baked into it), and
@@ -20,8 +30,8 @@ the training steps, because:
   and leaves the run's numbers bit-identical with or without it;
 - a fixed batch makes the epoch-to-epoch change reflect the model, not which batch was drawn.
 
-Its cost is about one training step per epoch (the backward stops at the first slot). The
-value is the root-mean-square over the probe samples of each sample's gradient norm of the
+Its cost is about one training step per epoch (the backward stops at the first measured slot).
+The value is the root-mean-square over the probe samples of each sample's gradient norm of the
 summed loss, i.e. ``||dL_sum/dA||_F / sqrt(B)``, so it does not depend on the batch size.
 """
 
@@ -33,6 +43,23 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from esper_core.contracts import SeedStage
+
+GROWTH_SIGNALS = ("train_accuracy", "activation_grad_norm")
+"""The signals an epoch can measure for Tamiyo, by the packet field each fills."""
+TRAIN_ACCURACY_SAMPLES = 512
+"""Training samples the train accuracy is measured on (all of a smaller training split)."""
+ACTING_STAGES = frozenset(
+    {
+        SeedStage.DORMANT,
+        SeedStage.GERMINATED,
+        SeedStage.TRAINING,
+        SeedStage.BLENDING,
+        SeedStage.PROBATIONARY,
+    }
+)
+"""Stages in which a slot can act (germinate, or move its seed on): only these are probed."""
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -41,27 +68,25 @@ def classifies(logits: torch.Tensor, y: torch.Tensor) -> bool:
     return not y.dtype.is_floating_point and logits.dim() == 2
 
 
-def batch_stats(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``[loss sum, correct, counted]`` of one batch, detached, float32, on the loss's device.
+def sample_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """Share of ``x`` that ``model`` classifies as ``y`` under inference mode; None when the
+    targets are not class indices (``classifies``). Leaves the model's train/eval mode as it was.
 
-    ``loss`` is the batch's mean loss; ``counted`` is the batch size when ``classifies`` holds
-    and 0 otherwise (then ``correct`` is 0 too). No host sync: safe inside a compiled or
-    captured step.
+    Args:
+        model: The host.
+        x: A fixed sample of training inputs, (N, *sample_shape).
+        y: Its targets.
     """
-    n = y.shape[0]
-    loss_sum = loss.detach().float() * n
-    if classifies(logits, y):
-        correct = (logits.detach().argmax(dim=1) == y).sum(dtype=torch.float32)
-        counted = loss_sum.new_full((), float(n))
-    else:
-        correct = torch.zeros_like(loss_sum)
-        counted = torch.zeros_like(loss_sum)
-    return torch.stack([loss_sum, correct, counted])  # (3,)
-
-
-def train_accuracy(correct: float, counted: float) -> float | None:
-    """The epoch's train accuracy from the summed ``batch_stats``; None when nothing was counted."""
-    return correct / counted if counted > 0 else None
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            logits = model(x)
+    finally:
+        model.train(was_training)
+    if not classifies(logits, y):
+        return None
+    return (logits.argmax(dim=1) == y).sum().item() / y.shape[0]
 
 
 def slot_activation_grad_norms(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.growth import GrowthBenchConfig
+from bench.growth import GrowthBenchConfig, run
 from bench.growth_report import ARMS
 from esper_cli.main import main
 from esper_core.settings import EsperSettings
@@ -29,7 +29,7 @@ def test_smoke_plan_writes_the_paired_report_and_the_frontier_plot(
     compiled_home: EsperSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "baseline"
-    argv = ["bench", "growth", "--recipes", "seed-reference", "--plan", "smoke", "--json"]
+    argv = ["bench", "growth", "--recipes", "seed-reference", "--plan", "smoke", "--workers", "0", "--json"]
     assert main([*argv, "--home", str(compiled_home.home), "--save-baseline", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["seeds"] == [0, 1] and result["lr_schedule"] == "cosine"
@@ -50,9 +50,41 @@ def test_smoke_plan_writes_the_paired_report_and_the_frontier_plot(
     assert (out / "growth_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _numbers(result: dict) -> dict:
+    """The runs' results without what names or times them."""
+
+    def strip(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("run_id", "wall_s", "wall_s_mean", "fork_ms")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(json.loads(json.dumps(result["results"], default=str)))  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+def test_runs_fanned_out_on_dask_give_the_sequential_numbers_bit_for_bit(compiled_home: EsperSettings) -> None:
+    config = GrowthBenchConfig(recipes=("seed-reference",), plan="smoke", home=compiled_home.home, workers=0)
+    sequential = run(config)
+    version = sequential["policy"]["version"]
+    fanned = run(GrowthBenchConfig(**{**_fields(config), "workers": 2, "policy_version": version}))
+    assert _numbers(fanned) == _numbers(sequential)
+    accuracies = [r["test_acc"] for r in fanned["results"]["seed-reference"]["arms"]["gnn"]["runs"]]
+    assert len(accuracies) == 2  # both seeds ran on the cluster
+
+
+def _fields(config: GrowthBenchConfig) -> dict:
+    return {name: getattr(config, name) for name in config.__slots__}  # type: ignore[attr-defined]
+
+
 def test_bad_options_are_refused_before_any_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown growth plan"):
         GrowthBenchConfig(plan="huge")
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        GrowthBenchConfig(workers=-1)
+    with pytest.raises(ValueError, match="shared path: give home"):
+        GrowthBenchConfig(dask_address="tcp://127.0.0.1:8786")
     with pytest.raises(ValueError, match="seeds must be >= 2"):
         GrowthBenchConfig(seeds=1)
     with pytest.raises(ValueError, match="overlap Simic's training seeds"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,16 @@ def test_bench_seed_reference_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["steps_per_epoch"] == 4
     for key in ("esper_p95_ms", "bare_p95_ms", "ratio_p95"):
         assert result[key] > 0
+
+
+def test_bench_training_any_recipe_writes_a_baseline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "user.json"
+    argv = ["bench", "training", "--recipe", "tests.helpers.user_model:recipe", "--epochs", "5", "--seeds", "0"]
+    assert main([*argv, "--warmup-batches", "0", "--no-compile", "--json", "--save-baseline", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["workload"] == "tests.helpers.user_model:recipe" and result["epoch_ratio_p50"] > 0
+    saved = json.loads(out.read_text())
+    assert set(saved["latency"]) >= {"bare", "esper_chosen", "epoch_bare", "epoch_esper_chosen"}
 
 
 def test_console_script_is_installed() -> None:

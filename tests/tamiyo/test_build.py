@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,16 @@ import pytest
 import torch
 from torch._dynamo import register_backend
 
-from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype, host_to_device, prepare_policy, use_compiler_cache
+from esper_core.tamiyo.build import (
+    LOADING_SWITCH_INTERVAL_S,
+    PreparedPolicy,
+    _yielding,
+    autocast_dtype,
+    host_to_device,
+    prepare_policy,
+    use_compiler_cache,
+    warm_marker,
+)
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import build_graph
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
@@ -71,7 +81,8 @@ def test_compile_failure_falls_back_once_with_one_warning(
     assert torch.isfinite(out.action_logits).all() and policy.eager_calls == 1
 
 
-def test_a_decision_is_never_blocked_by_the_background_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decision_is_never_blocked_by_the_background_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # cold: the child runs
     release, compiling = threading.Event(), threading.Event()
     calls: list[str] = []
 
@@ -100,6 +111,41 @@ def test_a_decision_is_never_blocked_by_the_background_compile(monkeypatch: pyte
     assert policy.compile_enabled and policy.last_call_compiled and calls == ["compiled", "compiled"]
     assert policy.stage == "idle" and policy.ready_after_s is not None and policy.ready_after_s >= policy.cache_warm_s
     policy.close(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_cache_that_holds_the_compile_skips_the_warmup_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    config = PolicyCompileConfig(backend="eager", mode=None)
+    first = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+    inputs = _inputs()
+    marker = warm_marker(first.model, inputs, config=config, device=CPU, dtype=None)
+    assert marker is not None and not marker.exists()
+    assert first.warm(*inputs) and first.wait_until_idle(300)
+    assert first.compile_enabled and marker.exists()  # recorded once the compile succeeded
+    other = warm_marker(first.model, _inputs(num_slots=3), config=config, device=CPU, dtype=None)
+    assert other != marker  # another shape signature is another compile
+    children: list[object] = []
+    monkeypatch.setattr("esper_core.tamiyo.build.warm_in_subprocess", lambda *a, **k: children.append(a))
+    again = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+    assert again.warm(*inputs) and again.wait_until_idle(300)
+    assert again.compile_enabled and children == []  # loaded here, no child process
+    first.close(timeout=10)
+    again.close(timeout=10)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert warm_marker(first.model, inputs, config=config, device=CPU, dtype=None) is None
+
+
+def test_loading_yields_the_interpreter_often_and_restores_it() -> None:
+    before = sys.getswitchinterval()
+    with _yielding():
+        assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
+        with _yielding():  # a second policy loading at the same time
+            pass
+        assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == before
 
 
 @register_backend

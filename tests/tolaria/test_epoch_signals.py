@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+from esper_core.contracts import SeedStage
 from esper_core.karn.catalog import default_catalog
-from esper_core.run.build import build_trainer
+from esper_core.run.build import build_trainer, growth_signals
 from esper_core.tolaria.loop import Trainer
-from esper_core.tolaria.slotgrads import batch_stats, train_accuracy
+from esper_core.tolaria.slotgrads import GROWTH_SIGNALS, TRAIN_ACCURACY_SAMPLES, sample_accuracy
 from tests.helpers.recipes import eager_recipe
 
 
@@ -19,35 +21,61 @@ def _trainer(recipe: str = "digits-mlp") -> Trainer:
     return build_trainer(eager_recipe(recipe), catalog=default_catalog(), run_id="signals")
 
 
-def test_train_accuracy_counts_every_training_step() -> None:
+def test_train_accuracy_is_measured_on_a_fixed_training_sample_after_the_epoch() -> None:
     trainer = _trainer()
-    hits = [0]
-    loss_fn = trainer.loss_fn
-
-    def counting_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # Training steps only: evaluation runs in inference mode, the bottleneck probe in eval mode.
-        if trainer.model.training and torch.is_grad_enabled():
-            hits[0] += int((logits.argmax(dim=1) == y).sum())
-        return loss_fn(logits, y)
-
-    trainer.loss_fn = counting_loss  # the step closure reads it at each call
     accuracies = []
     for _ in range(2):
-        hits[0] = 0
         accuracy = trainer.train_epoch().packet.train_accuracy
-        assert accuracy == pytest.approx(hits[0] / len(trainer.data.train), abs=1e-9)
+        x, y = trainer.data.train.head(TRAIN_ACCURACY_SAMPLES)
+        with torch.inference_mode():
+            expected = (trainer.model(x).argmax(dim=1) == y).float().mean().item()
+        assert accuracy == pytest.approx(expected, abs=1e-9)
         accuracies.append(accuracy)
     assert 0.0 < accuracies[0] < accuracies[1] <= 1.0
 
 
-def test_batch_stats_leave_accuracy_unobserved_for_regression_targets() -> None:
-    logits, y = torch.randn(5, 3), torch.randn(5, 3)
-    stats = batch_stats(F.mse_loss(logits, y), logits, y)
-    assert stats[1:].tolist() == [0.0, 0.0]
-    assert train_accuracy(0.0, 0.0) is None
-    classes = torch.tensor([0, 1, 2, 2, 0])
-    stats = batch_stats(F.cross_entropy(logits, classes), logits, classes)
-    assert stats[2] == 5 and stats[1] == (logits.argmax(1) == classes).sum()
+def test_sample_accuracy_is_unobserved_for_regression_targets_and_keeps_the_mode() -> None:
+    model = torch.nn.Linear(4, 3)
+    assert sample_accuracy(model, torch.randn(5, 4), torch.randn(5, 3)) is None
+    assert model.training
+    x, classes = torch.randn(5, 4), torch.tensor([0, 1, 2, 2, 0])
+    with torch.no_grad():
+        hits = (model(x).argmax(1) == classes).sum().item()
+    assert sample_accuracy(model, x, classes) == hits / 5
+
+
+def test_unread_signals_are_not_measured_and_read_ones_skip_slots_that_cannot_act() -> None:
+    config = eager_recipe("digits-mlp")
+    assert growth_signals(config, recorded=False) == frozenset()  # the heuristic reads neither
+    assert growth_signals(config, recorded=True) == frozenset(GROWTH_SIGNALS)  # Simic does
+    gnn = dataclasses.replace(config, tamiyo=dataclasses.replace(config.tamiyo, policy="gnn"))
+    assert growth_signals(gnn, recorded=False) == frozenset(GROWTH_SIGNALS)
+    unread = build_trainer(config, catalog=default_catalog(), run_id="s", recorded=False)
+    probed = []
+    unread.activation_grad_norms = lambda: probed.append(1) or {}  # type: ignore[method-assign]
+    packet = unread.train_epoch().packet
+    assert packet.train_accuracy is None and not probed
+    assert all(s.activation_grad_norm is None for s in packet.seeds)
+    read = _trainer()
+    read.manager.slots["slot1"].stage = SeedStage.EMBARGOED  # cannot germinate until DORMANT again
+    norms = read.activation_grad_norms()
+    assert set(norms) == {"slot2"} and norms["slot2"] is not None and norms["slot2"] > 0
+    with pytest.raises(ValueError, match="unknown growth signals"):
+        Trainer(**{**_trainer_kwargs(read), "signals": frozenset({"val_gap"})})
+
+
+def _trainer_kwargs(trainer: Trainer) -> dict[str, object]:
+    return {
+        "model": trainer.model,
+        "manager": trainer.manager,
+        "data": trainer.data,
+        "config": trainer.config,
+        "loss_fn": trainer.loss_fn,
+        "batch_size": trainer.batch_size,
+        "data_seed": trainer.data_seed,
+        "device": trainer.device,
+        "run_id": "s",
+    }
 
 
 def _manual_mlp_grad_norms(trainer: Trainer) -> dict[str, float]:

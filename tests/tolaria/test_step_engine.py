@@ -148,14 +148,14 @@ def test_compiled_step_matches_eager_numerics() -> None:
     assert compiled == pytest.approx(eager, rel=1e-5)
 
 
-def test_compiled_step_carries_train_accuracy_and_leaves_the_slot_probe_eager() -> None:
-    """Train accuracy is counted inside the compiled step; the slot bottleneck probe runs
-    eagerly beside it (no hook enters the compiled graph), so both match the eager run."""
+def test_compiled_step_leaves_the_growth_signals_eager() -> None:
+    """Train accuracy and the slot bottleneck probe run eagerly after the compiled steps (no
+    hook or count enters the compiled graph), so both match the eager run."""
     eager = _trainer(compile="off")
     compiled = _trainer(compile="on")
     for _ in range(3):
         a, b = eager.train_epoch().packet, compiled.train_epoch().packet
-        assert b.train_accuracy is not None and b.train_accuracy == pytest.approx(a.train_accuracy, abs=1e-9)
+        assert b.train_accuracy is not None and b.train_accuracy == pytest.approx(a.train_accuracy, abs=0.02)
         assert [s.activation_grad_norm for s in b.seeds] == pytest.approx([s.activation_grad_norm for s in a.seeds])
     assert compiled.engine.use_compiled and compiled.engine.compiled_epochs >= 1
     assert all(not slot._forward_hooks for slot in compiled.manager.slots.values())
@@ -213,11 +213,9 @@ def test_cuda_graph_replay_matches_eager() -> None:
     second = graphed.train_epoch()
     assert next(m for m in second.metrics if m.name == "tolaria.graph.replays_total").value > 0
     assert [result.packet.train_loss, second.packet.train_loss] == pytest.approx(eager_losses, rel=1e-4)
-    # Train accuracy is counted inside the captured graph, on its static buffers, at each replay.
-    # (a near-tie's argmax may flip with the graph's float order: allow two samples).
-    assert second.packet.train_accuracy == pytest.approx(
-        eager_packets[1].train_accuracy, abs=2 / len(graphed.data.train)
-    )
+    # Train accuracy is measured after the epoch, outside the graph (a near-tie's argmax may flip
+    # with the graph's float order: allow two samples).
+    assert second.packet.train_accuracy == pytest.approx(eager_packets[1].train_accuracy, abs=2 / 512)
 
 
 @requires_cuda("bf16/fp16 autocast and GradScaler")
