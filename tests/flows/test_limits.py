@@ -60,6 +60,25 @@ def test_a_task_over_its_limit_fails_naming_task_limit_and_setting(
     assert sum(m.startswith("Task run exceeded timeout") for m in logs) <= 1, logs
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_simic_task_over_its_limit_is_stopped(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simic's tasks run on the flow's main thread, where Prefect's own timeout interrupts them."""
+    from flows.train_policy import train_policy
+    from tasks.policy import demonstrate
+
+    # The smoke plan's demonstrations on digits-mlp take seconds; the limit stops them first.
+    monkeypatch.setattr(demonstrate, "timeout_seconds", 0.5)
+    state = train_policy(recipes=["digits-mlp"], plan="smoke", return_state=True)
+    assert state.is_failed()
+    expected = (
+        "task 'collect-demonstrations' ran past its time limit of 0.5 s and was stopped; if this work needs "
+        "longer, raise ESPER_TRAIN_TIMEOUT_S (seconds) in the worker's environment"
+    )
+    logs = flow_run_logs(state.state_details.flow_run_id, expected)
+    assert sum(m == expected for m in logs) == 1, logs
+
+
 def _no_child_left() -> bool:
     return not any("esper_core.child" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
 
