@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version_text() -> str:
-    """``esper 0.1.0 (torch 2.13.0, prefect 3.8.8, Python 3.11.7)``: what a bug report needs.
+    """``esper 0.1.0 (torch 2.13.0, prefect 3.9.1, Python 3.11.7)``: what a bug report needs.
 
     Versions come from the installed distributions' metadata, so nothing heavy is imported.
     """
