@@ -29,6 +29,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 _LOGGER = "esper_core"
 
 
@@ -41,7 +43,8 @@ def run_in_child(target: str, /, *args: Any, limit_s: float, **kwargs: Any) -> A
 
     Args:
         target: ``package.module:function``, importable in a fresh interpreter with this one's
-            ``sys.path``; arguments and result must pickle.
+            ``sys.path``. Arguments and result go through cloudpickle, so a function among them
+            (a benchmark workload registered at run time, a closure) travels by value.
         *args: Positional arguments of ``target``.
         limit_s: Seconds the child may run; then it is killed.
         **kwargs: Keyword arguments of ``target``.
@@ -67,7 +70,7 @@ def run_in_child(target: str, /, *args: Any, limit_s: float, **kwargs: Any) -> A
         )
         try:
             assert child.stdin is not None
-            child.stdin.write(pickle.dumps((target, args, kwargs, level)))
+            child.stdin.write(cloudpickle.dumps((target, args, kwargs, level)))
             child.stdin.flush()  # stdin stays open: its EOF tells the child that this process died
             try:
                 child.wait(timeout=limit_s)
@@ -129,7 +132,7 @@ def _main(out: Path) -> None:
     except Exception as e:  # noqa: BLE001 - every failure goes back to the parent, which re-raises it
         result = ("error", (e, traceback.format_exc()))
     try:
-        payload = pickle.dumps((*result, collect.records))
+        payload = cloudpickle.dumps((*result, collect.records))
     except Exception as e:  # noqa: BLE001 - an unpicklable result or exception becomes a readable one
         payload = pickle.dumps(("error", (RuntimeError(f"{target}: {result[0]} did not pickle: {e}"), ""), []))
     tmp = out.with_suffix(".tmp")

@@ -6,13 +6,13 @@ worker's environment. A task over its limit fails (it is not retried: the same w
 of time again) and logs which setting to raise.
 
 A limit must stop the work, wherever it runs:
-- Training tasks (``grow``, Simic's) are called from the flow, on the flow-run process's main
-  thread, where Prefect's ``timeout_seconds`` interrupts them with a signal between two Python
-  instructions (and ``grow`` also checks between epochs).
-- Compiles and benchmark cases are mapped onto the task runner's threads, where Prefect cannot
-  interrupt anything (it only warns, once per task run, that its timeout will not bite). They
-  have no Prefect timeout; their work runs in a child process (``in_child``) that is killed when
-  the limit passes.
+- Compiles, benchmark cases and Simic's steps run in a child process (``in_child``) that is
+  killed, with its own children, when the limit passes. Compiles and benchmark cases are mapped
+  onto the task runner's threads, where Prefect's ``timeout_seconds`` cannot interrupt anything
+  (it only warns, once per task run, that it will not bite), so these tasks have none.
+- ``grow`` keeps the run's live session in its process, so it stays in the flow's process: it
+  checks the limit between epochs (everything up to there is committed) and has Prefect's
+  ``timeout_seconds`` as well, which interrupts a long epoch with a signal on the main thread.
 """
 
 from __future__ import annotations
@@ -66,18 +66,15 @@ def explain_timeout(kind: LimitKind) -> Callable[[Task, TaskRun, State], None]:
 
 
 def limited(kind: LimitKind) -> dict[str, Any]:
-    """The ``@task`` options of a ``kind`` task: its time limit and the hook that explains a timeout.
+    """The ``@task`` options of a ``kind`` task: the hook that explains a timeout.
 
-    Only training tasks get Prefect's ``timeout_seconds`` (they run on the main thread, where it
-    interrupts); compile and benchmark tasks call ``in_child`` instead.
+    No Prefect ``timeout_seconds``: the task's work runs in ``in_child``, which the limit stops.
+    (``grow`` adds Prefect's timeout itself and checks the limit between epochs.)
     """
-    options: dict[str, Any] = {"on_failure": [explain_timeout(kind)]}
-    if kind == "train":
-        options["timeout_seconds"] = time_limit(kind)
-    return options
+    return {"on_failure": [explain_timeout(kind)]}
 
 
-def in_child(kind: LimitKind, target: str, /, *args: Any) -> Any:
+def in_child(kind: LimitKind, target: str, /, *args: Any) -> Any:  # noqa: ANN401 - whatever target returns
     """Run ``target(*args)`` (``module:function``) in a child process stopped at the ``kind`` limit.
 
     Raises:
