@@ -108,6 +108,13 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def stop(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
     """Stop ``process``, its process group and every process it started: SIGTERM, then SIGKILL.
 
@@ -129,7 +136,7 @@ def stop(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=timeout)
-    survivors = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    survivors = [p for p in descendants if _alive(p)]
     for child in survivors:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.terminate()

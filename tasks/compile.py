@@ -24,7 +24,7 @@ from prefect.runtime import flow_run
 from esper_core._capabilities import resolve_device
 from esper_core.contracts import KernelArtifact, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import CompileJob, PublishPlan, new_compile_run, publish_staged
+from esper_core.pipeline import CompileJob, PublishPlan, find_published, new_compile_run, publish_staged
 from esper_core.urza.service import Urza
 from tasks._limits import in_child, limited
 from tasks._runtime import service_sink, settings
@@ -85,6 +85,13 @@ def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
     The compile runs in a child process that the compile time limit stops (``in_child``): this
     task runs on a thread of the flow's task runner, where nothing can interrupt a C call.
     """
+    urza = _urza()
+    try:
+        existing = find_published(urza, job, resolve_device(device))
+    finally:
+        urza.close()
+    if existing is not None:  # asked here first: a child process costs seconds of imports
+        return StagedKernel(job=job, artifact_json=existing.to_json(), reused=True)
     s = settings()
     artifact_json, tags, reused = in_child(
         "compile", "esper_core.pipeline:stage_job", job, device, s.home, s.registry_db_url
