@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.registry import BASELINE_SERIES, SERIES_ORDER, BenchCase, SweepConfig, get_workload
+from bench.registry import BASELINE_SERIES, SERIES_ORDER, BenchCase, SweepConfig, Workload, get_workload
 from esper_core.telemetry import latency_stats, load_baseline, write_baseline
 from esper_core.telemetry.baseline import atomic_write_text
 
@@ -107,9 +107,13 @@ class SweepReport:
         ]
 
 
-def run_case(case: BenchCase) -> CaseResult:
-    """Time ``case`` with its workload."""
-    result = get_workload(case.workload).run(case)
+def run_case(case: BenchCase, workload: Workload | None = None) -> CaseResult:
+    """Time ``case`` with ``workload`` (default: the one registered under ``case.workload``).
+
+    A child process gets the workload from its parent, where it may have been registered at run
+    time (``bench.registry.register``).
+    """
+    result = (workload or get_workload(case.workload)).run(case)
     samples = {name: [float(v) for v in values] for name, values in result["samples_ms"].items()}
     headline = {k: v for k, v in result.items() if k != "samples_ms" and isinstance(v, int | float | str)}
     return CaseResult(case=case, samples_ms=samples, headline=headline)

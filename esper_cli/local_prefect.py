@@ -9,6 +9,7 @@ the local server's database and logs live under ``$ESPER_HOME/prefect``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +20,8 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from esper_cli import deploy_ops
 
@@ -105,16 +108,43 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def stop(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
-    """Stop ``process`` and its process group: SIGTERM, then SIGKILL after ``timeout`` s."""
+    """Stop ``process``, its process group and every process it started: SIGTERM, then SIGKILL.
+
+    The group covers uvicorn's and the worker's helpers; the descendants outside it are the
+    flow-run processes a worker starts in sessions of their own. They are listed before the
+    group is signalled and each gets SIGTERM (Prefect marks its run Crashed; the run's last
+    committed epoch stays resumable) and then SIGKILL after ``timeout`` s, so nothing outlives
+    an ``esper server`` that was stopped.
+    """
     if process.poll() is not None:
         return
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
     os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=timeout)
+    survivors = [p for p in descendants if _alive(p)]
+    for child in survivors:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(survivors, timeout=timeout)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 @dataclass(kw_only=True)
@@ -190,6 +220,14 @@ class LocalPrefect:
         process = self._spawn(
             _prefect("server", "start", "--host", "127.0.0.1", "--port", str(self.port)), "server.log"
         )
+        try:
+            self._wait_until_healthy(process, timeout)
+        except BaseException:
+            stop(process)  # also on Ctrl-C or SIGTERM during the start: no server left behind
+            raise
+        return process
+
+    def _wait_until_healthy(self, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -200,11 +238,10 @@ class LocalPrefect:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
-                        return process
+                        return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
-        stop(process)
         raise RuntimeError(f"the Prefect server did not answer within {timeout:.0f} s\n{self.log_tail('server.log')}")
 
     def run_cli(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import platform
+import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
+from types import FrameType
 
 from esper_cli import bench, catalog, recipes, registry, run, server
 from esper_cli.progress import configure_logging
@@ -40,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version_text() -> str:
-    """``esper 0.1.0 (torch 2.13.0, prefect 3.8.8, Python 3.11.7)``: what a bug report needs.
+    """``esper 0.1.0 (torch 2.13.0, prefect 3.9.1, Python 3.11.7)``: what a bug report needs.
 
     Versions come from the installed distributions' metadata, so nothing heavy is imported.
     """
@@ -48,13 +50,37 @@ def version_text() -> str:
     return f"esper {version('esper')} ({deps}, Python {platform.python_version()})"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: unwound like Ctrl-C, so every ``finally`` and ``atexit`` handler runs."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    del signum, frame
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``esper`` console command."""
+    """Entry point of the ``esper`` console command.
+
+    SIGTERM (what systemd, Docker, Kubernetes and ``kill`` send) stops every command as Ctrl-C
+    does: Python's default for SIGTERM ends the process at once, which left the children of
+    ``esper server start`` and the temporary Prefect server of ``esper run`` running. Unwound as
+    an interrupt, the commands stop their children, a flow run is marked as ended, and a run's
+    last committed epoch stays resumable with ``--run-id``.
+
+    Returns:
+        The exit status: 0, 2 for a bad input, 130 after Ctrl-C, 143 after SIGTERM.
+    """
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args))
     except ValueError as e:
         # Configuration and input errors carry their fix in the message; no traceback needed.
         print(f"esper: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print(f"esper: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 
 from esper_cli.local_prefect import LocalPrefect, stop
 from esper_core.settings import EsperSettings
@@ -18,6 +16,8 @@ def _local(args: argparse.Namespace) -> LocalPrefect:
 
 def _cmd_start(args: argparse.Namespace) -> int:
     local = _local(args)
+    # Ctrl-C and SIGTERM (main() turns it into KeyboardInterrupt) end up in the `finally`, from
+    # any point: start_server stops its own child when interrupted before it answers.
     server = local.start_server()
     worker = None
     try:
@@ -28,12 +28,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         print(f"API          {local.api_url}  (database and logs in {local.prefect_home})")
         print(f"worker       {'pool esper, log ' + str(local.prefect_home / 'worker.log') if worker else 'none'}")
         print(f"in another shell: export PREFECT_API_URL={local.api_url}; make deploy")
-        print("Ctrl-C stops the server and the worker.")
-
-        def _terminate(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, _terminate)
+        print("Ctrl-C (or SIGTERM) stops the server, the worker and its flow runs.", flush=True)
         while server.poll() is None:
             if worker is not None and worker.poll() is not None:
                 print(
@@ -43,8 +38,6 @@ def _cmd_start(args: argparse.Namespace) -> int:
             time.sleep(1.0)
         print(f"the Prefect server exited ({server.returncode}); see {local.prefect_home / 'server.log'}")
         return 1
-    except KeyboardInterrupt:
-        return 0
     finally:
         if worker is not None:
             stop(worker)
@@ -65,8 +58,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     print(f"worker on pool esper against {local.api_url}; log {local.prefect_home / 'worker.log'}; Ctrl-C stops it")
     try:
         return worker.wait()
-    except KeyboardInterrupt:
-        return 0
     finally:
         stop(worker)
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
+from esper_core._capabilities import resolve_device
 from esper_core.contracts import ArtifactStatus, KernelArtifact
-from esper_core.karn.catalog import KarnCatalog
+from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.policy import approval_tags, require_approval
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.tezzeret.compiler import CompiledKernel, compile_blueprint
@@ -198,3 +199,32 @@ def publish_kernel(
     """Stage a freshly compiled kernel's blob, then publish it (blob first, row second)."""
     urza.blobs.put(kernel.blob)
     return publish_staged(urza, catalog, kernel.artifact, tags=kernel.tags, plan=plan)
+
+
+def stage_job(job: CompileJob, device: str, home: Path, registry_url: str | None) -> tuple[str, tuple[str, ...], bool]:
+    """Compile ``job`` unless Urza already holds its artifact here, and store the blob.
+
+    What the ``compile-blueprint`` task runs in a child process (``esper_core.child``), so that
+    its time limit can stop a compile; publishing the row is left to the caller.
+
+    Args:
+        job: The compile job.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        home: ``ESPER_HOME`` (blob store and compiler caches).
+        registry_url: Urza's database URL, ``None`` for the SQLite file under ``home``.
+
+    Returns:
+        The artifact's JSON, its tags and whether Urza already had it (nothing compiled).
+    """
+    target = resolve_device(device)
+    urza = Urza.open(home, registry_url)
+    try:
+        existing = find_published(urza, job, target)
+        if existing is not None:
+            return existing.to_json(), (), True
+        kernel = compile_job(default_catalog(), job, target, config=tezzeret_config(home, job.backend))
+        # Blob first: content-addressed and atomic, so a crash here leaves at most an orphan blob.
+        urza.blobs.put(kernel.blob)
+    finally:
+        urza.close()
+    return kernel.artifact.to_json(), tuple(kernel.tags), False

@@ -1,10 +1,18 @@
 """Time limits of the long-running tasks (compile, benchmark, training) and what a timeout says.
 
-Each limit is a Prefect ``timeout_seconds`` read from ``EsperSettings`` when the task module is
-imported, i.e. when a flow-run process starts: set ``ESPER_COMPILE_TIMEOUT_S``,
-``ESPER_BENCH_TIMEOUT_S`` or ``ESPER_TRAIN_TIMEOUT_S`` in the worker's environment. A task over
-its limit fails (it is not retried: the same work would run out of time again) and logs which
-setting to raise.
+Each limit is read from ``EsperSettings``, i.e. from the flow-run process's environment: set
+``ESPER_COMPILE_TIMEOUT_S``, ``ESPER_BENCH_TIMEOUT_S`` or ``ESPER_TRAIN_TIMEOUT_S`` in the
+worker's environment. A task over its limit fails (it is not retried: the same work would run out
+of time again) and logs which setting to raise.
+
+A limit must stop the work, wherever it runs:
+- Compiles, benchmark cases and Simic's steps run in a child process (``in_child``) that is
+  killed, with its own children, when the limit passes. Compiles and benchmark cases are mapped
+  onto the task runner's threads, where Prefect's ``timeout_seconds`` cannot interrupt anything
+  (it only warns, once per task run, that it will not bite), so these tasks have none.
+- ``grow`` keeps the run's live session in its process, so it stays in the flow's process: it
+  checks the limit between epochs (everything up to there is committed) and has Prefect's
+  ``timeout_seconds`` as well, which interrupts a long epoch with a signal on the main thread.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Any, Literal
 from prefect import Task, get_run_logger
 from prefect.client.schemas.objects import State, TaskRun
 
+from esper_core.child import run_in_child
 from esper_core.settings import EsperSettings
 
 LimitKind = Literal["compile", "bench", "train"]
@@ -51,14 +60,27 @@ def explain_timeout(kind: LimitKind) -> Callable[[Task, TaskRun, State], None]:
     def hook(task: Task, task_run: TaskRun, state: State) -> None:
         del task_run
         if timed_out(state):
-            get_run_logger().error(timeout_message(task.name, task.timeout_seconds or 0.0, kind))
+            get_run_logger().error(timeout_message(task.name, task.timeout_seconds or time_limit(kind), kind))
 
     return hook
 
 
 def limited(kind: LimitKind) -> dict[str, Any]:
-    """The ``@task`` options of a ``kind`` task: its time limit and the hook that explains a timeout."""
-    return {"timeout_seconds": time_limit(kind), "on_failure": [explain_timeout(kind)]}
+    """The ``@task`` options of a ``kind`` task: the hook that explains a timeout.
+
+    No Prefect ``timeout_seconds``: the task's work runs in ``in_child``, which the limit stops.
+    (``grow`` adds Prefect's timeout itself and checks the limit between epochs.)
+    """
+    return {"on_failure": [explain_timeout(kind)]}
+
+
+def in_child(kind: LimitKind, target: str, /, *args: Any) -> Any:  # noqa: ANN401 - whatever target returns
+    """Run ``target(*args)`` (``module:function``) in a child process stopped at the ``kind`` limit.
+
+    Raises:
+        TimeoutError: The limit passed; the child and its children were killed.
+    """
+    return run_in_child(target, *args, limit_s=time_limit(kind))
 
 
 def retry_unless_timed_out(task: Task, task_run: TaskRun, state: State) -> bool:

@@ -24,17 +24,9 @@ from prefect.runtime import flow_run
 from esper_core._capabilities import resolve_device
 from esper_core.contracts import KernelArtifact, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
 from esper_core.karn.catalog import default_catalog
-from esper_core.pipeline import (
-    CompileJob,
-    PublishPlan,
-    compile_job,
-    find_published,
-    new_compile_run,
-    publish_staged,
-    tezzeret_config,
-)
+from esper_core.pipeline import CompileJob, PublishPlan, find_published, new_compile_run, publish_staged
 from esper_core.urza.service import Urza
-from tasks._limits import limited
+from tasks._limits import in_child, limited
 from tasks._runtime import service_sink, settings
 
 
@@ -88,19 +80,25 @@ def begin_compile_run(recipe: str, jobs: list[CompileJob], device: str = "auto",
     **limited("compile"),
 )
 def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
-    """Compile ``job`` unless Urza already holds its artifact here; stage the blob."""
-    target = resolve_device(device)
+    """Compile ``job`` unless Urza already holds its artifact here; stage the blob.
+
+    The compile runs in a child process that the compile time limit stops (``in_child``): this
+    task runs on a thread of the flow's task runner, where nothing can interrupt a C call.
+    """
     urza = _urza()
     try:
-        existing = find_published(urza, job, target)
-        if existing is not None:
-            return StagedKernel(job=job, artifact_json=existing.to_json(), reused=True)
-        kernel = compile_job(default_catalog(), job, target, config=tezzeret_config(settings().home, job.backend))
-        # Blob first: content-addressed and atomic, so a crash here leaves at most an orphan blob.
-        urza.blobs.put(kernel.blob)
+        existing = find_published(urza, job, resolve_device(device))
     finally:
         urza.close()
-    artifact = kernel.artifact
+    if existing is not None:  # asked here first: a child process costs seconds of imports
+        return StagedKernel(job=job, artifact_json=existing.to_json(), reused=True)
+    s = settings()
+    artifact_json, tags, reused = in_child(
+        "compile", "esper_core.pipeline:stage_job", job, device, s.home, s.registry_db_url
+    )
+    if reused:
+        return StagedKernel(job=job, artifact_json=artifact_json, reused=True)
+    artifact = KernelArtifact.from_json(artifact_json)
     events = ()
     if artifact.fallback:
         events = (
@@ -125,7 +123,7 @@ def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
             events=events,
         )
     )
-    return StagedKernel(job=job, artifact_json=artifact.to_json(), reused=False, tags=kernel.tags)
+    return StagedKernel(job=job, artifact_json=artifact_json, reused=False, tags=tags)
 
 
 @task(

@@ -3,6 +3,10 @@
 ``NO_CACHE`` throughout: episodes are side effects on the registry, and a policy version is
 published by the task itself (idempotently: a retried training task republishes the same
 seeded weights, which Simic maps to the existing version).
+
+Each task runs its step in a child process that the training time limit stops (``in_child``):
+Prefect's own timeout interrupts with a signal that it may defer during one of its shielded calls
+and then lose, so a limit it enforces need not hold.
 """
 
 from __future__ import annotations
@@ -10,15 +14,10 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.run.simic_train import collect_demonstrations, collect_episodes, get_plan, train_imitation, train_ppo
-from esper_core.simic.records import SimicStore
-from tasks._limits import limited, retry_unless_timed_out
+from tasks._limits import in_child, limited, retry_unless_timed_out
 from tasks._runtime import settings
 
-
-def _store() -> SimicStore:
-    s = settings()
-    return SimicStore.open(s.home, s.registry_db_url)
+_JOBS = "esper_core.run.simic_jobs"
 
 
 @task(
@@ -39,17 +38,9 @@ def collect(
     device: str = "cpu",
 ) -> list[str]:
     """Run one episode per seed with ``policy`` deciding; returns their run ids."""
-    results = collect_episodes(
-        settings(),
-        recipe=recipe,
-        seeds=seeds,
-        policy=policy,
-        plan=get_plan(plan),
-        explore=explore,
-        policy_version=policy_version,
-        device=device,
+    return in_child(
+        "train", f"{_JOBS}:episode_ids", settings(), recipe, plan, policy, seeds, explore, policy_version, device
     )
-    return [r.run_id for r in results]
 
 
 @task(
@@ -62,8 +53,7 @@ def collect(
 )
 def demonstrate(recipe: str, plan: str, device: str = "cpu") -> list[str]:
     """The plan's demonstrations of ``recipe`` (the heuristic's, or the best searched schedule's); run ids."""
-    results = collect_demonstrations(settings(), recipe=recipe, plan=get_plan(plan), device=device)
-    return [r.run_id for r in results]
+    return in_child("train", f"{_JOBS}:demonstration_ids", settings(), recipe, plan, device)
 
 
 @task(
@@ -76,11 +66,7 @@ def demonstrate(recipe: str, plan: str, device: str = "cpu") -> list[str]:
 )
 def imitate_policy(run_ids: list[str], plan: str) -> int:
     """Imitate the decisions of ``run_ids``; returns the published version."""
-    store = _store()
-    try:
-        return train_imitation(store, run_ids, get_plan(plan)).version
-    finally:
-        store.close()
+    return in_child("train", f"{_JOBS}:imitation_version", settings(), run_ids, plan)
 
 
 @task(
@@ -93,14 +79,4 @@ def imitate_policy(run_ids: list[str], plan: str) -> int:
 )
 def improve_policy(version: int, rollout_run_ids: list[str], demonstration_run_ids: list[str], plan: str) -> int:
     """One PPO update of ``version`` on its rollouts; returns the published version."""
-    store = _store()
-    try:
-        return train_ppo(
-            store,
-            version=version,
-            rollout_run_ids=rollout_run_ids,
-            demonstration_run_ids=demonstration_run_ids,
-            plan=get_plan(plan),
-        ).version
-    finally:
-        store.close()
+    return in_child("train", f"{_JOBS}:ppo_version", settings(), version, rollout_run_ids, demonstration_run_ids, plan)

@@ -16,9 +16,9 @@ from prefect.cache_policies import NO_CACHE
 
 from bench.growth import GrowthBenchConfig, save_baseline
 from bench.growth import run as run_growth
-from bench.registry import BenchCase, SweepConfig, get_sweep, plan_cases
-from bench.sweep import CaseResult, SweepReport, compare, previous_sweep, run_case, sweep_directory, write_snapshot
-from tasks._limits import limited, retry_unless_timed_out
+from bench.registry import BenchCase, SweepConfig, get_sweep, get_workload, plan_cases
+from bench.sweep import CaseResult, SweepReport, compare, previous_sweep, sweep_directory, write_snapshot
+from tasks._limits import in_child, limited, retry_unless_timed_out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,8 +58,12 @@ def plan_sweep(sweep: str, workloads: list[str] | None, max_regression: float | 
     **limited("bench"),
 )
 def bench_case(case: BenchCase) -> CaseResult:
-    """Time one (workload, device, seeds) case: Esper and bare PyTorch, interleaved."""
-    return run_case(case)
+    """Time one (workload, device, seeds) case: Esper and bare PyTorch, interleaved.
+
+    In a child process that the benchmark time limit stops (``in_child``): this task runs on a
+    thread of the flow's task runner, where nothing can interrupt a C call.
+    """
+    return in_child("bench", "bench.sweep:run_case", case, get_workload(case.workload))
 
 
 # NO_CACHE: writing a snapshot is a side effect; a second write of the same sweep is refused.

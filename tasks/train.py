@@ -35,7 +35,7 @@ from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import RunHandle, RunSession
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
-from tasks._limits import limited, timeout_message
+from tasks._limits import limited, time_limit, timeout_message
 from tasks._runtime import forget, prometheus, remember, session_for, settings
 
 
@@ -192,6 +192,9 @@ def grow_epoch(session: RunSession, epoch: int) -> EpochReport:
     retry_delay_seconds=1,
     retry_condition_fn=_retry_unless_halted,
     cache_policy=NO_CACHE,
+    # The live session stays in this process, so no child process: Prefect's signal on the main
+    # thread, and the check between epochs below, which holds even when that signal is lost.
+    timeout_seconds=time_limit("train"),
     **limited("train"),
 )
 def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growth:

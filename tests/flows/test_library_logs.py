@@ -59,14 +59,21 @@ def test_esper_core_log_lines_are_stored_in_the_flow_runs_logs(compiled_home: Es
     *_, run_id, state = next(line for line in done.stdout.splitlines() if line.startswith("FLOW RUN")).split()
     assert state == "COMPLETED"
     log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(run_id)]))
-    deadline = time.monotonic() + 30
+
+    def found(messages: list[tuple[str, str]]) -> bool:
+        return any(
+            n == "esper_core._capabilities" and m.startswith("matmul precision 'high'") for n, m in messages
+        ) and any(n == "esper_core.tamiyo.build" and m.startswith("Tamiyo policy on cpu") for n, m in messages)
+
+    # The flow-run process sends its logs in batches, which may reach the server after the run's
+    # final state: wait until both lines are there (or the deadline), not for the first batch.
+    deadline = time.monotonic() + 60
     with get_client(sync_client=True) as client:
         while True:
             library = [log for log in client.read_logs(log_filter=log_filter) if log.name.startswith("esper_core.")]
-            if library or time.monotonic() > deadline:
+            messages = [(log.name, log.message) for log in library]
+            if found(messages) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-    messages = [(log.name, log.message) for log in library]
-    assert any(n == "esper_core._capabilities" and m.startswith("matmul precision 'high'") for n, m in messages)
-    assert any(name == "esper_core.tamiyo.build" and m.startswith("Tamiyo policy on cpu") for name, m in messages)
+    assert found(messages), messages
     assert any(log.task_run_id is not None for log in library)  # attributed to the task that logged it

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from uuid import UUID
 
+import psutil
 import pytest
 
 from esper_core.settings import EsperSettings
@@ -59,17 +60,110 @@ def test_a_task_over_its_limit_fails_naming_task_limit_and_setting(
     assert sum(m.startswith("Task run exceeded timeout") for m in logs) <= 1, logs
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_simic_task_over_its_limit_is_stopped(compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.train_policy import train_policy
+
+    # The smoke plan's demonstrations on digits-mlp take seconds; the limit stops them first.
+    monkeypatch.setenv("ESPER_TRAIN_TIMEOUT_S", "0.5")
+    state = train_policy(recipes=["digits-mlp"], plan="smoke", return_state=True)
+    assert state.is_failed()
+    expected = (
+        "task 'collect-demonstrations' ran past its time limit of 0.5 s and was stopped; if this work needs "
+        "longer, raise ESPER_TRAIN_TIMEOUT_S (seconds) in the worker's environment"
+    )
+    logs = flow_run_logs(state.state_details.flow_run_id, expected)
+    assert sum(m == expected for m in logs) == 1, logs
+    assert _no_child_left()
+
+
+def _no_child_left() -> bool:
+    return not any("esper_core.child" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_compile_over_its_limit_is_stopped_in_its_child_process(
+    esper_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.compile_catalog import compile_catalog
+    from tasks._limits import time_limit
+
+    # A real compile into an empty registry: starting its child process alone takes longer.
+    monkeypatch.setenv("ESPER_COMPILE_TIMEOUT_S", "0.2")
+    assert time_limit("compile") == 0.2
+    state = compile_catalog(
+        recipe="seed-reference", blueprints=["lowrank_adapter"], device="cpu", backend="export", return_state=True
+    )
+    assert state.is_failed()
+    expected = (
+        "task 'compile-blueprint' ran past its time limit of 0.2 s and was stopped; if this work needs "
+        "longer, raise ESPER_COMPILE_TIMEOUT_S (seconds) in the worker's environment"
+    )
+    logs = flow_run_logs(state.state_details.flow_run_id, expected)
+    assert sum(m == expected for m in logs) == 1, logs  # not retried: it would run out of time again
+    assert _no_child_left()
+    assert not [p for p in (esper_home.home / "artifacts").rglob("*") if p.is_file()]  # no blob was stored
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_benchmark_case_over_its_limit_is_stopped_in_its_child_process(
+    esper_home: EsperSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from flows.benchmark_sweep import benchmark_sweep
+
+    monkeypatch.setenv("ESPER_BENCH_TIMEOUT_S", "0.2")
+    state = benchmark_sweep(sweep="smoke", baselines_dir=str(tmp_path), return_state=True)
+    assert state.is_failed()
+    expected = (
+        "task 'bench-case' ran past its time limit of 0.2 s and was stopped; if this work needs "
+        "longer, raise ESPER_BENCH_TIMEOUT_S (seconds) in the worker's environment"
+    )
+    logs = flow_run_logs(state.state_details.flow_run_id, expected)
+    assert expected in logs, logs
+    assert _no_child_left()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_normal_run_logs_no_time_limit_warning(esper_home: EsperSettings) -> None:
+    """Prefect warns, once per task run, about a timeout it cannot enforce on a worker thread."""
+    from flows.morphogenesis import morphogenesis
+
+    # An empty registry: the run compiles its kernels (mapped onto threads), then trains.
+    state = morphogenesis(recipe="seed-reference", epochs=2, device="cpu", seed=0, run_id="plain", return_state=True)
+    assert state.is_completed()
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        (compiles,) = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+        )
+    logs = flow_run_logs(flow_run_id, "Finished in state Completed()")
+    assert any(m.startswith("epoch 1:") for m in logs), logs  # the run's own lines are there
+    compile_logs = flow_run_logs(compiles.id, "Finished in state Completed()")
+    assert compiles.name and compile_logs, "the compile_catalog subflow logged nothing"
+    warnings = [m for m in logs + compile_logs if "Timeout of" in m or "worker thread" in m]
+    assert not warnings, warnings
+
+
 def test_limits_come_from_the_environment_of_the_flow_run_process() -> None:
     code = (
-        "from tasks.compile import compile_blueprint; from tasks.sweep import bench_case; from tasks.train import grow; "
-        "from tasks.policy import collect; "
-        "print(compile_blueprint.timeout_seconds, bench_case.timeout_seconds, grow.timeout_seconds, "
-        "collect.timeout_seconds)"
+        "from tasks._limits import time_limit; from tasks.compile import compile_blueprint; "
+        "from tasks.sweep import bench_case; from tasks.train import grow; from tasks.policy import collect; "
+        "print(time_limit('compile'), time_limit('bench'), grow.timeout_seconds, collect.timeout_seconds, "
+        "compile_blueprint.timeout_seconds, bench_case.timeout_seconds)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ESPER_COMPILE_TIMEOUT_S": "12", "ESPER_BENCH_TIMEOUT_S": "34"}
     env.pop("ESPER_TRAIN_TIMEOUT_S", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["12.0", "34.0", "7200.0", "7200.0"]
+    # Only grow has Prefect's timeout; the others' child processes are stopped at the limit (on
+    # the task runner's threads Prefect's timeout cannot interrupt anything, and it warns).
+    assert out.stdout.split() == ["12.0", "34.0", "7200.0", "None", "None", "None"]
 
 
 def test_a_limit_must_be_positive(monkeypatch: pytest.MonkeyPatch) -> None:

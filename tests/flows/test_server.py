@@ -161,9 +161,16 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     final = _client_call(local, lambda c: c.read_flow_run(flow_run.id))
     assert final.state.type is StateType.COMPLETED, final.state.message
     assert final.run_count >= 2
-    logs = _client_call(local, lambda c: _flow_run_logs(c, flow_run.id))
-    resumed = [m for m in logs if m.startswith("resuming run") and run_key in m]
-    assert resumed and int(resumed[0].split(" at epoch ")[1].split()[0]) >= 3, resumed
+
+    def resumed() -> list[str]:
+        logs = _client_call(local, lambda c: _flow_run_logs(c, flow_run.id))
+        return [m for m in logs if m.startswith("resuming run") and run_key in m]
+
+    # The flow-run process sends its logs in batches, which may reach the server after the run's
+    # final state does: wait for the line rather than read the logs once.
+    _wait(lambda: bool(resumed()), 60, "the 'resuming run' log line to reach the server")
+    lines = resumed()
+    assert int(lines[0].split(" at epoch ")[1].split()[0]) >= 3, lines
 
     (run_dir,) = runs.glob(f"*-{run_key}")
     # Nothing lost, nothing counted twice: one Tolaria packet per epoch, in order.
@@ -180,6 +187,46 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     session.close()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test_loss"] == clean.test_loss and summary["seeds"] == clean.seeds
+
+
+def test_a_per_minute_cron_fires_and_a_process_worker_completes_its_run(
+    local: LocalPrefect, worker: list[subprocess.Popen]
+) -> None:
+    """The check behind dropping the SQLAlchemy<2.1 pin: with 2.1, Prefect 3.8.8's scheduler
+    errored on every loop and cron schedules never fired."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.schedules import CronSchedule
+
+    deployment_id = _client_call(local, lambda c: c.read_deployment_by_name("morphogenesis/default").id)
+    (schedule,) = _client_call(
+        local,
+        lambda c: c.create_deployment_schedules(
+            deployment_id,
+            [(CronSchedule(cron="* * * * *", timezone="UTC"), True)],
+            parameters={**RECIPE, "epochs": 2},
+            slug="cron-check",
+        ),
+    )
+    of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+
+    def scheduled_runs(client: Any) -> list[Any]:
+        runs = client.read_flow_runs(deployment_filter=of_deployment)
+        return [r for r in runs if r.auto_scheduled]
+
+    try:
+        # The scheduler creates the runs (at most a loop later), the first starts at the next
+        # minute, the worker polls every second: a few minutes at most on a loaded machine.
+        _wait(
+            lambda: any(r.state_type is StateType.COMPLETED for r in _client_call(local, scheduled_runs)),
+            300,
+            "a run of the per-minute cron to complete",
+        )
+    finally:
+        _client_call(local, lambda c: c.delete_deployment_schedule(deployment_id, schedule.id))
+        for run in _client_call(local, scheduled_runs):  # no later test's worker may pick one up
+            if not run.state or run.state_type in (StateType.SCHEDULED, StateType.PENDING):
+                _client_call(local, lambda c, i=run.id: c.delete_flow_run(i))
 
 
 def _nightly_schedule(client: Any) -> Any:

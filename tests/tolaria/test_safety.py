@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,8 +18,11 @@ from esper_core.tolaria.safety import EmergencyLevel, EmergencyState, SafetyConf
 def test_call_with_deadline_returns_value_timeout_or_error() -> None:
     ok = call_with_deadline(lambda: 7, 1_000)
     assert ok.value == 7 and not ok.timed_out and ok.error is None
-    late = call_with_deadline(lambda: time.sleep(0.3) or 1, 20)
-    assert late.timed_out and late.value is None and 15 <= late.elapsed_ms < 250
+    # The call is held until the test releases it: the deadline, not the call's end, must return.
+    release = threading.Event()
+    late = call_with_deadline(lambda: release.wait(60) and 1, 20)
+    release.set()
+    assert late.timed_out and late.value is None and late.elapsed_ms >= 15
     broken = call_with_deadline(lambda: 1 / 0, 1_000)
     assert isinstance(broken.error, ZeroDivisionError) and not broken.timed_out
 
