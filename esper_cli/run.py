@@ -6,13 +6,15 @@ import argparse
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import RECIPES, get_recipe
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    # A bad recipe (unknown name, bad import path, wrong return type) fails here, before Prefect
-    # starts a server or a flow run, with the message that says what was expected.
-    get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed)
+    # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
+    # take, a blueprint that fits no slot) fails here, before Prefect starts a server or a flow
+    # run, with the message that says what was expected.
+    check_recipe(get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed))
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 

@@ -109,8 +109,10 @@ class RunConfig:
     kasmina: KasminaConfig = field(default_factory=KasminaConfig)
     tamiyo: TamiyoConfig = field(default_factory=TamiyoConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
-    blueprints: tuple[str, ...] = ("residual_mlp", "lowrank_adapter")
-    """Blueprints compiled for this run's slots; Tamiyo chooses among them."""
+    blueprints: tuple[str, ...] = ()
+    """Blueprints compiled for this run's slots; Tamiyo chooses among them. Empty (the default):
+    every approved blueprint (safe, or named in ``approved_blueprints``) whose shape profile fits
+    a slot is a candidate for that slot (``esper recipes show`` lists them per slot)."""
     approved_blueprints: tuple[str, ...] = ()
     """Experimental-tier blueprints this run may germinate (Karn requires explicit approval)."""
     task: EpisodeTask | None = None
@@ -121,8 +123,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if not self.blueprints:
-            raise ValueError("a run needs at least one blueprint to germinate from")
+        if isinstance(self.blueprints, str) or isinstance(self.approved_blueprints, str):
+            raise ValueError("blueprints and approved_blueprints are tuples of ids: write ('residual_mlp',)")
+        self.blueprints, self.approved_blueprints = tuple(self.blueprints), tuple(self.approved_blueprints)
         if not callable(self.loss):
             raise ValueError(f"loss must be a function loss(outputs, targets), got {type(self.loss).__name__}")
         if isinstance(self.host, HostConfig) and isinstance(self.data, DataSpec):
@@ -143,14 +146,15 @@ class RunConfig:
             )
 
     def _check_schedule(self) -> None:
-        """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints."""
+        """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints (with no
+        blueprint list, planning checks that each scheduled blueprint fits its slot)."""
         allowed = (*self.blueprints, *self.approved_blueprints)
         for g in self.tamiyo.schedule:
             if g.slot not in self.host.slot_ids:
                 raise ValueError(
                     f"scheduled germination at epoch {g.epoch}: no slot {g.slot!r}; slots are {self.host.slot_ids}"
                 )
-            if g.blueprint not in allowed:
+            if self.blueprints and g.blueprint not in allowed:
                 raise ValueError(
                     f"scheduled germination at epoch {g.epoch}: blueprint {g.blueprint!r} is not among the run's "
                     f"blueprints {allowed}; add it to RunConfig.blueprints"

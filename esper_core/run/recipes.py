@@ -44,6 +44,8 @@ def digits_mlp() -> RunConfig:
         host=HostConfig(kind="mlp", hidden=(64, 64), slot_inputs=(1, 2)),
         trainer=TrainerConfig(lr=0.05, momentum=0.9),
         tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=2)),
+        # Named: its baselines were measured with these two (all fitting would add bottleneck_mlp).
+        blueprints=("residual_mlp", "lowrank_adapter"),
     )
 
 
