@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
@@ -25,6 +26,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print()
     print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")
     print(f"accuracy   test {summary.test_accuracy:.4f}  val {summary.val_accuracy:.4f}")
+    # A cross-entropy in nats, per target: a language model's bits per character.
+    print(f"loss       test {summary.test_loss:.4f} ({summary.test_loss / math.log(2):.3f} bits per target)")
     print(f"params     host {summary.host_params}  total {summary.total_params}")
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")

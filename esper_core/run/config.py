@@ -39,7 +39,8 @@ class ModelSpec:
 
     A seed slot sits on the **output** of each named module: a seed learns a delta of that
     output, blended in as ``output + alpha * seed(output)``. Slot shapes are discovered by a dry
-    forward on the meta device (see ``esper_core.kasmina.graft``).
+    forward on the meta device (see ``esper_core.kasmina.graft``). A module that returns a tuple
+    (``nn.LSTM``) takes a slot on one element: ``"lstm[0]"``.
     """
 
     build: Callable[[], nn.Module]
@@ -48,6 +49,11 @@ class ModelSpec:
     """Dotted module names from ``model.named_modules()``, e.g. ``("layer1", "blocks.2.mlp")``."""
     batch_max: int = 512
     """Largest batch a slot must accept; seed kernels are compiled for it."""
+    input_dtype: torch.dtype = torch.float32
+    """The dtype of one input sample: ``torch.long`` for a model that takes token ids."""
+    causal: bool = False
+    """The model is causal (a language model predicting the next token): seeds on its (L, D)
+    token slots never read a later position (``esper_core.karn.blueprints_tok``)."""
     build_scaled: Callable[[float], nn.Module] | None = None
     """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
     multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
@@ -66,6 +72,8 @@ class ModelSpec:
             raise ValueError("ModelSpec needs at least one slot: name a module whose output a seed may grow on")
         if self.batch_max < 2:
             raise ValueError(f"batch_max must be >= 2, got {self.batch_max}")
+        if not isinstance(self.input_dtype, torch.dtype):
+            raise ValueError(f"input_dtype must be a torch.dtype such as torch.long, got {self.input_dtype!r}")
         if self.build_scaled is not None and not callable(self.build_scaled):
             raise ValueError(
                 "ModelSpec.build_scaled must be a function build_scaled(factor) returning an nn.Module, "

@@ -15,6 +15,8 @@ pytestmark = pytest.mark.slow
     ("recipe", "slots"),
     [
         ("cnn", {"features.2", "features.5"}),
+        ("transformer", {"encoder.layers.0", "encoder.layers.1"}),
+        ("lstm", {"lstm[0]"}),
     ],
 )
 def test_a_user_model_grows_with_no_blueprint_list(recipe: str, slots: set[str], esper_home: EsperSettings) -> None:
