@@ -135,3 +135,10 @@ def lstm() -> RunConfig:
         data=DataSpec(load=digit_rows, batch_size=64, name="digit-rows"),
         trainer=_EAGER,
     )
+
+
+def lstm_without_an_index() -> RunConfig:
+    """The LSTM with its slot on the module itself, whose output is a tuple: refused, naming 'lstm[0]'."""
+    config = lstm()
+    config.host = ModelSpec(build=RowLSTM, slots=("lstm",))
+    return config

@@ -71,3 +71,20 @@ def test_the_cli_refuses_a_misfit_before_prefect_starts(
     assert err.startswith("esper: error: recipe ") and "blueprints that fit" in err and "Traceback" not in err
     # Refused before any flow run: nothing ran, so no run directory exists.
     assert not esper_home.runs_dir.exists() or not any(esper_home.runs_dir.iterdir())
+
+
+def test_a_slot_on_a_tuple_output_is_refused_before_prefect_starts_naming_the_element(
+    esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--recipe", "tests.helpers.user_models:lstm_without_an_index", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "module 'lstm' returns a tuple (Tensor, tuple), not a tensor: name one element, e.g. slots=('lstm[0]',)" in err
+    )
+    assert "Traceback" not in err
+
+
+def test_chars_gpt_plans_causal_token_slots_with_the_token_family() -> None:
+    plan = check_recipe(get_recipe("chars-gpt"))
+    assert plan.slots == {"blocks.0": "f64x64-b256-causal", "blocks.1": "f64x64-b256-causal"}
+    assert plan.slot_fits["blocks.0"] == ("tok_mlp", "tok_adapter", "tok_attention")
