@@ -103,7 +103,7 @@ _EAGER = TrainerConfig(optimizer="adam", lr=3e-3, val_batch_size=512, step=StepE
 def cnn() -> RunConfig:
     """The CNN on the digit images; no blueprint list: the conv blueprints fit both slots."""
     return RunConfig(
-        epochs=5,
+        epochs=4,
         host=ModelSpec(build=DigitsCNN, slots=("features.2", "features.5")),
         data=DataSpec(load=digit_images, batch_size=64, name="digit-images"),
         trainer=_EAGER,
@@ -120,7 +120,7 @@ def cnn_with_a_misfit() -> RunConfig:
 def transformer() -> RunConfig:
     """The transformer encoder on the digit rows; slots on its two layers' (B, L, D) outputs."""
     return RunConfig(
-        epochs=5,
+        epochs=4,
         host=ModelSpec(build=RowTransformer, slots=("encoder.layers.0", "encoder.layers.1")),
         data=DataSpec(load=digit_rows, batch_size=64, name="digit-rows"),
         trainer=_EAGER,
@@ -130,7 +130,7 @@ def transformer() -> RunConfig:
 def lstm() -> RunConfig:
     """The LSTM on the digit rows; the slot takes element 0 of its (output, (h, c)) tuple."""
     return RunConfig(
-        epochs=5,
+        epochs=4,
         host=ModelSpec(build=RowLSTM, slots=("lstm[0]",)),
         data=DataSpec(load=digit_rows, batch_size=64, name="digit-rows"),
         trainer=_EAGER,

@@ -171,3 +171,21 @@ def test_a_model_whose_forward_fails_on_the_probe_says_what_it_got() -> None:
         discover_slot_sites(embed, ["1"], (6,))
     (site,) = discover_slot_sites(embed, ["1"], (6,), input_dtype=torch.long)
     assert site.feature_shape == (6, 4) and site.tokens
+
+
+class _AttentionBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.attn(x, x, x)
+        return self.head(h.mean(dim=1))
+
+
+def test_a_slot_takes_multihead_attentions_output_not_its_weights() -> None:
+    (site,) = discover_slot_sites(_AttentionBlock(), ["attn[0]"], (5, 8))
+    assert (site.feature_shape, site.tokens) == ((5, 8), True)
+    with pytest.raises(ValueError, match=r"name one element, e.g. slots=\('attn\[0\]',\)"):
+        discover_slot_sites(_AttentionBlock(), ["attn"], (5, 8))
