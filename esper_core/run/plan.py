@@ -108,6 +108,7 @@ def plan_run(
         backend=backend,
         approved=approved,
     )
+    _check_every_slot_fits(config, catalog, plan)
     capacities = {key: _capacity(catalog, *key) for key in plan.param_costs}
     return dataclasses.replace(plan, capacities=capacities)
 
@@ -207,7 +208,7 @@ def slot_blueprints(
 
     Raises:
         ValueError: a listed blueprint that fits none of the slots (the message names the
-            blueprints that do fit), or a recipe with no list whose slots no approved blueprint fits.
+            blueprints that do fit).
         UnknownBlueprintError: a listed id Karn does not know.
         ApprovalRequiredError: a listed non-safe blueprint that ``approved`` does not name.
     """
@@ -228,13 +229,24 @@ def slot_blueprints(
                 f"blueprints that fit: {would}. Remove {misfits} from RunConfig.blueprints, or leave "
                 "blueprints out to use every approved blueprint that fits"
             )
-    elif not any(fits.values()):
-        raise ValueError(
-            f"no approved blueprint fits any slot of recipe {config.recipe}: {shapes}; approve one that fits "
-            f"({_fitting(catalog, slot_profiles, approved=catalog.ids) or 'none in the catalogue'}) with "
-            "RunConfig.approved_blueprints, or put the slots on outputs of another shape (`esper catalog list`)"
-        )
     return fits
+
+
+def _check_every_slot_fits(config: RunConfig, catalog: KarnCatalog, plan: RunPlan) -> None:
+    """A run refuses a slot that none of its blueprints fits (compiling a narrowed list does not)."""
+    fits = plan.slot_fits
+    slot_profiles = {sid: ShapeProfile.parse(p) for sid, p in plan.slots.items()}
+    shapes = ", ".join(f"{sid} {p.feature_shape} ({p.kind})" for sid, p in slot_profiles.items())
+    empty = [sid for sid, bs in fits.items() if not bs]
+    if empty:
+        any_tier = {
+            sid: bs for sid, bs in _fitting(catalog, slot_profiles, approved=catalog.ids).items() if sid in empty
+        }
+        raise ValueError(
+            f"no blueprint of recipe {config.recipe} fits slot(s) {empty} ({shapes}); blueprints of any tier "
+            f"that fit them: {any_tier}. List one in RunConfig.blueprints (approving a non-safe one with "
+            "RunConfig.approved_blueprints), or put the slot on an output of another shape (`esper catalog list`)"
+        )
 
 
 def _fitting(
@@ -274,12 +286,15 @@ def check_recipe(config: RunConfig, *, catalog: KarnCatalog | None = None) -> Ru
     Raises:
         ValueError, ApprovalRequiredError: as ``plan_run``.
     """
-    return _plan(
+    catalog = catalog or default_catalog()
+    plan = _plan(
         config,
-        catalog=catalog or default_catalog(),
+        catalog=catalog,
         feature_shape=recipe_feature_shape(config.recipe),
         # The class count sizes only a built-in host's classifier, never a slot.
         num_classes=2,
         backend=Backend.EXPORT,
         approved=config.approved_blueprints,
     )
+    _check_every_slot_fits(config, catalog, plan)
+    return plan

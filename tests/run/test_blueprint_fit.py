@@ -88,3 +88,10 @@ def test_chars_gpt_plans_causal_token_slots_with_the_token_family() -> None:
     plan = check_recipe(get_recipe("chars-gpt"))
     assert plan.slots == {"blocks.0": "f64x64-b256-causal", "blocks.1": "f64x64-b256-causal"}
     assert plan.slot_fits["blocks.0"] == ("tok_mlp", "tok_adapter", "tok_attention")
+
+
+def test_a_slot_no_blueprint_fits_is_refused_naming_those_of_any_tier() -> None:
+    config = dataclasses.replace(get_recipe("digits-cnn"), blueprints=("conv_residual",))
+    with pytest.raises(ValueError, match=r"no blueprint of recipe digits-cnn fits slot\(s\) \['slot2'\]") as e:
+        check_recipe(config)
+    assert "'slot2': ['residual_mlp', 'lowrank_adapter', 'bottleneck_mlp', 'norm_gate'" in str(e.value)
