@@ -162,7 +162,8 @@ def _plan(
     host = meta_host(config, feature_shape, num_classes)
     slot_profiles = {sid: slot.profile for sid, slot in host.slots().items()}
     fits = slot_blueprints(config, catalog=catalog, slot_profiles=slot_profiles, approved=approved)
-    blueprints = tuple(dict.fromkeys(b for bs in fits.values() for b in bs))
+    # In the recipe's (or the catalogue's) order, as Tamiyo's candidates always were.
+    blueprints = tuple(b for b in (config.blueprints or catalog.ids) if any(b in bs for bs in fits.values()))
     _check_schedule_fits(config, fits)
     profiles = list(dict.fromkeys(slot_profiles.values()))
     jobs: list[CompileJob] = []
