@@ -23,7 +23,7 @@ from typing import Any
 from bench.growth import compile_kernels, fresh_run_id, in_home
 from bench.growth_report import BITS_PER_CHAR, static_same_params
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.run.recipes import CHARS_CONTEXT, _char_gpt_at
+from esper_core.run.recipes import CHARS_CONTEXT, chars_gpt_model
 from esper_core.settings import EsperSettings
 from esper_core.telemetry.paired import paired_difference
 
@@ -36,7 +36,7 @@ DEPTHS = (3,)
 
 def _static(seed: int, epochs: int, *, width: float = 1.0, depth: int = 2) -> Any:  # noqa: ANN401
     config = episode_config(RECIPE, seed=seed, policy="none", epochs=epochs)
-    build = lambda: _char_gpt_at(width, width=64, depth=depth)  # noqa: E731
+    build = lambda: chars_gpt_model(width, width=64, depth=depth)  # noqa: E731
     config.host = dataclasses.replace(config.host, build=build)
     return config
 

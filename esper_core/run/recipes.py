@@ -153,7 +153,8 @@ def chars_splits() -> DataSplits:
     return DataSplits(train=TensorDataset(*data.train), val=TensorDataset(*data.val), test=TensorDataset(*data.test))
 
 
-def _char_gpt_at(factor: float, *, width: int, depth: int) -> CharGPT:
+def chars_gpt_model(factor: float, *, width: int = 64, depth: int = 2) -> CharGPT:
+    """``chars-gpt``'s model with its width scaled by ``factor`` (a multiple of its 4 heads)."""
     heads = 4
     scaled = max(heads, round(width * factor / heads) * heads)  # a multiple of the heads
     return CharGPT(vocab=VOCAB_SIZE, context=CHARS_CONTEXT, width=scaled, depth=depth, heads=heads)
@@ -163,8 +164,8 @@ def chars_gpt() -> RunConfig:
     """A 2-block, 64-wide causal transformer LM on the stdlib's own source, character by character;
     seeds on both blocks' (L, D) outputs. Reports loss in nats per character (bits: / ln 2)."""
     host = ModelSpec(
-        build=functools.partial(_char_gpt_at, 1.0, width=64, depth=2),
-        build_scaled=functools.partial(_char_gpt_at, width=64, depth=2),
+        build=functools.partial(chars_gpt_model, 1.0, width=64, depth=2),
+        build_scaled=functools.partial(chars_gpt_model, width=64, depth=2),
         slots=("blocks.0", "blocks.1"),
         input_dtype=torch.long,
         # A language model: no seed may read a later character.
