@@ -58,3 +58,23 @@ def test_the_example_runs_through_esper_run_by_import_path(tmp_path: Path) -> No
         [*esper, "run", "--recipe", "tests.helpers.user_model:nope"], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert bad.returncode == 2 and "has no function 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_transformer_example_runs_through_esper_run(tmp_path: Path) -> None:
+    """examples/grow_a_transformer.py as the README runs it: one epoch through `esper run`."""
+    recipe = "examples.grow_a_transformer:recipe"
+    env = {**os.environ, "ESPER_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    esper = [str(Path(sys.executable).with_name("esper"))]
+    done = subprocess.run(
+        [*esper, "run", "--recipe", recipe, "--epochs", "1", "--device", "cpu", "--run-id", "tf"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"({recipe}, 1 epochs, cpu)" in done.stdout
+    summary = json.loads((tmp_path / "home" / "runs" / "tf" / "summary.json").read_text())
+    assert set(summary["seeds"]) == {"encoder.layers.0", "encoder.layers.1"}
