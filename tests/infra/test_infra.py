@@ -109,8 +109,10 @@ def test_compose_starts_the_stack_on_loopback_with_the_pinned_prefect() -> None:
             if source.startswith("./"):
                 assert (INFRA / source).exists(), f"{name} mounts missing {source}"
     prefect = services["prefect-server"]
-    pinned = re.search(r'"prefect==([0-9.]+)"', (INFRA.parent / "pyproject.toml").read_text()).group(1)
-    assert prefect["image"].startswith(f"prefecthq/prefect:{pinned}-")
+    # The server image runs the Prefect release the project was tested with: the requirement's floor.
+    requirement = re.search(r'"prefect(?:==|>=)([0-9.]+)[",]', (INFRA.parent / "pyproject.toml").read_text())
+    assert requirement is not None, "pyproject.toml must require prefect==X or prefect>=X,<Y"
+    assert prefect["image"].startswith(f"prefecthq/prefect:{requirement.group(1)}-")
     assert prefect["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
     assert prefect["depends_on"]["postgres"]["condition"] == "service_healthy"
 
