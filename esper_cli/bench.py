@@ -16,8 +16,8 @@ from esper_core.run.simic_train import PLANS as SIMIC_PLANS
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
-    from bench.common import BenchConfig
-    from bench.training import run
+    from esper_core.benchmarks.common import BenchConfig
+    from esper_core.benchmarks.training import run
 
     config = BenchConfig(
         epochs=args.epochs,

@@ -1,0 +1,433 @@
+"""growth: does Simic's trained policy grow networks better than rules, and as well as a static net?
+
+For each recipe and evaluation seed (0 .. seeds - 1, held out from Simic's training seeds, which
+start at 1000), whole runs in-process on the same seed (same initialisation, data order and,
+through ``DataConfig.split_seed``, the same test split for every seed and arm):
+
+- a **frontier** of static hosts (policy ``none``) at several widths, the recipe's own width 1
+  among them (that run is the ``none`` arm): accuracy against parameters and FLOPs;
+- ``heuristic``: Tamiyo's rule-based policy;
+- ``gnn``: the policy Simic trained first (heuristic demonstrations, imitation, PPO), or a stored
+  ``policy_version``;
+- ``random``: random germination, **budget-matched**: its seeds may hold at most the parameters
+  the GNN's seeds held at the end of the same seed's run (``RiskConfig.max_seed_params``);
+- ``periodic``: germination every k epochs into the next free slot.
+
+Every run uses a cosine learning-rate schedule, so the last epoch is not a noisy snapshot.
+``esper_core.benchmarks.growth_report`` turns the runs into paired differences with bootstrap 95 % intervals and
+the non-inferiority verdict against the static net of the same size; the plot shows every arm on
+the frontier. Everything runs on a fresh registry in a temporary ``ESPER_HOME`` unless ``home``
+is given (kernels are compiled first; reuse a home to skip that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from esper_core.benchmarks.growth_report import ARMS, GROWING_ARMS, frontier_png, summarise_recipe
+from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.run.kernels import publish_missing_kernels
+from esper_core.run.recipes import get_recipe
+from esper_core.run.simic_train import (
+    TrainingPlan,
+    collect_demonstrations,
+    collect_episodes,
+    get_plan,
+    train_imitation,
+    train_ppo,
+)
+from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.tamiyo.config import PeriodicPolicyConfig
+
+Progress = Callable[[str, int, int], None]
+"""``progress(what, done, total)``: called before the policy is trained and after every run."""
+
+SPLIT_SEED = 0
+"""The one data split every seed and arm of the benchmark evaluates on."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GrowthPlan:
+    """How big a growth benchmark is.
+
+    Attributes:
+        seeds: Paired evaluation seeds per recipe.
+        epochs: Epochs per run (None: each recipe's own).
+        widths: Width factors of the static frontier besides the recipe's own (1.0, the
+            ``none`` arm); every hidden width of the host is scaled by the factor.
+        simic: Simic training plan of the GNN arm (``esper_core.run.simic_train.PLANS``).
+        periodic_every: Period of the ``periodic`` arm, in epochs.
+        lr_schedule: Learning-rate schedule of every run (and of Simic's training episodes).
+    """
+
+    seeds: int
+    epochs: int | None
+    widths: tuple[float, ...]
+    simic: str
+    periodic_every: int = 5
+    lr_schedule: str = "cosine"
+
+
+PLANS: dict[str, GrowthPlan] = {
+    # What CI runs: seconds per run, two paired seeds, a two-point frontier, a minimal Simic plan.
+    "smoke": GrowthPlan(seeds=2, epochs=2, widths=(2.0,), simic="smoke", periodic_every=1),
+    # 20 seeds: a paired difference of ~0.3 points is resolved (see README, growth benchmark).
+    # The learned arm imitates a searched schedule, then PPO refines it: of the Simic plans
+    # measured on mnist1d-cnn, the only one whose policy beat the heuristic beyond its interval.
+    "default": GrowthPlan(seeds=20, epochs=None, widths=(0.5, 1.5, 2.0, 3.0), simic="search"),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class GrowthBenchConfig:
+    """Options of the growth benchmark.
+
+    Attributes:
+        recipes: Recipes to grow on (built-in names or import paths); the frontier scales
+            their host's widths (``HostConfig.scaled``, or ``ModelSpec.build_scaled``).
+        plan: Name of a ``GrowthPlan`` in ``PLANS``.
+        seeds: Override the plan's number of seeds (>= 2: a paired interval needs two).
+        epochs: Override the plan's epochs per run.
+        widths: Override the plan's frontier widths (factors besides 1, each > 0).
+        simic_plan: Override the plan's Simic training plan (``esper_core.run.simic_train.PLANS``,
+            e.g. ``counterfactual``).
+        policy_version: Evaluate this stored policy version instead of training one (needs ``home``).
+        home: ESPER_HOME to use (default: a temporary one).
+        device: Where runs train.
+        workers: Dask worker processes (one thread each) the evaluation runs fan out on, on a
+            ``LocalCluster`` of this machine; 0 runs them one after another in this process.
+            Either way each run trains on one thread, so the numbers are the same bit for bit.
+        dask_address: A running Dask scheduler (``tcp://host:8786``) to fan out on instead of a
+            local cluster; its workers need this ``home`` on a shared path and the same
+            ``ESPER_REGISTRY_URL``.
+    """
+
+    # MNIST-1D first: a narrow CNN with 10-13 points of width headroom, where growth can matter;
+    # the digits MLP, already at 97 %, as the second row.
+    recipes: tuple[str, ...] = ("mnist1d-cnn", "digits-mlp")
+    plan: str = "default"
+    seeds: int | None = None
+    epochs: int | None = None
+    widths: tuple[float, ...] | None = None
+    simic_plan: str | None = None
+    policy_version: int | None = None
+    home: Path | None = None
+    device: str = "cpu"
+    workers: int = 0
+    dask_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: runs one after another in this process), got {self.workers}")
+        if self.dask_address is not None and self.home is None:
+            raise ValueError(
+                "a Dask cluster's workers need the registry and runs on a shared path: give home "
+                "(a directory every worker sees) with dask_address"
+            )
+        if self.plan not in PLANS:
+            raise ValueError(f"unknown growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
+        if self.widths is not None:
+            self.widths = tuple(self.widths)
+            if (
+                not self.widths
+                or any(w <= 0 or w == 1.0 for w in self.widths)
+                or len(set(self.widths)) != len(self.widths)
+            ):
+                raise ValueError(
+                    f"widths must be distinct factors > 0 other than 1 (the recipe's own width is always run), "
+                    f"got {self.widths}"
+                )
+        if self.seeds is not None and self.seeds < 2:
+            raise ValueError(f"seeds must be >= 2 (a paired confidence interval needs two), got {self.seeds}")
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.simic_plan is not None and self.policy_version is not None:
+            raise ValueError("simic_plan trains a policy, policy_version evaluates a stored one: pass one of them")
+        if self.policy_version is not None and self.home is None:
+            raise ValueError("policy_version names a version in a registry: pass the home that holds it")
+        if not self.recipes:
+            raise ValueError("name at least one recipe, e.g. digits-mlp")
+        simic = get_plan(self.growth_plan.simic)
+        if self.growth_plan.seeds > simic.first_seed:
+            raise ValueError(
+                f"{self.growth_plan.seeds} evaluation seeds would overlap Simic's training seeds "
+                f"(from {simic.first_seed}); use fewer"
+            )
+        for recipe in self.recipes:
+            host = get_recipe(recipe).host
+            if isinstance(host, ModelSpec) and host.build_scaled is None:
+                raise ValueError(
+                    f"recipe {recipe!r} has its own model without ModelSpec.build_scaled: the static "
+                    "frontier needs the model at other widths; give the recipe's ModelSpec "
+                    "build_scaled=lambda factor: MyNet(width=round(32 * factor))"
+                )
+
+    @property
+    def growth_plan(self) -> GrowthPlan:
+        """The named plan with this config's overrides."""
+        plan = PLANS[self.plan]
+        return dataclasses.replace(
+            plan,
+            seeds=self.seeds if self.seeds is not None else plan.seeds,
+            epochs=self.epochs if self.epochs is not None else plan.epochs,
+            widths=self.widths if self.widths is not None else plan.widths,
+            simic=self.simic_plan if self.simic_plan is not None else plan.simic,
+        )
+
+
+def run(config: GrowthBenchConfig, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns per-recipe arms, frontier, paired differences and goals."""
+    with in_home(config.home, prefix="esper-growth-") as home:
+        return _run_in(config, home, progress)
+
+
+@contextlib.contextmanager
+def in_home(home: Path | None, *, prefix: str) -> Iterator[Path]:
+    """``home``, or a temporary ESPER_HOME (removed afterwards) when it is None."""
+    if home is not None:
+        yield Path(home)
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as temporary:
+        yield Path(temporary)
+
+
+def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) -> dict[str, Any]:
+    report = progress or (lambda _what, _done, _total: None)
+    plan = config.growth_plan
+    total = len(config.recipes) * plan.seeds * (len(ARMS) + len(plan.widths))
+    settings = EsperSettings(home=home)
+    start = time.perf_counter()
+    report("compiling kernels", 0, total)
+    compile_kernels(settings, config.recipes, config.device)
+    compile_s = time.perf_counter() - start
+    simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
+    store = SimicStore.open(home)
+    try:
+        trained = time.perf_counter()
+        if config.policy_version is None:
+            report("training the GNN policy (Simic)", 0, total)
+        version = config.policy_version or _train_policy(settings, store, simic, config)
+        training_s = time.perf_counter() - trained
+        policy = store.get_policy(version)
+        policy.require_current_inputs()  # a stale --policy-version fails here, before any run
+    finally:
+        store.close()
+    jobs = [
+        SeedJob(recipe=recipe, seed=seed, home=str(home), version=version, gnn=policy.gnn, plan=plan, config=config)
+        for recipe in config.recipes
+        for seed in range(plan.seeds)
+    ]
+    by_job = fan_out(jobs, config, lambda done: report("evaluation runs", done * (total // len(jobs)), total))
+    results: dict[str, Any] = {}
+    for recipe in config.recipes:
+        arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in ARMS}
+        frontier: dict[float, list[EpisodeResult]] = {w: [] for w in plan.widths}
+        for job, runs in zip(jobs, by_job, strict=True):
+            if job.recipe == recipe:
+                for arm, width, result in runs:
+                    (arms[arm] if width == 1.0 else frontier[width]).append(result)
+        frontier[1.0] = arms["none"]
+        results[recipe] = summarise_recipe(arms, dict(sorted(frontier.items())))
+    return {
+        "bench": "growth",
+        "plan": config.plan,
+        "recipes": list(config.recipes),
+        "seeds": list(range(plan.seeds)),
+        "epochs": plan.epochs,
+        "widths": sorted((1.0, *plan.widths)),
+        "lr_schedule": plan.lr_schedule,
+        "split_seed": SPLIT_SEED,
+        "device": config.device,
+        "policy": {
+            "version": version,
+            "method": policy.method,
+            "parent_version": policy.parent_version,
+            "training_s": training_s,
+            "plan": plan.simic if config.policy_version is None else None,
+            "metrics": policy.provenance.get("metrics", {}),
+            # A searched plan's demonstrations are named after the schedule that won the search.
+            "demonstration_runs": policy.provenance.get("demonstration_runs", policy.provenance.get("runs")),
+        },
+        "kernel_compile_s": compile_s,
+        "wall_s": time.perf_counter() - start,
+        "results": results,
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SeedJob:
+    """The evaluation runs of one recipe and seed: every arm and frontier width (a unit of fan-out:
+    the ``random`` arm's budget is the ``gnn`` arm's of the same seed)."""
+
+    recipe: str
+    seed: int
+    home: str
+    version: int
+    gnn: Any
+    plan: GrowthPlan
+    config: GrowthBenchConfig
+
+
+def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
+    """Run ``job``'s arms in order on one torch thread; returns ``(arm, width, result)`` each.
+
+    One thread whatever the process has, so a run gives the same numbers in this process, in a
+    Dask worker, or on another machine's worker.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        settings = EsperSettings(home=Path(job.home))
+        runs: list[tuple[str, float, EpisodeResult]] = []
+        gnn: EpisodeResult | None = None
+        for arm, width in [(a, 1.0) for a in ARMS] + [("none", w) for w in job.plan.widths]:
+            run_config = _arm_config(job.recipe, seed=job.seed, arm=arm, width=width, plan=job.plan, config=job.config)
+            run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=job.gnn)
+            if arm == "gnn":
+                run_config.tamiyo = dataclasses.replace(run_config.tamiyo, policy_version=job.version)
+            if arm == "random":
+                assert gnn is not None, "ARMS lists gnn before random"
+                risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=gnn.total_params - gnn.host_params)
+                run_config.tamiyo = dataclasses.replace(run_config.tamiyo, risk=risk)
+            run_id = fresh_run_id(settings, f"growth-{job.recipe}-{arm}-w{width:g}-s{job.seed}")
+            result = run_episode(run_config, settings=settings, run_id=run_id)
+            if arm == "gnn":
+                gnn = result
+            runs.append((arm, width, result))
+        return runs
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fan_out(
+    jobs: list[SeedJob], config: GrowthBenchConfig, progress: Callable[[int], None]
+) -> list[list[tuple[str, float, EpisodeResult]]]:
+    """``seed_runs`` of every job, in the jobs' order: here one after another (``workers=0``), or
+    on Dask (``config.dask_address``, else a ``LocalCluster`` of ``config.workers`` processes
+    with one thread each). ``progress`` hears how many jobs are done."""
+    if config.workers == 0 and config.dask_address is None:
+        out = []
+        for job in jobs:
+            out.append(seed_runs(job))
+            progress(len(out))
+        return out
+    # Imported here: only a fanned-out benchmark pays for Dask's import (~0.5 s).
+    from distributed import Client, LocalCluster, as_completed
+
+    with contextlib.ExitStack() as stack:
+        if config.dask_address is not None:
+            client = stack.enter_context(Client(config.dask_address))
+        else:
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=config.workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    host="127.0.0.1",
+                    dashboard_address="127.0.0.1:0",
+                )
+            )
+            client = stack.enter_context(Client(cluster))
+        futures = client.map(seed_runs, jobs, pure=False)
+        for done, _ in enumerate(as_completed(futures), start=1):
+            progress(done)
+        return client.gather(futures)
+
+
+def _arm_config(
+    recipe: str, *, seed: int, arm: str, width: float, plan: GrowthPlan, config: GrowthBenchConfig
+) -> RunConfig:
+    run_config = episode_config(
+        recipe,
+        seed=seed,
+        policy=arm,
+        epochs=plan.epochs,
+        device=config.device,
+        lr_schedule=plan.lr_schedule,
+        split_seed=SPLIT_SEED,
+    )
+    run_config.tamiyo = dataclasses.replace(run_config.tamiyo, periodic=PeriodicPolicyConfig(every=plan.periodic_every))
+    if width != 1.0:
+        run_config.host = run_config.host.scaled(width)
+    return run_config
+
+
+def compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: str) -> None:
+    """Compile and publish every kernel ``recipes`` may germinate that ``settings``' registry lacks."""
+    publish_missing_kernels(settings, [get_recipe(name) for name in recipes], device=device)
+
+
+def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig) -> int:
+    """Simic's procedure (what the train_policy flow chains), on every recipe together."""
+    demos = [
+        r.run_id
+        for recipe in config.recipes
+        for r in collect_demonstrations(settings, recipe=recipe, plan=plan, device=config.device)
+    ]
+    version = train_imitation(store, demos, plan).version
+    for iteration in range(plan.iterations):
+        rollouts = [
+            r.run_id
+            for recipe in config.recipes
+            for r in collect_episodes(
+                settings,
+                recipe=recipe,
+                seeds=plan.seeds("rollouts", iteration),
+                policy="gnn",
+                plan=plan,
+                explore=True,
+                policy_version=version,
+                device=config.device,
+            )
+        ]
+        version = train_ppo(
+            store, version=version, rollout_run_ids=rollouts, demonstration_run_ids=demos, plan=plan
+        ).version
+    return version
+
+
+def fresh_run_id(settings: EsperSettings, run_id: str) -> str:
+    """``run_id``, with the folder of an earlier benchmark run of the same id removed.
+
+    Ids are deterministic so that a rerun draws the same random numbers (the random arm's and
+    the GNN's sampling are seeded by run id and epoch).
+    """
+    shutil.rmtree(settings.runs_dir / run_id, ignore_errors=True)
+    return run_id
+
+
+def save_baseline(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
+    """Write ``growth.json`` and ``growth_frontier.png`` into ``directory``; returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = directory / "growth.json", directory / "growth_frontier.png"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    png_path.write_bytes(frontier_png(result))
+    return json_path, png_path
+
+
+__all__ = [
+    "GROWING_ARMS",
+    "PLANS",
+    "GrowthBenchConfig",
+    "GrowthPlan",
+    "SeedJob",
+    "compile_kernels",
+    "fresh_run_id",
+    "in_home",
+    "run",
+    "save_baseline",
+    "seed_runs",
+]
