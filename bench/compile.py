@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import NO_PROGRESS, Progress
+from esper_core.benchmarks import NO_PROGRESS, Progress
 from esper_core.karn.profiles import ShapeProfile
 
 GOALS = {"first_use_over_compile": 0.02, "registry_lookup_p95_ms": 2.0}

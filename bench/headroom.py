@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.growth import compile_kernels, fresh_run_id, in_home
+from esper_core.benchmarks.growth import compile_kernels, fresh_run_id, in_home
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_run

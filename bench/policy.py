@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch_geometric.nn import HeteroConv, SAGEConv
 
-from bench import NO_PROGRESS, Progress
+from esper_core.benchmarks import NO_PROGRESS, Progress
 from esper_core.tamiyo.build import PreparedPolicy, autocast_dtype, policy_graph, use_compiler_cache
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.graph import EDGE_TYPES

@@ -16,8 +16,8 @@ from esper_core.run.simic_train import PLANS as SIMIC_PLANS
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
-    from bench.common import BenchConfig
-    from bench.training import run
+    from esper_core.benchmarks.common import BenchConfig
+    from esper_core.benchmarks.training import run
 
     config = BenchConfig(
         epochs=args.epochs,
@@ -147,9 +147,34 @@ def _cmd_bench_mnist1d(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
-    from bench.growth import cli
+    return _with_bar(_growth, args, "growth")
 
-    return _with_bar(cli, args, "growth")
+
+def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
+    """``esper bench growth``: print the table (``--json``: one JSON object)."""
+    from esper_core.benchmarks.growth import GrowthBenchConfig, run, save_baseline
+    from esper_core.benchmarks.growth_report import format_table
+
+    result = run(
+        GrowthBenchConfig(
+            recipes=tuple(args.recipes),
+            plan=args.plan,
+            seeds=args.seeds,
+            epochs=args.epochs,
+            widths=None if args.widths is None else tuple(args.widths),
+            simic_plan=args.simic_plan,
+            policy_version=args.policy_version,
+            home=args.home,
+            device=args.device,
+            workers=args.workers,
+            dask_address=args.dask_address,
+        ),
+        progress=progress,
+    )
+    if args.save_baseline is not None:
+        save_baseline(result, Path(args.save_baseline))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
 
 
 def _cmd_bench_headroom(args: argparse.Namespace) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from bench.registry import SweepName
-from bench.sweep import SweepReport
+from esper_core.benchmarks.registry import SweepName
+from esper_core.benchmarks.sweep import SweepReport
 from tasks.artifacts import publish_growth_artifacts, publish_sweep_artifacts
 from tasks.notify import notify_failure
 from tasks.sweep import bench_case, check_regressions, growth_benchmark, plan_sweep, write_sweep
@@ -31,7 +31,7 @@ def benchmark_sweep(
     """Time the named sweep's workloads on every device present and compare with the last sweep.
 
     Args:
-        sweep: Named sweep in ``bench/registry.py`` (``nightly``, ``smoke``, ``growth``: also the
+        sweep: Named sweep in ``esper_core/benchmarks/registry.py`` (``nightly``, ``smoke``, ``growth``: also the
             growth benchmark, its results under ``baselines/growth/<plan>`` and its frontier plot).
         workloads: Narrow the sweep to these workloads (default: the sweep's own list).
         max_regression: Override the sweep's threshold (``0.25``: fail when a gated figure is

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from bench.registry import SweepName
-from bench.sweep import SweepReport
 from esper_core._capabilities import Device
+from esper_core.benchmarks.registry import SweepName
+from esper_core.benchmarks.sweep import SweepReport
 from esper_core.contracts import KernelArtifact
 from esper_core.run.recipes import RecipeRef
 from esper_core.tezzeret.config import BackendName

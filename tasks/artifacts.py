@@ -15,8 +15,8 @@ from prefect import task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from bench.growth_report import format_table, frontier_png
-from bench.sweep import SweepReport, render_markdown
+from esper_core.benchmarks.growth_report import format_table, frontier_png
+from esper_core.benchmarks.sweep import SweepReport, render_markdown
 from esper_core.run.reports import RunSummary
 from esper_core.telemetry.plots import EpochPoint, SeedMark, data_uri, latency_png, run_curves_png
 

@@ -14,10 +14,17 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from bench.growth import GrowthBenchConfig, save_baseline
-from bench.growth import run as run_growth
-from bench.registry import BenchCase, SweepConfig, get_sweep, get_workload, plan_cases
-from bench.sweep import CaseResult, SweepReport, compare, previous_sweep, sweep_directory, write_snapshot
+from esper_core.benchmarks.growth import GrowthBenchConfig, save_baseline
+from esper_core.benchmarks.growth import run as run_growth
+from esper_core.benchmarks.registry import BenchCase, SweepConfig, get_sweep, get_workload, plan_cases
+from esper_core.benchmarks.sweep import (
+    CaseResult,
+    SweepReport,
+    compare,
+    previous_sweep,
+    sweep_directory,
+    write_snapshot,
+)
 from tasks._limits import in_child, limited, retry_unless_timed_out
 
 
@@ -63,7 +70,7 @@ def bench_case(case: BenchCase) -> CaseResult:
     In a child process that the benchmark time limit stops (``in_child``): this task runs on a
     thread of the flow's task runner, where nothing can interrupt a C call.
     """
-    return in_child("bench", "bench.sweep:run_case", case, get_workload(case.workload))
+    return in_child("bench", "esper_core.benchmarks.sweep:run_case", case, get_workload(case.workload))
 
 
 # NO_CACHE: writing a snapshot is a side effect; a second write of the same sweep is refused.

@@ -5,6 +5,9 @@ SQLite) and keeps policy weights in Urza's content-addressed blob store. Every w
 transaction and an upsert on the record's key (a report's ``report_id``; a decision's run and
 epoch), so a retried or replayed step rewrites its rows instead of duplicating them; a run that
 dies loses nothing that reached a commit (``RunSession.commit`` records before it checkpoints).
+
+The record types and their JSON forms are ``esper_core.simic.record_types``; they are re-exported
+here, so ``from esper_core.simic.records import DecisionRecord, SimicStore`` keeps working.
 """
 
 from __future__ import annotations
@@ -13,24 +16,28 @@ import dataclasses
 import datetime as dt
 import io
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from sqlalchemy import Connection, Engine, func, select
 
-from esper_core.contracts import AdaptationCommand, FieldReport, SystemStatePacket
+from esper_core.contracts import AdaptationCommand, FieldReport
 from esper_core.settings import EsperSettings
 from esper_core.simic.models import DecisionRow, FieldReportRow, PolicyRow
 from esper_core.simic.policy_signing import sign_policy, verify_policy
-from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES, TREND_WINDOW
+from esper_core.simic.record_types import (
+    CounterfactualOutcome,
+    DecisionRecord,
+    DecisionState,
+    IncompatiblePolicyError,
+    PolicyVersion,
+    report_id_for,
+)
+from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES
 from esper_core.tamiyo.model import TamiyoGNNConfig
-from esper_core.tamiyo.service import Decision
 from esper_core.urza import schema
 from esper_core.urza.blobs import BlobStore
 from esper_core.urza.errors import RegistryConflictError, RegistryError
@@ -39,233 +46,7 @@ from esper_core.urza.signing import ArtifactSigner
 from esper_core.urza.sql import SqlRegistry
 from esper_core.urza.sql_engine import WRITE_OPTION, translate_errors, upsert
 
-_REPORT_NAMESPACE = uuid.UUID("8f5b8f5e-3c3a-4c1e-9a53-5e51c0f1e9a1")
 _PUBLISH_ATTEMPTS = 3
-
-
-def report_id_for(command: AdaptationCommand) -> str:
-    """The id of ``command``'s field report: derived from its command id, so re-judging the same
-    command (a retried epoch) yields the same report and the same row."""
-    return uuid.uuid5(_REPORT_NAMESPACE, command.command_id).hex
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DecisionState:
-    """What Tamiyo saw: enough to rebuild the graph with any later version of the builder.
-
-    Attributes:
-        history: The last ``TREND_WINDOW`` packets, oldest first.
-        candidates: The blueprint candidates, in node order.
-        total_epochs: Length of the run, if known.
-        param_budget: Parameters the active seeds could hold (``Decision.param_budget``); None
-            in states recorded before it was (the graph's budget feature stays unobserved).
-        task: The varied task the run trained on (``EpisodeTask.to_dict()``: width, training
-            fraction, label noise, seed), None for the recipe's own task. Provenance, not a
-            graph input: the policy must infer the task from what the run shows it.
-    """
-
-    history: tuple[SystemStatePacket, ...]
-    candidates: tuple[BlueprintCandidate, ...]
-    total_epochs: int | None
-    param_budget: int | None = None
-    task: dict[str, Any] | None = None
-
-    @property
-    def current(self) -> SystemStatePacket:
-        """The packet of the decided epoch."""
-        return self.history[-1]
-
-    def to_json(self) -> str:
-        """JSON text ``from_json`` reads back."""
-        data: dict[str, Any] = {
-            "history": [json.loads(p.to_json()) for p in self.history],
-            "candidates": [c.to_dict() for c in self.candidates],
-            "total_epochs": self.total_epochs,
-            "param_budget": self.param_budget,
-        }
-        if self.task is not None:  # absent, not null: the recipe's own task writes what it always did
-            data["task"] = self.task
-        return json.dumps(data, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> DecisionState:
-        """The state ``to_json`` wrote."""
-        data = json.loads(text)
-        return cls(
-            history=tuple(SystemStatePacket.model_validate(p) for p in data["history"]),
-            candidates=tuple(BlueprintCandidate.from_dict(c) for c in data["candidates"]),
-            total_epochs=data["total_epochs"],
-            param_budget=data.get("param_budget"),
-            task=data.get("task"),
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CounterfactualOutcome:
-    """Two branches of a run forked at a decision, measured ``horizon`` epochs later.
-
-    Branch A carried out the decided command, branch B the ``baseline``'s; both then trained
-    under the same lifecycle-only control (``esper_core.run.counterfactual``), so only the
-    decision at the fork differs. The raw measurements are stored, not a reward: lambda is
-    Simic's hyperparameter (``SimicConfig.param_penalty``) and may change after recording.
-
-    Attributes:
-        baseline: What branch B did at the fork: ``wait`` or ``heuristic``.
-        baseline_action: The action branch B carried out (``AdaptationCommand.action``).
-        horizon: Epochs each branch trained after the fork.
-        val_accuracy: Branch A's validation accuracy after the horizon.
-        baseline_val_accuracy: Branch B's.
-        val_loss: Branch A's validation loss after the horizon.
-        baseline_val_loss: Branch B's.
-        params: Branch A's parameters (host plus attached seeds) after the horizon.
-        baseline_params: Branch B's.
-        host_params: The host's parameters at the fork.
-        fork_ms: Wall time of the fork: both branches and the restores.
-    """
-
-    baseline: str
-    baseline_action: str
-    horizon: int
-    val_accuracy: float
-    baseline_val_accuracy: float
-    val_loss: float
-    baseline_val_loss: float
-    params: int
-    baseline_params: int
-    host_params: int
-    fork_ms: float
-
-    def reward(self, *, param_penalty: float) -> float:
-        """Accuracy gained over the baseline minus lambda times the parameters added over it,
-        in host-sized blocks: ``acc_A - acc_B - lambda * (params_A - params_B) / host_params``."""
-        added = (self.params - self.baseline_params) / max(self.host_params, 1)
-        return (self.val_accuracy - self.baseline_val_accuracy) - param_penalty * added
-
-    def to_json(self) -> str:
-        """JSON text ``from_json`` reads back."""
-        return json.dumps({name: getattr(self, name) for name in self.__slots__}, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> CounterfactualOutcome:
-        """The outcome ``to_json`` wrote."""
-        return cls(**json.loads(text))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DecisionRecord:
-    """One applied decision as Simic stores it.
-
-    Attributes:
-        command: The executed command (after the risk engine).
-        proposal: What the deciding policy proposed.
-        policy: Who proposed (``heuristic``, ``gnn``, ``random``, ``none``, ``tamiyo.breaker``).
-        policy_version: GNN weights version served, if any.
-        state: What Tamiyo saw.
-        log_prob: log-probability of the proposal under the GNN (GNN decisions only).
-        value: The GNN's value estimate of the state.
-        counterfactual: The outcome of forking the run at this decision, if it was forked.
-    """
-
-    command: AdaptationCommand
-    proposal: AdaptationCommand
-    policy: str
-    policy_version: str | None
-    state: DecisionState
-    log_prob: float | None = None
-    value: float | None = None
-    counterfactual: CounterfactualOutcome | None = None
-
-    @classmethod
-    def from_decision(
-        cls,
-        decision: Decision,
-        history: Sequence[SystemStatePacket],
-        candidates: Sequence[BlueprintCandidate],
-        *,
-        total_epochs: int | None,
-        task: dict[str, Any] | None = None,
-    ) -> DecisionRecord:
-        """The record of ``decision``, made on ``history`` and ``candidates`` (in a run of ``task``)."""
-        return cls(
-            command=decision.command,
-            proposal=decision.proposal,
-            policy=decision.policy,
-            policy_version=decision.policy_version,
-            state=DecisionState(
-                history=tuple(history[-TREND_WINDOW:]),
-                candidates=tuple(candidates),
-                total_epochs=total_epochs,
-                param_budget=decision.param_budget,
-                task=task,
-            ),
-            log_prob=decision.log_prob,
-            value=decision.value,
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PolicyVersion:
-    """One stored policy version (weights in the blob store).
-
-    Attributes:
-        version: 1, 2, ... in publication order.
-        parent_version: The version training started from, if any.
-        method: How it was trained (``imitation``, ``ppo``, ...).
-        sha256: Blob of its ``state_dict``.
-        size_bytes: Size of that blob.
-        gnn: Network size (must match the serving ``TamiyoGNN``).
-        feature_dims: Graph feature widths it was trained on.
-        provenance: Training data, configuration and metrics.
-        created_at: Publication time (UTC).
-        signature: HMAC over weights and descriptor (``policy_signing``); None: unsigned.
-        signature_key_id: Id of the key that made it.
-    """
-
-    version: int
-    parent_version: int | None
-    method: str
-    sha256: str
-    size_bytes: int
-    gnn: TamiyoGNNConfig
-    feature_dims: dict[str, int]
-    provenance: dict[str, Any]
-    created_at: dt.datetime
-    signature: str | None = None
-    signature_key_id: str | None = None
-
-    @property
-    def label(self) -> str:
-        """``v<version>``: how commands and telemetry name it."""
-        return f"v{self.version}"
-
-    def require_current_inputs(self) -> None:
-        """Refuse a policy trained on other graph inputs than this code builds.
-
-        The GNN's input layers are as wide as the feature tuples of ``tamiyo.graph``; weights
-        trained before a feature was added (or removed, or reordered) would read every column
-        after it as a different feature. Widths are checked for every version; names too for
-        versions that recorded them (``provenance["graph_features"]``).
-
-        Raises:
-            IncompatiblePolicyError: The widths or names differ (the message says how to fix it).
-        """
-        widths = {nt: (self.feature_dims.get(nt), dim) for nt, dim in FEATURE_DIMS.items()}
-        changed = [f"{nt} {old} -> {new}" for nt, (old, new) in widths.items() if old != new]
-        names = self.provenance.get("graph_features")
-        if not changed and names is not None:
-            changed = [nt for nt, current in FEATURE_NAMES.items() if tuple(names.get(nt, ())) != current]
-        if changed:
-            raise IncompatiblePolicyError(
-                f"policy {self.label} was trained on other graph inputs than Tamiyo builds now "
-                f"({', '.join(changed)}): its weights would read the wrong features. Retrain with the "
-                "train_policy flow (prefect deployment run 'train_policy/default', or "
-                "train_policy(recipes=[...])) and serve the new version, or pin TamiyoConfig.policy_version "
-                "to a version trained on the current inputs"
-            )
-
-
-class IncompatiblePolicyError(ValueError):
-    """A stored policy was trained on graph inputs that differ from the current builder's."""
 
 
 class SimicStore:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.growth import GrowthBenchConfig, run
-from bench.growth_report import ARMS
 from esper_cli.main import main
+from esper_core.benchmarks.growth import GrowthBenchConfig, run
+from esper_core.benchmarks.growth_report import ARMS
 from esper_core.settings import EsperSettings
 
 PAIRED = (

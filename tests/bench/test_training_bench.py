@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.common import BareLoop, BenchConfig, bare_twin, germinate_one
-from bench.training import _trainer, run
+from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one
+from esper_core.benchmarks.training import _trainer, run
 from esper_core.contracts import SeedStage
 
 

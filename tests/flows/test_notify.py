@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import registry
-from bench.registry import BenchCase, SweepConfig, Workload
+from esper_core.benchmarks import registry
+from esper_core.benchmarks.registry import BenchCase, SweepConfig, Workload
 from esper_core.settings import EsperSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

@@ -102,8 +102,8 @@ def test_workers_find_the_code_without_a_preset_variable() -> None:
 
 def test_choice_types_list_exactly_the_registered_names() -> None:
     # One edit adds a recipe, sweep, plan or drill: the registry and its Literal, kept equal here.
-    from bench.registry import SWEEPS, SweepName
     from esper_core._capabilities import DEVICE_CHOICES, Device
+    from esper_core.benchmarks.registry import SWEEPS, SweepName
     from esper_core.run.recipes import RECIPES, RecipeName
     from esper_core.run.simic_train import PLANS, PlanName
     from esper_core.tezzeret.config import Backend, BackendName

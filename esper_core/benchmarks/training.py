@@ -2,7 +2,7 @@
 
 For a recipe (a built-in name, e.g. ``mnist1d-cnn``, or a user's ``pkg.mod:fn``) three trainers
 start from the same weights: Esper with the eager step, Esper on the path its step engine chooses
-(``compile='auto'`` measures eager vs compiled), and the bare twin (``bench.common.bare_twin``) in
+(``compile='auto'`` measures eager vs compiled), and the bare twin (``esper_core.benchmarks.common.bare_twin``) in
 a plain loop with the same optimizer, learning-rate schedule, loss and batches, carrying the same
 seed block (if one is active) as an ordinary residual block. Their epochs are interleaved so all
 three see the same machine state. Reported per path, p50/p95 over the timed epochs:
@@ -21,8 +21,8 @@ import dataclasses
 import math
 from typing import Any
 
-from bench import NO_PROGRESS, Progress
-from bench.common import BareLoop, BenchConfig, bare_twin, germinate_one
+from esper_core.benchmarks import NO_PROGRESS, Progress
+from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig

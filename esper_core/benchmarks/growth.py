@@ -14,7 +14,7 @@ through ``DataConfig.split_seed``, the same test split for every seed and arm):
 - ``periodic``: germination every k epochs into the next free slot.
 
 Every run uses a cosine learning-rate schedule, so the last epoch is not a noisy snapshot.
-``bench.growth_report`` turns the runs into paired differences with bootstrap 95 % intervals and
+``esper_core.benchmarks.growth_report`` turns the runs into paired differences with bootstrap 95 % intervals and
 the non-inferiority verdict against the static net of the same size; the plot shows every arm on
 the frontier. Everything runs on a fresh registry in a temporary ``ESPER_HOME`` unless ``home``
 is given (kernels are compiled first; reuse a home to skip that).
@@ -35,13 +35,12 @@ from typing import Any
 
 import torch
 
-from bench.growth_report import (
+from esper_core.benchmarks.growth_report import (
     ACCURACY,
     ARMS,
     BITS_PER_CHAR,
     GROWING_ARMS,
     Metric,
-    format_table,
     frontier_png,
     summarise_recipe,
 )
@@ -434,37 +433,12 @@ def save_baseline(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
     return json_path, png_path
 
 
-def cli(args: Any, *, progress: Progress | None = None) -> int:  # noqa: ANN401  (argparse.Namespace)
-    """``esper bench growth``: print the table (``--json``: one JSON object)."""
-    result = run(
-        GrowthBenchConfig(
-            recipes=tuple(args.recipes),
-            plan=args.plan,
-            seeds=args.seeds,
-            epochs=args.epochs,
-            widths=None if args.widths is None else tuple(args.widths),
-            simic_plan=args.simic_plan,
-            policy_version=args.policy_version,
-            home=args.home,
-            device=args.device,
-            workers=args.workers,
-            dask_address=args.dask_address,
-        ),
-        progress=progress,
-    )
-    if args.save_baseline is not None:
-        save_baseline(result, Path(args.save_baseline))
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
-
-
 __all__ = [
     "GROWING_ARMS",
     "PLANS",
     "GrowthBenchConfig",
     "GrowthPlan",
     "SeedJob",
-    "cli",
     "compile_kernels",
     "fresh_run_id",
     "in_home",

@@ -1,4 +1,4 @@
-"""The growth benchmark's statistics, table and plot, from the runs ``bench.growth`` made.
+"""The growth benchmark's statistics, table and plot, from the runs ``esper_core.benchmarks.growth`` made.
 
 Every comparison is paired by seed (the arms of one seed share initialisation, data order and
 test set): differences in the recipe's metric (accuracy points, or bits per character for a
@@ -172,7 +172,7 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The human-readable report of ``bench.growth.run``'s result."""
+    """The human-readable report of ``esper_core.benchmarks.growth.run``'s result."""
     policy = result["policy"]
     lines = [
         f"growth on {result['device']}, plan {result['plan']}: {len(result['seeds'])} paired seeds, "

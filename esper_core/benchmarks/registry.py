@@ -1,6 +1,6 @@
 """The benchmark workloads and named sweeps that ``benchmark_sweep`` fans out over.
 
-A workload is a function ``run(case) -> dict`` in the style of ``bench/training.py``: it times
+A workload is a function ``run(case) -> dict`` in the style of ``esper_core/benchmarks/training.py``: it times
 Esper and the bare PyTorch equivalent in the same process and returns at least ``samples_ms``,
 a mapping of series name to per-epoch latency samples. Series names:
 
@@ -8,7 +8,8 @@ a mapping of series name to per-epoch latency samples. Series names:
 - ``chosen``: Esper on the path Tolaria chose (compiled, CUDA graphs or eager);
 - ``bare``: the bare PyTorch loop; every other series is also reported as a ratio to it.
 
-To add a workload, write ``bench/<name>.py`` with a ``run`` function and add a ``Workload`` to
+To add a workload, write ``esper_core/benchmarks/<name>.py`` with a ``run`` function (library code:
+the ``bench-case`` task imports it, and tasks never import ``bench/``) and add a ``Workload`` to
 ``WORKLOADS`` below (or call ``register`` from your module): name it as DESIGN.md does
 (``policy-graph``, ...) and list the active-seed counts it can time.
 """
@@ -21,8 +22,8 @@ from typing import Any, Literal
 
 import torch
 
-from bench import training
-from bench.common import BenchConfig
+from esper_core.benchmarks import training
+from esper_core.benchmarks.common import BenchConfig
 
 BASELINE_SERIES = "bare"
 SERIES_ORDER = ("eager", "chosen", BASELINE_SERIES)
@@ -93,7 +94,7 @@ _TRAINING_SERIES = {"esper_eager": "eager", "esper_chosen": "chosen", "bare": BA
 
 
 def _training(case: BenchCase) -> dict[str, Any]:
-    """A ``bench/training.py`` recipe benchmark with the series renamed to the sweep's names."""
+    """A ``training.py`` recipe benchmark with the series renamed to the sweep's names."""
     config = BenchConfig(
         epochs=case.epochs,
         warmup_batches=case.warmup_batches,
@@ -144,7 +145,9 @@ def get_workload(name: str) -> Workload:
     """
     workload = WORKLOADS.get(name)
     if workload is None:
-        raise ValueError(f"unknown workload {name!r}; registered in bench/registry.py: {sorted(WORKLOADS)}")
+        raise ValueError(
+            f"unknown workload {name!r}; registered in esper_core/benchmarks/registry.py: {sorted(WORKLOADS)}"
+        )
     return workload
 
 
@@ -156,7 +159,7 @@ def get_sweep(name: str) -> SweepConfig:
     """
     config = SWEEPS.get(name)
     if config is None:
-        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(SWEEPS)} (bench/registry.py)")
+        raise ValueError(f"unknown sweep {name!r}; choose one of {sorted(SWEEPS)} (esper_core/benchmarks/registry.py)")
     return config
 
 

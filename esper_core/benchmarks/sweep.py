@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.registry import BASELINE_SERIES, SERIES_ORDER, BenchCase, SweepConfig, Workload, get_workload
+from esper_core.benchmarks.registry import BASELINE_SERIES, SERIES_ORDER, BenchCase, SweepConfig, Workload, get_workload
 from esper_core.telemetry import latency_stats, load_baseline, write_baseline
 from esper_core.telemetry.baseline import atomic_write_text
 
@@ -111,7 +111,7 @@ def run_case(case: BenchCase, workload: Workload | None = None) -> CaseResult:
     """Time ``case`` with ``workload`` (default: the one registered under ``case.workload``).
 
     A child process gets the workload from its parent, where it may have been registered at run
-    time (``bench.registry.register``).
+    time (``esper_core.benchmarks.registry.register``).
     """
     result = (workload or get_workload(case.workload)).run(case)
     samples = {name: [float(v) for v in values] for name, values in result["samples_ms"].items()}

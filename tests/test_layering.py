@@ -1,0 +1,93 @@
+"""The layering holds: no module imports a layer above its own.
+
+esper_core (library) <- tasks (Prefect tasks) <- flows (chain tasks) <- bench (benchmark entry
+points) <- esper_cli (the ``esper`` command, which dispatches to bench). Imports inside functions
+and under ``TYPE_CHECKING`` count, and so do the ``"package.module:function"`` strings that tasks
+hand to a child process: each is an import that runs later.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = {"esper_core": 0, "tasks": 1, "flows": 2, "bench": 3, "esper_cli": 4}
+"""Top-level package -> rank: a module may import its own rank or a lower one."""
+
+PREFECT = ("prefect", "prefect_dask")
+"""Packages the library never imports (DESIGN.md: esper_core is a plain library)."""
+
+_TARGET = re.compile(r"^([A-Za-z_]\w*)(\.\w+)*:\w+$")
+
+_FIX = {
+    "tasks": "move the code it needs into esper_core (e.g. esper_core/benchmarks/) and call it from the task",
+    "flows": "a task or flow may only chain lower layers: move the shared code into esper_core or a task",
+    "bench": "move the reusable benchmark code into esper_core/benchmarks/ and import it from there",
+    "esper_cli": "move the shared code into esper_core (or bench/ if only entry points use it)",
+}
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, imported module) for every import and every ``module:function`` string in ``tree``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _TARGET.match(node.value):
+            found.append((node.lineno, node.value.split(":")[0]))
+    return found
+
+
+def violations(root: Path) -> list[str]:
+    """Every upward import (and every Prefect import in the library) under ``root``, one line each."""
+    problems: list[str] = []
+    for package, rank in LAYERS.items():
+        for path in sorted((root / package).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for line, imported in _imports(ast.parse(path.read_text(), filename=str(path))):
+                top = imported.split(".")[0]
+                where = f"{module} (line {line}) imports {imported}"
+                if LAYERS.get(top, -1) > rank:
+                    problems.append(f"{where}: {package} may not import the {top} layer above it; {_FIX[top]}")
+                elif package == "esper_core" and top in PREFECT:
+                    problems.append(f"{where}: esper_core never imports Prefect; wrap the call in a task under tasks/")
+    return problems
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    problems = violations(ROOT)
+    assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_every_layer_is_scanned() -> None:
+    # A renamed or moved package would make the check above pass on nothing.
+    for package in LAYERS:
+        assert any((ROOT / package).rglob("*.py")), f"no modules under {package}/"
+
+
+@pytest.mark.parametrize(
+    ("package", "source", "expected"),
+    [
+        ("tasks", "from bench.sweep import run_case\n", "tasks.mod (line 1) imports bench.sweep"),
+        ("flows", "def f():\n    import esper_cli.main\n", "flows.mod (line 2) imports esper_cli.main"),
+        ("tasks", 'X = in_child("bench", "bench.sweep:run_case")\n', "tasks.mod (line 1) imports bench.sweep"),
+        ("esper_core", "from tasks._runtime import settings\n", "esper_core.mod (line 1) imports tasks._runtime"),
+        ("esper_core", "import prefect\n", "esper_core never imports Prefect"),
+        ("bench", "from esper_cli.args import local_flow_settings\n", "bench.mod (line 1) imports esper_cli.args"),
+    ],
+)
+def test_an_upward_import_is_reported_with_its_fix(tmp_path: Path, package: str, source: str, expected: str) -> None:
+    for name in LAYERS:
+        (tmp_path / name).mkdir()
+    (tmp_path / package / "mod.py").write_text(source)
+    (tmp_path / "bench" / "ok.py").write_text("from flows.morphogenesis import morphogenesis\nimport prefect\n")
+    (problem,) = violations(tmp_path)
+    assert expected in problem
+    assert "move" in problem or "wrap" in problem
