@@ -29,6 +29,7 @@ from esper_core.run.session import RunSession
 from esper_core.run.state import CHECKPOINT_KEYS, IN_MEMORY, RunRecord
 from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
+from tests.helpers.state import assert_same_state
 
 _COMMAND = AdaptationCommand(
     run_id="r",
@@ -68,7 +69,11 @@ SAMPLES: dict[str, Any] = {
     "reports": [_REPORT],
     "pending": [(_COMMAND, 0.25, 0.75)],
     "timings": {"train_ms": [1.5], "epoch_ms": [2.5], "decide_ms": [0.5], "gnn_ms": []},
-    "outbox": [TelemetryPacket(source="tolaria", run_id="r", epoch=1, metrics=(MetricPoint(name="tolaria.test.metric", value=1.0),))],
+    "outbox": [
+        TelemetryPacket(
+            source="tolaria", run_id="r", epoch=1, metrics=(MetricPoint(name="tolaria.test.metric", value=1.0),)
+        )
+    ],
     "report_outbox": [_REPORT],
     "decision_records": {_COMMAND.command_id: _Opaque()},
     "candidates": [_Opaque()],
@@ -136,22 +141,6 @@ def _session(settings: EsperSettings, run_id: str) -> RunSession:
     config = episode_config("seed-reference", seed=0, policy="heuristic", epochs=3)
     (settings.runs_dir / run_id).mkdir(parents=True)
     return RunSession(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home))
-
-
-def assert_same_state(before: Any, after: Any, path: str = "state") -> None:
-    """Equal value by value: tensors bit for bit, containers key by key, the rest by ``==``."""
-    if isinstance(before, torch.Tensor):
-        assert isinstance(after, torch.Tensor) and torch.equal(before, after), path
-    elif isinstance(before, dict):
-        assert isinstance(after, dict) and before.keys() == after.keys(), f"{path}: {before.keys()} != {after.keys()}"
-        for key in before:
-            assert_same_state(before[key], after[key], f"{path}.{key}")
-    elif isinstance(before, list | tuple):
-        assert type(after) is type(before) and len(after) == len(before), path
-        for i, (b, a) in enumerate(zip(before, after, strict=True)):
-            assert_same_state(b, a, f"{path}[{i}]")
-    else:
-        assert before == after, f"{path}: {before!r} != {after!r}"
 
 
 def test_a_sessions_checkpoint_has_the_layout_earlier_versions_wrote(compiled_home: EsperSettings) -> None:
