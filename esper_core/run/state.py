@@ -132,8 +132,9 @@ class RunRecord:
         """Fill this record from ``state``; live fields only when ``state`` holds them."""
         for f in _KEPT:
             setattr(self, f.name, f.metadata[_CODEC].decode(state[f.name]))
-        for name, value in state.get(IN_MEMORY, {}).items():
-            setattr(self, name, copy.copy(value))
+        if IN_MEMORY in state:
+            for f in _LIVE:
+                setattr(self, f.name, copy.copy(state[IN_MEMORY][f.name]))
 
 
 def _split(cls: type) -> tuple[tuple[Field, ...], tuple[Field, ...]]:
