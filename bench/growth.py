@@ -35,7 +35,17 @@ from typing import Any
 
 import torch
 
-from bench.growth_report import ARMS, GROWING_ARMS, format_table, frontier_png, summarise_recipe
+from bench.growth_report import (
+    ACCURACY,
+    ARMS,
+    BITS_PER_CHAR,
+    GROWING_ARMS,
+    Metric,
+    format_table,
+    frontier_png,
+    summarise_recipe,
+)
+from esper_core.data import load_dataset
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.kernels import publish_missing_kernels
@@ -240,7 +250,7 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
                 for arm, width, result in runs:
                     (arms[arm] if width == 1.0 else frontier[width]).append(result)
         frontier[1.0] = arms["none"]
-        results[recipe] = summarise_recipe(arms, dict(sorted(frontier.items())))
+        results[recipe] = summarise_recipe(arms, dict(sorted(frontier.items())), recipe_metric(recipe))
     return {
         "bench": "growth",
         "plan": config.plan,
@@ -363,6 +373,12 @@ def _arm_config(
     if width != 1.0:
         run_config.host = run_config.host.scaled(width)
     return run_config
+
+
+def recipe_metric(recipe: str) -> Metric:
+    """Accuracy for a classifier; bits per target (lower is better) for data without classes,
+    such as a language model's next characters."""
+    return ACCURACY if load_dataset(get_recipe(recipe).data).num_classes is not None else BITS_PER_CHAR
 
 
 def compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: str) -> None:

@@ -6,7 +6,7 @@ and schedule on the same seeds (paired: one data order and one test set per seed
 - ``static-x1`` and ``static-xF``: the host and the host at the target width, from scratch;
 - ``grown-<init>``: the host trains at x1 until ``--grow-at``, then every widenable hidden layer
   gains ``(F - 1) x width`` units initialised by ``<init>`` (``random``, ``gradmax``, ``tiny``).
-  The units train beside the host for one epoch as side modules at alpha 1 (in their own Adam
+  The units train beside the host for ``--side-epochs`` (default 1) as side modules at alpha 1 (in their own Adam
   group: GradMax's zero fan-in learns only there, through the seed's ReLU with gradient 1 at 0),
   then merge (``merge_width_seed``: Adam's state carried over), and training goes on to the end
   at the target width. A grown arm starts from the x1 arm's weights, so it pairs tightly
@@ -112,7 +112,17 @@ def _line_search(model: nn.Module, seed: WidthSeed, probe) -> None:  # noqa: ANN
         h.remove()
 
 
-def run_arm(recipe, arm: str, seed: int, *, factor: float, grow_at: int, epochs: int, layers: list[str]) -> dict:  # noqa: ANN001
+def run_arm(  # noqa: ANN201
+    recipe,  # noqa: ANN001
+    arm: str,
+    seed: int,
+    *,
+    factor: float,
+    grow_at: int,
+    epochs: int,
+    layers: list[str],
+    side_epochs: int = 1,
+) -> dict:
     splits = recipe.data.load()
     sample_shape = tuple(splits.train[0][0].shape)
     test = DataLoader(splits.test, batch_size=1000)
@@ -131,7 +141,7 @@ def run_arm(recipe, arm: str, seed: int, *, factor: float, grow_at: int, epochs:
             probe_gen = torch.Generator().manual_seed(seed)
             probe = [next(iter(DataLoader(splits.train, batch_size=500, shuffle=True, generator=probe_gen)))]
             grown = _germinate(model, layers, factor, arm.removeprefix("grown-"), probe, sample_shape, opt)
-        if arm.startswith("grown-") and epoch == grow_at + 1:
+        if arm.startswith("grown-") and epoch == grow_at + side_epochs:
             _merge(model, grown, opt)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -158,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--factor", type=float, default=1.5)
     parser.add_argument("--grow-at", type=int, default=15)
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument(
+        "--side-epochs", type=int, default=1, help="epochs the new units train as side modules before the merge"
+    )
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=5000)
     parser.add_argument("--inits", nargs="+", default=list(WIDTH_INITS), choices=WIDTH_INITS)
@@ -186,7 +199,16 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, list[dict]] = {a: [] for a in arms}
     for s in range(args.first_seed, args.first_seed + args.seeds):
         for arm in arms:
-            r = run_arm(recipe, arm, s, factor=args.factor, grow_at=args.grow_at, epochs=epochs, layers=layers)
+            r = run_arm(
+                recipe,
+                arm,
+                s,
+                factor=args.factor,
+                grow_at=args.grow_at,
+                epochs=epochs,
+                layers=layers,
+                side_epochs=args.side_epochs,
+            )
             results[arm].append(r)
             print(
                 f"seed {s} {arm:14s} acc {r['test_acc']:.2f} params {r['params']} flops {r['train_flops']:.3g} {r['wall_s']:.1f}s",

@@ -7,7 +7,9 @@ import json
 
 from esper_core.data import DataConfig
 from esper_core.hosts import HostConfig
+from esper_core.karn.profiles import ShapeProfile
 from esper_core.run.config import RunConfig
+from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import RECIPES, get_recipe
 
 
@@ -25,7 +27,7 @@ def _describe(name: str, config: RunConfig) -> dict[str, object]:
         "slots": list(host.slots)
         if not isinstance(host, HostConfig)
         else [f"input of layer {i}" for i in host.slot_inputs],
-        "blueprints": list(config.blueprints),
+        "blueprints": list(config.blueprints) or "every approved blueprint that fits a slot",
         "summary": doc.strip().splitlines()[0] if doc.strip() else "",
         "bundled_data": isinstance(data, DataConfig),
     }
@@ -43,8 +45,27 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    row = _describe(args.recipe, get_recipe(args.recipe))
-    print(json.dumps(row, indent=2) if args.json else "\n".join(f"{k:<13}{v}" for k, v in row.items()))
+    config = get_recipe(args.recipe)
+    row = _describe(args.recipe, config)
+    # Planned on the meta device: a blueprint that fits no slot is refused here, as by `esper run`.
+    plan = check_recipe(config)
+    row["slots"] = [
+        {
+            "slot": sid,
+            "shape": list(ShapeProfile.parse(profile).feature_shape),
+            "profile": profile,
+            "blueprints": list(plan.slot_fits[sid]),
+        }
+        for sid, profile in plan.slots.items()
+    ]
+    if args.json:
+        print(json.dumps(row, indent=2))
+        return 0
+    for k, v in row.items():
+        if k != "slots":
+            print(f"{k:<13}{v}")
+    for s in row["slots"]:
+        print(f"slot         {s['slot']}: {tuple(s['shape'])} ({s['profile']}) -> {', '.join(s['blueprints'])}")
     return 0
 
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import RECIPES, get_recipe
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    # A bad recipe (unknown name, bad import path, wrong return type) fails here, before Prefect
-    # starts a server or a flow run, with the message that says what was expected.
-    get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed)
+    # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
+    # take, a blueprint that fits no slot) fails here, before Prefect starts a server or a flow
+    # run, with the message that says what was expected.
+    check_recipe(get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed))
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 
@@ -23,6 +26,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print()
     print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")
     print(f"accuracy   test {summary.test_accuracy:.4f}  val {summary.val_accuracy:.4f}")
+    # A cross-entropy in nats, per target: a language model's bits per character.
+    print(f"loss       test {summary.test_loss:.4f} ({summary.test_loss / math.log(2):.3f} bits per target)")
     print(f"params     host {summary.host_params}  total {summary.total_params}")
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from esper_core._capabilities import Device
+from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import RecipeRef, get_recipe
 from esper_core.run.reports import RunSummary
 from flows.compile_catalog import compile_catalog
@@ -36,9 +37,9 @@ def morphogenesis(
     enough that Prefect's ~5 ms a task run is lost in the work, short enough that a long run shows
     its progress task by task.
     """
-    # A bad recipe (unknown name, bad import path, wrong return type) fails the run here, before
-    # any task, with the message that says what was expected.
-    get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+    # A bad recipe (unknown name, bad import path, wrong return type, a blueprint that fits no
+    # slot) fails the run here, before any task, with the message that says what was expected.
+    check_recipe(get_recipe(recipe, epochs=epochs, device=device, seed=seed))
     task_seconds = settings().grow_task_seconds
     if not kernels_ready(recipe, device):
         compile_catalog(recipe=recipe, device=device)

@@ -107,7 +107,9 @@ class GuardSchema(Message):
     """Input/output contract of a compiled kernel: shapes apart from a dynamic batch dimension.
 
     A tensor is accepted when its shape is ``(batch, *feature_shape)`` with
-    ``batch_min <= batch <= batch_max`` and its dtype is ``dtype``.
+    ``batch_min <= batch <= batch_max`` and its dtype is ``dtype``. A token kernel (``length_min``
+    set) also accepts a shorter sequence: ``(batch, length, *feature_shape[1:])`` with
+    ``length_min <= length <= feature_shape[0]``.
     """
 
     feature_shape: tuple[int, ...] = Field(min_length=1)
@@ -115,6 +117,7 @@ class GuardSchema(Message):
     dtype: str = "float32"
     batch_min: int = Field(default=1, ge=1)
     batch_max: int = Field(ge=1)
+    length_min: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -124,12 +127,31 @@ class GuardSchema(Message):
             )
         if any(d <= 0 for d in self.feature_shape + self.output_feature_shape):
             raise ValueError("feature dimensions must be positive integers")
+        if self.length_min is not None and self.length_min > self.feature_shape[0]:
+            raise ValueError(
+                f"length_min {self.length_min} exceeds the longest sequence {self.feature_shape[0]}: "
+                "declare a length range with min <= feature_shape[0]"
+            )
         return self
 
+    def accepts_features(self, feature_shape: tuple[int, ...]) -> bool:
+        """Whether a per-sample shape fits: equal, or a token sequence within the length range."""
+        if tuple(feature_shape) == self.feature_shape:
+            return True
+        return (
+            self.length_min is not None
+            and len(feature_shape) == len(self.feature_shape)
+            and tuple(feature_shape[1:]) == self.feature_shape[1:]
+            and self.length_min <= feature_shape[0] <= self.feature_shape[0]
+        )
+
     def describe(self) -> str:
-        """Human-readable shape, e.g. ``(batch 1..512, 64) float32``."""
-        dims = ", ".join(str(d) for d in self.feature_shape)
-        return f"(batch {self.batch_min}..{self.batch_max}, {dims}) {self.dtype}"
+        """Human-readable shape, e.g. ``(batch 1..512, 64) float32`` or, for tokens,
+        ``(batch 1..512, length 1..64, 32) float32``."""
+        dims = [str(d) for d in self.feature_shape]
+        if self.length_min is not None:
+            dims[0] = f"length {self.length_min}..{self.feature_shape[0]}"
+        return f"(batch {self.batch_min}..{self.batch_max}, {', '.join(dims)}) {self.dtype}"
 
 
 class LatencyStats(Message):

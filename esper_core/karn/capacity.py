@@ -34,9 +34,11 @@ REFERENCE_PROFILES: dict[str, ShapeProfile] = {
     "mlp": ShapeProfile(feature_shape=(64,)),
     "seq": ShapeProfile(feature_shape=(8, 40)),
     "cnn": ShapeProfile(feature_shape=(16, 8, 8)),
+    "tok": ShapeProfile(feature_shape=(64, 64), tokens=True),
 }
 """The profile per host kind at which ``esper catalog list`` reports capacity: the slot shapes of
-the shipped recipes (a 64-wide MLP layer, an MNIST-1D Conv1d output, a small conv layer)."""
+the shipped recipes (a 64-wide MLP layer, an MNIST-1D Conv1d output, a small conv layer, a
+64-character context of 64-wide tokens)."""
 
 # The probe's coefficients: any a, b with a + b != 1 separate affine from linear offsets.
 _A, _B = 0.7, -1.3

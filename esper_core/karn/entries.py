@@ -1,4 +1,5 @@
-"""The blueprints Esper ships: seven each for MLP hosts, 2-D and 1-D convolutional hosts, three tiers each.
+"""The blueprints Esper ships: seven each for MLP hosts, 2-D and 1-D convolutional hosts, three tiers
+each, and five for token features (transformers, embeddings, batch-first LSTMs).
 
 Risk scores order the blueprints within and across tiers: safe ones stay at or below 0.25,
 experimental ones sit between 0.3 and 0.6, high-risk ones at 0.75 or above (tests check it).
@@ -19,6 +20,7 @@ from torch import nn
 from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
 from esper_core.karn import blueprints as mlp
 from esper_core.karn import blueprints_conv as conv
+from esper_core.karn import blueprints_tok as tok
 from esper_core.karn.catalog import Blueprint, BlueprintBuilder, GradMaxLayers
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.rules import ProfileRule
@@ -39,17 +41,22 @@ _SIZE_OF: dict[str, Callable[[ShapeProfile, str], int]] = {
     "mlp": mlp.mlp_width,
     "seq": conv.seq_channels,
     "cnn": conv.conv_channels,
+    "tok": tok.tok_width,
 }
 """The slot size a seed module takes, per host kind: an MLP's width, a conv layer's channels."""
 
 
-def _builder(blueprint_id: str, kind: str, module: Callable[..., nn.Module], param: str | None) -> BlueprintBuilder:
-    """``module(size)``, or ``module(size, int(params[param]))`` for a blueprint with a parameter."""
+def _builder(
+    blueprint_id: str, kind: str, module: Callable[..., nn.Module], param: str | None, *, causal: bool
+) -> BlueprintBuilder:
+    """``module(size)``, or ``module(size, int(params[param]))`` for a blueprint with a parameter;
+    with ``causal``, also ``causal=profile.causal`` (the slot's, never a tunable parameter)."""
     size_of = _SIZE_OF[kind]
 
     def build(profile: ShapeProfile, params: Mapping[str, float]) -> nn.Module:
         size = size_of(profile, blueprint_id)
-        return module(size) if param is None else module(size, int(params[param]))
+        args = (size,) if param is None else (size, int(params[param]))
+        return module(*args, causal=profile.causal) if causal else module(*args)
 
     build.__name__ = f"build_{blueprint_id}"
     return build
@@ -66,6 +73,7 @@ def _entry(
     *,
     version: int = 1,
     gradmax: GradMaxLayers | None = None,
+    causal: bool = False,
     **bounds: ParamBound,
 ) -> Blueprint:
     """A catalogue entry; ``module`` takes the slot size, then its one integer parameter if any.
@@ -73,10 +81,12 @@ def _entry(
     ``version``: bump it when the function of an existing id changes (see ``VERSION_PARAM``).
     ``gradmax``: the module's input and output projections, for blueprints of the form
     ``output(act(input(x)))`` that support the GradMax-style initialisation.
+    ``causal``: ``module`` takes ``causal=``, set from the slot's profile (a token seed that mixes
+    positions must not read later ones in a causal model).
     """
     if len(bounds) > 1:
         raise ValueError(f"blueprint {blueprint_id!r}: a seed module takes at most one parameter, got {sorted(bounds)}")
-    build = _builder(blueprint_id, rule.kind, module, next(iter(bounds), None))
+    build = _builder(blueprint_id, rule.kind, module, next(iter(bounds), None), causal=causal)
     descriptor = BlueprintDescriptor(
         blueprint_id=blueprint_id,
         name=name,
@@ -349,6 +359,68 @@ def _seq_blueprints() -> list[Blueprint]:
     ]
 
 
+def _tok_blueprints() -> list[Blueprint]:
+    tokens = ProfileRule(kind="tok")
+    return [
+        _entry(
+            "tok_mlp",
+            "Token MLP",
+            _SAFE,
+            0.2,
+            tokens,
+            tok.TokenFFN,
+            "A transformer FFN branch per token (LayerNorm, D -> expansion*D -> GELU -> D) added as a "
+            "residual delta; general-purpose capacity for an under-fitting transformer block.",
+            expansion=_int_bound(1, 4, 2),
+        ),
+        _entry(
+            "tok_adapter",
+            "Token adapter",
+            _SAFE,
+            0.1,
+            tokens,
+            tok.TokenAdapter,
+            "Non-linear low-rank adapter per token, D -> rank -> GELU -> D; the cheapest token "
+            "increment, no mixing across positions.",
+            rank=_int_bound(1, 32, 8),
+        ),
+        _entry(
+            "tok_attention",
+            "Token self-attention",
+            _SAFE,
+            0.25,
+            ProfileRule(kind="tok", min_features=2, max_positions=1024),
+            tok.TokenSelfAttention,
+            "One pre-norm self-attention head across the L tokens, causal in a causal model "
+            "(ModelSpec(causal=True)); context from other positions, cost grows with L^2.",
+            causal=True,
+            key_dim=_int_bound(4, 64, 16),
+        ),
+        _entry(
+            "tok_glu",
+            "Token gated FFN",
+            _EXPERIMENTAL,
+            0.45,
+            tokens,
+            tok.TokenGLU,
+            "A gated FFN per token (SwiGLU: silu(gate) * value, width expansion*D); multiplicative "
+            "feature interactions, half again the parameters of tok_mlp at the same width.",
+            expansion=_int_bound(1, 4, 2),
+        ),
+        _entry(
+            "tok_wide_mlp",
+            "Token wide MLP",
+            _HIGH_RISK,
+            0.8,
+            tokens,
+            tok.TokenWideMLP,
+            "Three per-token layers through up to 8*D features; a large capacity jump, slow and prone to over-fitting.",
+            expansion=_int_bound(1, 8, 4),
+        ),
+    ]
+
+
 def default_blueprints() -> list[Blueprint]:
-    """Every blueprint of the shipped catalogue: MLP ones, then 2-D, then 1-D convolutional ones."""
-    return _mlp_blueprints() + _conv_blueprints() + _seq_blueprints()
+    """Every blueprint of the shipped catalogue: MLP ones, then 2-D and 1-D convolutional ones,
+    then the token ones."""
+    return _mlp_blueprints() + _conv_blueprints() + _seq_blueprints() + _tok_blueprints()

@@ -1,7 +1,8 @@
 """Which shape profiles a blueprint supports.
 
 A blueprint's ``host_kinds`` says which activation kind it transforms (``mlp``: (F,) vectors,
-``seq``: (C, L) sequences, ``cnn``: (C, H, W) feature maps); its ``ProfileRule`` narrows that to
+``seq``: (C, L) sequences, ``cnn``: (C, H, W) feature maps, ``tok``: (L, D) channels-last
+tokens); its ``ProfileRule`` narrows that to
 the profiles it can be built and compiled for (a minimum width, a divisor, a number of
 positions, dtypes). Planning, compiling
 and ``esper catalog show`` all ask the same rule, so a profile is refused before any work starts.
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from esper_core.karn.profiles import KIND_RANKS, SUPPORTED_DTYPES, ShapeProfile
 
 # How ``describe`` names each kind's shape, its feature (first) axis and its positions.
-_SHAPE_WORDS = {"mlp": "(F,) vectors", "seq": "(C, L) sequences", "cnn": "(C, H, W) maps"}
-_FEATURE_AXIS = {"mlp": "F", "seq": "C", "cnn": "C"}
-_POSITIONS = {"seq": "L", "cnn": "H*W"}
+_SHAPE_WORDS = {"mlp": "(F,) vectors", "seq": "(C, L) sequences", "cnn": "(C, H, W) maps", "tok": "(L, D) tokens"}
+_FEATURE_AXIS = {"mlp": "F", "seq": "C", "cnn": "C", "tok": "D"}
+_POSITIONS = {"seq": "L", "cnn": "H*W", "tok": "L"}
 
 
 class UnsupportedProfileError(ValueError):
@@ -29,11 +30,11 @@ class ProfileRule:
 
     Attributes:
         kind: Activation kind: ``mlp`` for (F,) vectors, ``seq`` for (C, L) sequences, ``cnn``
-            for (C, H, W) maps.
-        min_features: Smallest F (``mlp``) or C (``seq``, ``cnn``).
-        multiple_of: F (``mlp``) or C (``seq``, ``cnn``) must be a multiple of this.
-        max_positions: Largest L (``seq``) or H * W (``cnn``); attention cost grows with its
-            square. Not for ``mlp``.
+            for (C, H, W) maps, ``tok`` for (L, D) tokens.
+        min_features: Smallest F (``mlp``), C (``seq``, ``cnn``) or D (``tok``).
+        multiple_of: F (``mlp``), C (``seq``, ``cnn``) or D (``tok``) must be a multiple of this.
+        max_positions: Largest L (``seq``, ``tok``) or H * W (``cnn``); attention cost grows
+            with its square. Not for ``mlp``.
         dtypes: Activation dtypes the blueprint is numerically sound in.
     """
 
@@ -51,7 +52,7 @@ class ProfileRule:
                 f"min_features and multiple_of must be >= 1, got {self.min_features} and {self.multiple_of}"
             )
         if self.max_positions is not None and (self.kind not in _POSITIONS or self.max_positions < 1):
-            raise ValueError("max_positions applies to seq and cnn rules only and must be >= 1")
+            raise ValueError("max_positions applies to seq, tok and cnn rules only and must be >= 1")
         unknown = sorted(set(self.dtypes) - set(SUPPORTED_DTYPES))
         if not self.dtypes or unknown:
             raise ValueError(f"dtypes must be a non-empty subset of {list(SUPPORTED_DTYPES)}, got {self.dtypes}")
@@ -73,7 +74,8 @@ class ProfileRule:
         if profile.kind != self.kind:
             return [f"it is a {profile.kind!r} profile of rank {len(profile.feature_shape)}, not {self.kind!r}"]
         found: list[str] = []
-        features = profile.feature_shape[0]
+        # Channels first, except tokens: their features are the last axis.
+        features = profile.feature_shape[-1 if self.kind == "tok" else 0]
         if features < self.min_features:
             found.append(f"{features} features < {self.min_features}")
         if features % self.multiple_of:

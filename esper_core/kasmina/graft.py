@@ -5,11 +5,20 @@ module's **output** passes through a ``SeedSlot`` (a forward hook returns ``slot
 seed learns a delta of that output and, once blended, the rest of the network reads
 ``output + alpha * seed(output)``. The user's module is not modified apart from the hooks.
 
+A module that returns a tuple (``nn.LSTM``'s ``(output, (h, c))``, ``nn.MultiheadAttention``'s
+``(output, weights)``) takes a slot on one element: ``"lstm[0]"``; the other elements pass through.
+
 Slot shapes are discovered, never written by hand: one dry forward of the model on the meta
 device (no memory, no compute) with two batch sizes records each named module's output. A name
 that does not exist, a module that is never called or called more than once per forward, an
 output that is not a floating tensor with a leading batch dimension, or a per-sample shape that
 changes with the batch, is refused with the reason before any work starts.
+
+A per-sample (L, D) output is either a channels-first sequence (C, L) (after an ``nn.Conv1d``)
+or channels-last tokens (L, D) (a transformer block, an embedding, a batch-first LSTM): the
+last layer that ran at or before the slot's module decides (``nn.Linear``, ``LayerNorm``,
+attention, RNNs and transformer layers act on the last axis; convolutions, batch norm and
+pooling on the second).
 
 Shapes: ``x`` is the model's input (B, *sample_shape); a slot's activation is (B, *feature_shape).
 """
@@ -17,6 +26,7 @@ Shapes: ``x`` is the model's input (B, *sample_shape); a slot's activation is (B
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +44,31 @@ _PROBE_BATCHES = (2, 3)
 """Two batch sizes: an output whose leading dimension follows both is batched per sample."""
 _LISTED_NAMES = 40
 """How many module names an unknown-name error lists."""
+_SLOT_NAME = re.compile(r"^(?P<module>[^\[\]]*?)(?:\[(?P<index>[0-9]+)\])?$")
+"""``module`` or ``module[i]``: a module's output, or element i of the tuple it returns."""
+_TOKEN_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.Bilinear,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.Embedding,
+    nn.MultiheadAttention,
+    nn.RNNBase,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+)
+"""Layers that act on the last axis: an (L, D) output after one is channels-last tokens."""
+_CHANNEL_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.conv._ConvNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.GroupNorm,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+)
+"""Layers that act on the second axis: an (L, D) output after one is a (C, L) sequence."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,15 +76,35 @@ class SlotSite:
     """Where a slot sits and what it sees, as discovered by the dry forward.
 
     Attributes:
-        module: Dotted name of the module whose output the slot takes.
+        module: The slot's name: the dotted name of the module whose output the slot takes,
+            with ``[i]`` when it takes element i of a tuple output.
         feature_shape: Per-sample shape of that output.
         layer: The weight layer the slot belongs to in Tamiyo's graph: the last layer with a
             weight that finished its forward at or before the slot's module.
+        tokens: An (L, D) output is channels-last token features (the last layer that ran
+            before it acts on the last axis), not a (C, L) sequence.
     """
 
     module: str
     feature_shape: tuple[int, ...]
     layer: str
+    tokens: bool = False
+
+
+def parse_slot_name(name: str) -> tuple[str, int | None]:
+    """``"lstm[0]"`` -> ``("lstm", 0)``; ``"body.1"`` -> ``("body.1", None)``.
+
+    Raises:
+        ValueError: a malformed index (the message shows the form).
+    """
+    match = _SLOT_NAME.match(name)
+    if match is None:
+        raise ValueError(
+            f"slot {name!r} is not a module name or 'module[i]': name a module, e.g. 'encoder.layers.0', "
+            "or one element of a module's tuple output, e.g. 'lstm[0]'"
+        )
+    index = match.group("index")
+    return match.group("module"), None if index is None else int(index)
 
 
 def weight_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -65,26 +120,41 @@ def weight_layers(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
-def discover_slot_sites(model: nn.Module, slots: Sequence[str], sample_shape: tuple[int, ...]) -> list[SlotSite]:
+def discover_slot_sites(
+    model: nn.Module,
+    slots: Sequence[str],
+    sample_shape: tuple[int, ...],
+    *,
+    input_dtype: torch.dtype = torch.float32,
+) -> list[SlotSite]:
     """Run the model dry on the meta device and describe the output of each named module.
 
     Args:
         model: The user's model (its weights are not read or changed).
-        slots: Dotted module names, e.g. ``("layer1", "blocks.2.mlp")``.
+        slots: Dotted module names, e.g. ``("layer1", "blocks.2.mlp")``, or ``"lstm[0]"`` for
+            one element of a module's tuple output.
         sample_shape: Shape of one input sample, without the batch dimension.
+        input_dtype: The input's dtype (``torch.long`` for token ids).
 
     Returns:
         One ``SlotSite`` per name, in the order given.
 
     Raises:
-        ValueError: an unknown or duplicate name (the message lists the names that exist), or a
-            module whose output a seed cannot take (the message says why).
+        ValueError: an unknown or duplicate name (the message lists the names that exist), a
+            module whose output a seed cannot take (the message says why and what to name
+            instead), or a model whose forward fails on such an input.
     """
     modules = dict(model.named_modules())
     _check_names(slots, modules)
+    bases = {name: parse_slot_name(name)[0] for name in slots}
     layers = weight_layers(model)
-    # Forward-completion order of the weight layers and slot modules, and every slot output.
-    outputs: dict[str, list[object]] = {name: [] for name in slots}
+    layouts = {
+        name: isinstance(m, _TOKEN_LAYERS)
+        for name, m in modules.items()
+        if isinstance(m, _TOKEN_LAYERS + _CHANNEL_LAYERS)
+    }
+    # Forward-completion order of the weight, layout and slot modules, and every slot output.
+    outputs: dict[str, list[object]] = {base: [] for base in bases.values()}
     finished: list[str] = []
 
     def record(name: str) -> Callable[[nn.Module, object, object], None]:
@@ -95,7 +165,7 @@ def discover_slot_sites(model: nn.Module, slots: Sequence[str], sample_shape: tu
 
         return hook
 
-    watched = dict.fromkeys([*layers, *slots])
+    watched = dict.fromkeys([*layers, *layouts, *bases.values()])
     handles = [modules[name].register_forward_hook(record(name)) for name in watched]
     try:
         per_batch = []
@@ -103,20 +173,31 @@ def discover_slot_sites(model: nn.Module, slots: Sequence[str], sample_shape: tu
             for v in outputs.values():
                 v.clear()
             finished.clear()
-            dry_forward(model, (batch, *sample_shape))
+            dry_forward(model, (batch, *sample_shape), input_dtype)
             per_batch.append(({k: list(v) for k, v in outputs.items()}, list(finished)))
     finally:
         for h in handles:
             h.remove()
     order = per_batch[0][1]
-    return [
-        SlotSite(
-            module=name,
-            feature_shape=_feature_shape(name, [o[name] for o, _ in per_batch]),
-            layer=_owning_layer(name, order, layers),
+    sites = []
+    for name in slots:
+        shape = _feature_shape(name, [o[bases[name]] for o, _ in per_batch])
+        sites.append(
+            SlotSite(
+                module=name,
+                feature_shape=shape,
+                layer=_owning_layer(bases[name], order, layers),
+                tokens=len(shape) == 2 and _last_layout(bases[name], order, layouts),
+            )
         )
-        for name in slots
-    ]
+    return sites
+
+
+def _last_layout(name: str, order: list[str], layouts: dict[str, bool]) -> bool:
+    """Whether the last layout-deciding layer that finished at or before ``name`` is a token layer."""
+    done = order[: order.index(name) + 1] if name in order else order
+    deciding = [n for n in done if n in layouts]
+    return bool(deciding) and layouts[deciding[-1]]
 
 
 def _check_names(slots: Sequence[str], modules: dict[str, nn.Module]) -> None:
@@ -125,7 +206,7 @@ def _check_names(slots: Sequence[str], modules: dict[str, nn.Module]) -> None:
     dupes = sorted({s for s in slots if list(slots).count(s) > 1})
     if dupes:
         raise ValueError(f"slot modules {dupes} are named twice; name each module once")
-    unknown = [s for s in slots if s not in modules or s == ""]
+    unknown = [s for s in slots if parse_slot_name(s)[0] not in modules or parse_slot_name(s)[0] == ""]
     if unknown:
         names = [n for n in modules if n]
         shown = ", ".join(names[:_LISTED_NAMES]) + (
@@ -150,7 +231,7 @@ def _feature_shape(name: str, outputs_per_batch: list[list[object]]) -> tuple[in
                 f"module {name!r} runs {len(outs)} times in one forward (a shared module): a seed slot needs one "
                 "call per forward; name a module that runs once"
             )
-        out = outs[0]
+        out = _element(name, outs[0])
         if not isinstance(out, torch.Tensor):
             raise ValueError(
                 f"module {name!r} returns {type(out).__name__}, not a tensor: a seed can only grow on a tensor "
@@ -172,6 +253,30 @@ def _feature_shape(name: str, outputs_per_batch: list[list[object]]) -> tuple[in
     return shapes[0]
 
 
+def _element(name: str, out: object) -> object:
+    """The output a slot named ``name`` takes: the module's, or element i of its tuple for ``module[i]``."""
+    base, index = parse_slot_name(name)
+    if index is None:
+        if isinstance(out, tuple | list):
+            kinds = ", ".join(type(o).__name__ for o in out)
+            raise ValueError(
+                f"module {name!r} returns a {type(out).__name__} ({kinds}), not a tensor: name one element, "
+                f"e.g. slots=('{base}[0]',), or put the slot on a module that runs after it"
+            )
+        return out
+    if not isinstance(out, tuple | list):
+        raise ValueError(
+            f"slot {name!r} takes element {index} of a tuple, but module {base!r} returns {type(out).__name__}: "
+            f"name it {base!r}"
+        )
+    if index >= len(out):
+        raise ValueError(
+            f"slot {name!r}: module {base!r} returns {len(out)} elements; name one of "
+            f"{[f'{base}[{i}]' for i in range(len(out))]}"
+        )
+    return out[index]
+
+
 def _owning_layer(name: str, order: list[str], layers: dict[str, nn.Module]) -> str:
     if name in layers:
         return name
@@ -191,11 +296,15 @@ class GrowableModel(nn.Module):
 
     Args:
         model: Any ``nn.Module`` taking one input tensor (B, *sample_shape).
-        slots: Dotted names of the modules whose output a seed may grow on.
+        slots: Dotted names of the modules whose output a seed may grow on (``"lstm[0]"``: one
+            element of a tuple output).
         sample_shape: Shape of one input sample, without the batch dimension.
         batch_max: The largest batch a slot must accept (seed kernels are compiled for it).
         widen: Dotted names of ``Linear`` / ``Conv`` layers width seeds may widen; each gets a
             width slot ``"<name>+width"`` (``esper_core.kasmina.width``).
+        input_dtype: The input's dtype (``torch.long`` for token ids).
+        causal: The model is causal (a language model): token slots get causal profiles, so no
+            seed's output at position t reads a later position.
 
     Raises:
         ValueError: a slot or a layer to widen that the model cannot take, with the reason.
@@ -208,12 +317,14 @@ class GrowableModel(nn.Module):
         slots: Sequence[str],
         sample_shape: tuple[int, ...],
         batch_max: int,
+        input_dtype: torch.dtype = torch.float32,
+        causal: bool = False,
         widen: Sequence[str] = (),
     ) -> None:
         super().__init__()
-        sites = discover_slot_sites(model, slots, sample_shape)
+        sites = discover_slot_sites(model, slots, sample_shape, input_dtype=input_dtype)
         # Traced before anything is built: a layer that cannot take new units is refused here.
-        width_sites = [trace_width_site(model, name, sample_shape) for name in widen]
+        width_sites = [trace_width_site(model, name, sample_shape, input_dtype) for name in widen]
         self.model = model
         self.kind = "custom"
         self.sites = tuple(sites)
@@ -223,14 +334,20 @@ class GrowableModel(nn.Module):
                 site.module.replace(".", "-"): SeedSlot(
                     slot_id=site.module,
                     layer=site.layer,
-                    profile=ShapeProfile(feature_shape=site.feature_shape, batch_max=batch_max),
+                    profile=ShapeProfile(
+                        feature_shape=site.feature_shape,
+                        batch_max=batch_max,
+                        tokens=site.tokens,
+                        causal=causal and site.tokens,
+                    ),
                 )
                 for site in sites
             }
         )
         modules = dict(model.named_modules())
         for slot in self.seed_slots.values():
-            modules[slot.slot_id].register_forward_hook(_graft(slot))
+            base, index = parse_slot_name(slot.slot_id)
+            modules[base].register_forward_hook(_graft(slot, index))
         for site in width_sites:
             width_slot = WidthSlot(site=site, batch_max=batch_max)
             self.seed_slots[width_slot.slot_id.replace(".", "-")] = width_slot
@@ -257,8 +374,20 @@ class GrowableModel(nn.Module):
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _graft(slot: SeedSlot) -> Callable[[nn.Module, object, torch.Tensor], torch.Tensor]:
-    def hook(_module: nn.Module, _args: object, output: torch.Tensor) -> torch.Tensor:
-        return slot(output)
+def _graft(slot: SeedSlot, index: int | None) -> Callable[[nn.Module, object, object], object]:
+    if index is None:
 
-    return hook
+        def hook(_module: nn.Module, _args: object, output: object) -> object:
+            return slot(output)
+
+        return hook
+
+    def hook_element(_module: nn.Module, _args: object, output: object) -> object:
+        # The other elements (an LSTM's (h, c), attention weights) pass through untouched.
+        items = list(output)  # type: ignore[call-overload]
+        items[index] = slot(items[index])
+        if hasattr(output, "_fields"):  # a namedtuple
+            return type(output)(*items)
+        return type(output)(items)
+
+    return hook_element

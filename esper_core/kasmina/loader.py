@@ -129,13 +129,13 @@ def check_guard(
     batch = "*" if batch_size is None else str(batch_size)
     slot = f"(batch {batch}, {', '.join(map(str, feature_shape))}) {dtype}"
     problems: list[str] = []
-    if tuple(feature_shape) != guard.feature_shape:
+    if not guard.accepts_features(tuple(feature_shape)):
         problems.append(f"feature shape {tuple(feature_shape)} != {guard.feature_shape}")
     if dtype != guard.dtype:
         problems.append(f"dtype {dtype} != {guard.dtype}")
     if batch_size is not None and not guard.batch_min <= batch_size <= guard.batch_max:
         problems.append(f"batch {batch_size} outside [{guard.batch_min}, {guard.batch_max}]")
-    if guard.output_feature_shape != guard.feature_shape:
+    if guard.output_feature_shape != guard.feature_shape:  # at the longest length, for tokens
         problems.append(
             f"artifact outputs {guard.output_feature_shape} per sample, a residual seed must "
             f"return its input shape {guard.feature_shape}"

@@ -29,7 +29,14 @@ def build_host(config: RunConfig, *, feature_shape: tuple[int, ...], num_classes
             raise ValueError("a built-in host needs the data set's number of classes")
         return build_host_from_config(config.host, feature_shape=feature_shape, num_classes=num_classes)
     spec = config.host
-    return GrowableModel(spec.build(), slots=spec.slots, sample_shape=feature_shape, batch_max=spec.batch_max)
+    return GrowableModel(
+        spec.build(),
+        slots=spec.slots,
+        sample_shape=feature_shape,
+        batch_max=spec.batch_max,
+        input_dtype=spec.input_dtype,
+        causal=spec.causal,
+    )
 
 
 def growth_signals(config: RunConfig, *, recorded: bool) -> frozenset[str]:

@@ -39,7 +39,8 @@ class ModelSpec:
 
     A seed slot sits on the **output** of each named module: a seed learns a delta of that
     output, blended in as ``output + alpha * seed(output)``. Slot shapes are discovered by a dry
-    forward on the meta device (see ``esper_core.kasmina.graft``).
+    forward on the meta device (see ``esper_core.kasmina.graft``). A module that returns a tuple
+    (``nn.LSTM``) takes a slot on one element: ``"lstm[0]"``.
     """
 
     build: Callable[[], nn.Module]
@@ -48,6 +49,11 @@ class ModelSpec:
     """Dotted module names from ``model.named_modules()``, e.g. ``("layer1", "blocks.2.mlp")``."""
     batch_max: int = 512
     """Largest batch a slot must accept; seed kernels are compiled for it."""
+    input_dtype: torch.dtype = torch.float32
+    """The dtype of one input sample: ``torch.long`` for a model that takes token ids."""
+    causal: bool = False
+    """The model is causal (a language model predicting the next token): seeds on its (L, D)
+    token slots never read a later position (``esper_core.karn.blueprints_tok``)."""
     build_scaled: Callable[[float], nn.Module] | None = None
     """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
     multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
@@ -66,6 +72,8 @@ class ModelSpec:
             raise ValueError("ModelSpec needs at least one slot: name a module whose output a seed may grow on")
         if self.batch_max < 2:
             raise ValueError(f"batch_max must be >= 2, got {self.batch_max}")
+        if not isinstance(self.input_dtype, torch.dtype):
+            raise ValueError(f"input_dtype must be a torch.dtype such as torch.long, got {self.input_dtype!r}")
         if self.build_scaled is not None and not callable(self.build_scaled):
             raise ValueError(
                 "ModelSpec.build_scaled must be a function build_scaled(factor) returning an nn.Module, "
@@ -109,8 +117,10 @@ class RunConfig:
     kasmina: KasminaConfig = field(default_factory=KasminaConfig)
     tamiyo: TamiyoConfig = field(default_factory=TamiyoConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
-    blueprints: tuple[str, ...] = ("residual_mlp", "lowrank_adapter")
-    """Blueprints compiled for this run's slots; Tamiyo chooses among them."""
+    blueprints: tuple[str, ...] = ()
+    """Blueprints compiled for this run's slots; Tamiyo chooses among them. Empty (the default):
+    every approved blueprint (safe, or named in ``approved_blueprints``) whose shape profile fits
+    a slot is a candidate for that slot (``esper recipes show`` lists them per slot)."""
     approved_blueprints: tuple[str, ...] = ()
     """Experimental-tier blueprints this run may germinate (Karn requires explicit approval)."""
     task: EpisodeTask | None = None
@@ -121,8 +131,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if not self.blueprints:
-            raise ValueError("a run needs at least one blueprint to germinate from")
+        if isinstance(self.blueprints, str) or isinstance(self.approved_blueprints, str):
+            raise ValueError("blueprints and approved_blueprints are tuples of ids: write ('residual_mlp',)")
+        self.blueprints, self.approved_blueprints = tuple(self.blueprints), tuple(self.approved_blueprints)
         if not callable(self.loss):
             raise ValueError(f"loss must be a function loss(outputs, targets), got {type(self.loss).__name__}")
         if isinstance(self.host, HostConfig) and isinstance(self.data, DataSpec):
@@ -143,14 +154,15 @@ class RunConfig:
             )
 
     def _check_schedule(self) -> None:
-        """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints."""
+        """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints (with no
+        blueprint list, planning checks that each scheduled blueprint fits its slot)."""
         allowed = (*self.blueprints, *self.approved_blueprints)
         for g in self.tamiyo.schedule:
             if g.slot not in self.host.slot_ids:
                 raise ValueError(
                     f"scheduled germination at epoch {g.epoch}: no slot {g.slot!r}; slots are {self.host.slot_ids}"
                 )
-            if g.blueprint not in allowed:
+            if self.blueprints and g.blueprint not in allowed:
                 raise ValueError(
                     f"scheduled germination at epoch {g.epoch}: blueprint {g.blueprint!r} is not among the run's "
                     f"blueprints {allowed}; add it to RunConfig.blueprints"

@@ -9,6 +9,7 @@ compiled, one compile for all of them).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ class EpisodeResult:
         policy: Who decided (``TamiyoConfig.policy``).
         seed: Its seed.
         test_accuracy: Accuracy on the test split after the last epoch.
+        test_loss: Mean loss on the test split after the last epoch (a language model's score:
+            nats per character).
         val_accuracy: Validation accuracy after the last epoch.
         host_params: Parameters of the host alone.
         total_params: Host plus every seed still attached.
@@ -67,6 +70,7 @@ class EpisodeResult:
     wall_s: float
     commands: dict[str, int]
     policy_version: str | None
+    test_loss: float = math.nan
     forks: int = 0
     fork_ms: float = 0.0
     task: EpisodeTask | None = None
@@ -167,6 +171,7 @@ def run_episode(
             policy=config.tamiyo.policy,
             seed=config.seed,
             test_accuracy=test.accuracy,
+            test_loss=test.loss,
             val_accuracy=last.val_accuracy,
             host_params=last.host_params,
             total_params=count_parameters(session.trainer.model),

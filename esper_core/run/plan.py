@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -19,8 +19,8 @@ import torch
 from esper_core.data import Dataset, load_dataset
 from esper_core.hosts import Host
 from esper_core.karn.capacity import SeedCapacity, seed_capacity
-from esper_core.karn.catalog import KarnCatalog
-from esper_core.karn.policy import require_approval
+from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.karn.policy import needs_approval, require_approval
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.pipeline import CompileJob
 from esper_core.run.build import build_host
@@ -40,6 +40,9 @@ class RunPlan:
         slots: Slot id -> shape profile name, in slot order.
         jobs: Every (blueprint, slot profile) kernel the run may germinate.
         param_costs: ``(blueprint_id, profile)`` -> parameters the seed adds there.
+        blueprints: The blueprints the run may germinate (listed by the recipe, or every
+            approved one that fits a slot), in catalogue or recipe order.
+        slot_fits: Slot id -> the blueprints that fit it (Tamiyo's candidates for that slot).
         capacities: ``(blueprint_id, profile)`` -> what the seed adds there (parameters, FLOPs
             per sample, linear or not); filled by ``plan_run``, empty in compile-only plans.
     """
@@ -49,6 +52,8 @@ class RunPlan:
     slots: dict[str, str]
     jobs: tuple[CompileJob, ...]
     param_costs: dict[tuple[str, str], int]
+    blueprints: tuple[str, ...] = ()
+    slot_fits: dict[str, tuple[str, ...]] = field(default_factory=dict)
     capacities: dict[tuple[str, str], SeedCapacity] = field(default_factory=dict)
 
     @property
@@ -90,7 +95,8 @@ def plan_run(
 
     Raises:
         ValueError: a blueprint Karn does not know, or one that fits none of the slots (the
-            message names it and the fix); a slot the model cannot take (see ``GrowableModel``).
+            message names it and the blueprints that fit); a slot the model cannot take (see
+            ``GrowableModel``).
         ApprovalRequiredError: a non-safe blueprint that ``approved`` does not name.
     """
     data = data or load_dataset(config.data)
@@ -102,6 +108,7 @@ def plan_run(
         backend=backend,
         approved=approved,
     )
+    _check_every_slot_fits(config, catalog, plan)
     capacities = {key: _capacity(catalog, *key) for key in plan.param_costs}
     return dataclasses.replace(plan, capacities=capacities)
 
@@ -153,21 +160,20 @@ def _plan(
     approved: Collection[str],
 ) -> RunPlan:
     host = meta_host(config, feature_shape, num_classes)
-    slots = {sid: slot.profile.name for sid, slot in host.slots().items()}
-    profiles = [ShapeProfile.parse(p) for p in dict.fromkeys(slots.values())]
+    slot_profiles = {sid: slot.profile for sid, slot in host.slots().items()}
+    fits = slot_blueprints(config, catalog=catalog, slot_profiles=slot_profiles, approved=approved)
+    # In the recipe's (or the catalogue's) order, as Tamiyo's candidates always were.
+    blueprints = tuple(b for b in (config.blueprints or catalog.ids) if any(b in bs for bs in fits.values()))
+    _check_schedule_fits(config, fits)
+    profiles = list(dict.fromkeys(slot_profiles.values()))
     jobs: list[CompileJob] = []
     costs: dict[tuple[str, str], int] = {}
-    for blueprint_id in config.blueprints:
+    for blueprint_id in blueprints:
         entry = catalog.get(blueprint_id)
-        require_approval(entry.descriptor, approved, action="compile")
-        fitting = [p for p in profiles if entry.supports(p)]
-        if not fitting:
-            raise ValueError(
-                f"recipe {config.recipe} lists {blueprint_id}, which supports {entry.describe_profiles()}, "
-                f"but its slots are {[p.name for p in profiles]}: remove it from the recipe"
-            )
         params = tuple(sorted(catalog.resolve_params(blueprint_id).items()))
-        for p in fitting:
+        for p in profiles:
+            if not entry.supports(p):
+                continue
             jobs.append(
                 CompileJob(
                     blueprint_id=blueprint_id,
@@ -183,7 +189,113 @@ def _plan(
     return RunPlan(
         recipe=config.recipe,
         feature_shape=feature_shape,
-        slots=slots,
+        slots={sid: p.name for sid, p in slot_profiles.items()},
         jobs=tuple(jobs),
         param_costs=costs,
+        blueprints=blueprints,
+        slot_fits=fits,
     )
+
+
+def slot_blueprints(
+    config: RunConfig,
+    *,
+    catalog: KarnCatalog,
+    slot_profiles: Mapping[str, ShapeProfile],
+    approved: Collection[str],
+) -> dict[str, tuple[str, ...]]:
+    """The blueprints each slot may germinate: those the recipe lists, or, when it lists none,
+    every approved one (safe, or named in ``approved``) whose shape profile fits the slot.
+
+    Raises:
+        ValueError: a listed blueprint that fits none of the slots (the message names the
+            blueprints that do fit).
+        UnknownBlueprintError: a listed id Karn does not know.
+        ApprovalRequiredError: a listed non-safe blueprint that ``approved`` does not name.
+    """
+    if config.blueprints:
+        listed = [catalog.get(b) for b in config.blueprints]
+        for entry in listed:
+            require_approval(entry.descriptor, approved, action="compile")
+    else:
+        listed = [catalog.get(b) for b in catalog.ids if not needs_approval(catalog.get(b).descriptor) or b in approved]
+    fits = {sid: tuple(e.blueprint_id for e in listed if e.supports(p)) for sid, p in slot_profiles.items()}
+    shapes = ", ".join(f"{sid} {p.feature_shape} ({p.kind})" for sid, p in slot_profiles.items())
+    if config.blueprints:
+        misfits = [b for b in config.blueprints if not any(b in bs for bs in fits.values())]
+        if misfits:
+            would = _fitting(catalog, slot_profiles, approved=approved)
+            raise ValueError(
+                f"recipe {config.recipe} lists {misfits}, which fit none of its slots: {shapes}; "
+                f"blueprints that fit: {would}. Remove {misfits} from RunConfig.blueprints, or leave "
+                "blueprints out to use every approved blueprint that fits"
+            )
+    return fits
+
+
+def _check_every_slot_fits(config: RunConfig, catalog: KarnCatalog, plan: RunPlan) -> None:
+    """A run refuses a slot that none of its blueprints fits (compiling a narrowed list does not)."""
+    fits = plan.slot_fits
+    slot_profiles = {sid: ShapeProfile.parse(p) for sid, p in plan.slots.items()}
+    shapes = ", ".join(f"{sid} {p.feature_shape} ({p.kind})" for sid, p in slot_profiles.items())
+    empty = [sid for sid, bs in fits.items() if not bs]
+    if empty:
+        any_tier = {
+            sid: bs for sid, bs in _fitting(catalog, slot_profiles, approved=catalog.ids).items() if sid in empty
+        }
+        raise ValueError(
+            f"no blueprint of recipe {config.recipe} fits slot(s) {empty} ({shapes}); blueprints of any tier "
+            f"that fit them: {any_tier}. List one in RunConfig.blueprints (approving a non-safe one with "
+            "RunConfig.approved_blueprints), or put the slot on an output of another shape (`esper catalog list`)"
+        )
+
+
+def _fitting(
+    catalog: KarnCatalog, slot_profiles: Mapping[str, ShapeProfile], *, approved: Collection[str]
+) -> dict[str, list[str]]:
+    """Slot -> approved blueprints that fit it (for error messages)."""
+    return {
+        sid: [
+            b
+            for b in catalog.ids
+            if catalog.get(b).supports(p) and (not needs_approval(catalog.get(b).descriptor) or b in approved)
+        ]
+        for sid, p in slot_profiles.items()
+    }
+
+
+def _check_schedule_fits(config: RunConfig, fits: Mapping[str, tuple[str, ...]]) -> None:
+    for g in config.tamiyo.schedule:
+        if g.blueprint not in fits.get(g.slot, ()):
+            raise ValueError(
+                f"scheduled germination at epoch {g.epoch}: blueprint {g.blueprint!r} does not fit slot "
+                f"{g.slot!r}; blueprints that fit it: {list(fits.get(g.slot, ()))}"
+            )
+
+
+def check_recipe(config: RunConfig, *, catalog: KarnCatalog | None = None) -> RunPlan:
+    """Plan ``config`` (a recipe resolved by ``get_recipe``) before any flow run starts.
+
+    ``esper run``, ``esper recipes show`` and the flow's parameter check call it so that a slot
+    the model cannot take, or a listed blueprint that fits none of the slots, is refused with its
+    fix before Prefect starts anything. The host is built on the meta device; the data is loaded
+    once per process for its shape (``recipe_feature_shape``).
+
+    Returns:
+        The compile plan: per slot, its profile and the blueprints that fit it.
+
+    Raises:
+        ValueError, ApprovalRequiredError: as ``plan_run``.
+    """
+    catalog = catalog or default_catalog()
+    plan = _plan(
+        config,
+        catalog=catalog,
+        feature_shape=recipe_feature_shape(config.recipe),
+        # The class count sizes only a built-in host's classifier, never a slot.
+        num_classes=2,
+        backend=Backend.EXPORT,
+        approved=config.approved_blueprints,
+    )
+    _check_every_slot_fits(config, catalog, plan)
+    return plan

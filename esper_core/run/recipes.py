@@ -17,12 +17,15 @@ import sys
 from collections.abc import Callable
 from typing import Annotated, Literal
 
+import torch
 from pydantic import StringConstraints
 from torch.utils.data import TensorDataset
 
 from esper_core.data import DataConfig, DataSpec, DataSplits
+from esper_core.datasets.chars import VOCAB_SIZE, CharCorpusConfig, load_chars
 from esper_core.datasets.mnist1d import MNIST1DConfig, load_mnist1d
 from esper_core.hosts import HostConfig
+from esper_core.models.chars_gpt import CharGPT, next_char_loss
 from esper_core.models.mnist1d import MNIST1DCNN, MNIST1DMLP
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.tamiyo.config import TamiyoConfig
@@ -44,6 +47,8 @@ def digits_mlp() -> RunConfig:
         host=HostConfig(kind="mlp", hidden=(64, 64), slot_inputs=(1, 2)),
         trainer=TrainerConfig(lr=0.05, momentum=0.9),
         tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=2)),
+        # Named: its baselines were measured with these two (all fitting would add bottleneck_mlp).
+        blueprints=("residual_mlp", "lowrank_adapter"),
     )
 
 
@@ -135,7 +140,51 @@ def mnist1d_mlp() -> RunConfig:
     return _mnist1d("mnist1d-mlp", host, ("residual_mlp", "lowrank_adapter"))
 
 
+CHARS_CONTEXT = 64
+"""Characters of context of ``chars-gpt`` (short enough for a CPU)."""
+CHARS_TRAIN_WINDOWS = 2048
+"""Training windows of ``chars-gpt``: 64 batches of 32 an epoch, a bounded amount of CPU work."""
+
+
+def chars_splits() -> DataSplits:
+    """The standard library's own sources as 64-character windows, split by file, built locally
+    and cached under ``$ESPER_HOME/cache/datasets`` (``esper_core.datasets.chars``)."""
+    data = load_chars(CharCorpusConfig(context=CHARS_CONTEXT, train_windows=CHARS_TRAIN_WINDOWS))
+    return DataSplits(train=TensorDataset(*data.train), val=TensorDataset(*data.val), test=TensorDataset(*data.test))
+
+
+def chars_gpt_model(factor: float, *, width: int = 64, depth: int = 2) -> CharGPT:
+    """``chars-gpt``'s model with its width scaled by ``factor`` (a multiple of its 4 heads)."""
+    heads = 4
+    scaled = max(heads, round(width * factor / heads) * heads)  # a multiple of the heads
+    return CharGPT(vocab=VOCAB_SIZE, context=CHARS_CONTEXT, width=scaled, depth=depth, heads=heads)
+
+
+def chars_gpt() -> RunConfig:
+    """A 2-block, 64-wide causal transformer LM on the stdlib's own source, character by character;
+    seeds on both blocks' (L, D) outputs. Reports loss in nats per character (bits: / ln 2)."""
+    host = ModelSpec(
+        build=functools.partial(chars_gpt_model, 1.0, width=64, depth=2),
+        build_scaled=functools.partial(chars_gpt_model, width=64, depth=2),
+        slots=("blocks.0", "blocks.1"),
+        input_dtype=torch.long,
+        # A language model: no seed may read a later character.
+        causal=True,
+        batch_max=256,
+    )
+    return RunConfig(
+        recipe="chars-gpt",
+        epochs=10,
+        host=host,
+        data=DataSpec(load=chars_splits, batch_size=32, name="python-chars"),
+        loss=next_char_loss,
+        trainer=TrainerConfig(optimizer="adam", lr=3e-3, lr_schedule="cosine", val_batch_size=256),
+        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=2, blend_epochs=2)),
+    )
+
+
 RECIPES: dict[str, Callable[[], RunConfig]] = {
+    "chars-gpt": chars_gpt,
     "digits-mlp": digits_mlp,
     "digits-cnn": digits_cnn,
     "mnist1d-cnn": mnist1d_cnn,
@@ -144,7 +193,7 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
 }
 
 
-RecipeName = Literal["digits-cnn", "digits-mlp", "mnist1d-cnn", "mnist1d-mlp", "seed-reference"]
+RecipeName = Literal["chars-gpt", "digits-cnn", "digits-mlp", "mnist1d-cnn", "mnist1d-mlp", "seed-reference"]
 """The built-in recipe names, for flow parameters the UI offers as a choice; a test keeps it equal
 to ``sorted(RECIPES)``, so adding a recipe means adding its name here too."""
 

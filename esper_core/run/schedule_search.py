@@ -80,13 +80,11 @@ def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...])
     blueprint that fits every slot, all slots in slot order starting at each epoch."""
     last = config.epochs - 1
     epochs = sorted({min(last, round(f * last)) for f in at})
-    fits = {
-        slot: [b for b in config.blueprints if (b, profile) in plan.param_costs] for slot, profile in plan.slots.items()
-    }
+    fits = {slot: list(plan.slot_fits[slot]) for slot in plan.slots}
     singles = [
         (ScheduledGermination(epoch=e, slot=s, blueprint=b),) for e in epochs for s, bs in fits.items() for b in bs
     ]
-    everywhere = [b for b in config.blueprints if all(b in bs for bs in fits.values())]
+    everywhere = [b for b in plan.blueprints if all(b in bs for bs in fits.values())]
     together = [
         tuple(ScheduledGermination(epoch=e + k, slot=s, blueprint=b) for k, s in enumerate(fits))
         for e in epochs

@@ -277,7 +277,7 @@ class RunSession:
         env = environment_key(self.device)
         out = []
         lookup_s, lookups = 0.0, 0
-        for blueprint_id in self.config.blueprints:
+        for blueprint_id in self.plan.blueprints:
             start = time.perf_counter()
             # With the catalogue's parameters (which carry the blueprint's version), never an
             # artifact of an older version of the blueprint still in the registry.

@@ -9,7 +9,8 @@ difference is the same there is nothing to resample; the interval is that one va
 
 Non-inferiority ("``a`` is at most ``margin`` worse than ``b``") is the one-sided test read off
 the two-sided 95 % interval: it holds when the interval's lower bound lies above ``-margin``
-(a one-sided test at the 2.5 % level).
+(a one-sided test at the 2.5 % level). For a lower-is-better metric (a loss, bits per
+character) "worse" is the other direction: the upper bound must lie below ``+margin``.
 """
 
 from __future__ import annotations
@@ -33,18 +34,25 @@ class PairedDifference:
         ci95_low: Lower bound of the 95 % interval (``confidence`` of ``paired_difference``).
         ci95_high: Upper bound.
         n: Number of pairs (seeds).
+        higher_is_better: The metric's direction: accuracy (True) or a loss (False).
     """
 
     mean: float
     ci95_low: float
     ci95_high: float
     n: int
+    higher_is_better: bool = True
 
     def non_inferior(self, margin: float) -> bool:
-        """Whether ``a`` is at most ``margin`` worse than ``b``: the lower bound is above ``-margin``."""
+        """Whether ``a`` is at most ``margin`` worse than ``b``: the interval's worse end (its lower
+        bound, or its upper bound for a lower-is-better metric) stays within ``margin``."""
         if margin < 0:
             raise ValueError(f"margin must be >= 0 (how much worse a may be), got {margin}")
-        return self.ci95_low > -margin
+        return self.ci95_low > -margin if self.higher_is_better else self.ci95_high < margin
+
+    def better(self) -> bool:
+        """Whether ``a`` beats ``b`` beyond the interval (it excludes 0 on the better side)."""
+        return self.ci95_low > 0 if self.higher_is_better else self.ci95_high < 0
 
     def as_dict(self) -> dict[str, Any]:
         """``{"mean", "ci95_low", "ci95_high", "n"}``, for JSON."""
@@ -58,6 +66,7 @@ def paired_difference(
     confidence: float = 0.95,
     resamples: int = 10_000,
     seed: int = 0,
+    higher_is_better: bool = True,
 ) -> PairedDifference:
     """Mean of ``a - b`` over pairs with its paired-bootstrap (BCa) confidence interval.
 
@@ -67,6 +76,8 @@ def paired_difference(
         confidence: Two-sided level of the interval.
         resamples: Bootstrap resamples.
         seed: Seed of the resampling (the same inputs and seed give the same interval).
+        higher_is_better: The metric's direction (False for a loss): it decides what
+            ``non_inferior`` and ``better`` read off the interval, not the interval itself.
 
     Returns:
         The mean difference, the interval and the number of pairs.
@@ -88,12 +99,14 @@ def paired_difference(
         raise ValueError("paired values must be finite numbers; a run that diverged has no accuracy to compare")
     mean = float(diff.mean())
     if np.ptp(diff) == 0.0:
-        return PairedDifference(mean=mean, ci95_low=mean, ci95_high=mean, n=len(diff))
+        return PairedDifference(
+            mean=mean, ci95_low=mean, ci95_high=mean, n=len(diff), higher_is_better=higher_is_better
+        )
     low, high = _interval(diff, confidence=confidence, resamples=resamples, seed=seed, method="BCa")
     if not (math.isfinite(low) and math.isfinite(high)):
         # BCa's acceleration is undefined for some tiny samples (e.g. 2 seeds): percentile instead.
         low, high = _interval(diff, confidence=confidence, resamples=resamples, seed=seed, method="percentile")
-    return PairedDifference(mean=mean, ci95_low=low, ci95_high=high, n=len(diff))
+    return PairedDifference(mean=mean, ci95_low=low, ci95_high=high, n=len(diff), higher_is_better=higher_is_better)
 
 
 def _interval(diff: np.ndarray, *, confidence: float, resamples: int, seed: int, method: str) -> tuple[float, float]:

@@ -195,6 +195,7 @@ def compile_blueprint(
             dtype=profile.dtype,
             batch_min=1,
             batch_max=profile.batch_max,
+            length_min=1 if dynamic_length(profile) else None,
         ),
         latency=latency,
         fallback=built.kind is ArtifactKind.EAGER,
@@ -309,6 +310,15 @@ def _export(module: nn.Module, profile: ShapeProfile, device: torch.device) -> b
         dtype=profile.torch_dtype,
         device=device,
     )
-    batch = torch.export.Dim("batch", min=1, max=profile.batch_max)
-    program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    dims = {0: torch.export.Dim("batch", min=1, max=profile.batch_max)}
+    if dynamic_length(profile):
+        # A token kernel serves any sequence up to the profile's L (a shorter prompt, a last batch
+        # of a shorter context); the example's L >= 2 keeps export from specialising it.
+        dims[1] = torch.export.Dim("length", min=1, max=profile.feature_shape[0])
+    program = torch.export.export(module, (example,), dynamic_shapes=(dims,))
     return encode_exported(program)
+
+
+def dynamic_length(profile: ShapeProfile) -> bool:
+    """Whether a kernel for ``profile`` is exported with a dynamic sequence length (tokens, L >= 2)."""
+    return profile.tokens and profile.feature_shape[0] >= 2

@@ -379,8 +379,12 @@ class Trainer:
         params = self.model.host_parameters()
 
         def host_grads() -> list[torch.Tensor]:
-            loss = self.loss_fn(self.model(x), y)
-            return list(torch.autograd.grad(loss, params))
+            # Both passes draw the same dropout masks (a transformer's layers hold dropout), and
+            # the run's own RNG stream is left where it was.
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(0)
+                loss = self.loss_fn(self.model(x), y)
+                return list(torch.autograd.grad(loss, params))
 
         with_seed = host_grads()
         with self.manager.without_seed(slot_id):

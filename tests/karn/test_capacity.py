@@ -23,12 +23,13 @@ from esper_core.karn.profiles import HOST_KINDS, ShapeProfile
 
 CATALOG = default_catalog()
 # The smallest shapes every blueprint of the kind accepts (token attention: F >= 8, F % 4 == 0).
-SMALL = {"mlp": (8,), "seq": (2, 5), "cnn": (2, 3, 3)}
+SMALL = {"mlp": (8,), "seq": (2, 5), "cnn": (2, 3, 3), "tok": (5, 2)}
 SAFE = [d.blueprint_id for d in CATALOG.list(tier=BlueprintTier.SAFE)]
 
 
 def _small(blueprint_id: str) -> ShapeProfile:
-    return ShapeProfile(feature_shape=SMALL[CATALOG.get(blueprint_id).descriptor.host_kinds[0]], batch_max=8)
+    kind = CATALOG.get(blueprint_id).descriptor.host_kinds[0]
+    return ShapeProfile(feature_shape=SMALL[kind], batch_max=8, tokens=kind == "tok")
 
 
 def test_every_host_kind_has_safe_blueprints() -> None:
@@ -140,3 +141,14 @@ def test_every_blueprint_supports_its_reference_profile() -> None:
     assert set(REFERENCE_PROFILES) == set(HOST_KINDS)
     for blueprint_id in CATALOG.ids:
         assert CATALOG.get(blueprint_id).supports(reference_profile(CATALOG.get(blueprint_id)))
+
+
+def test_token_seeds_count_per_token_and_attend_across_positions() -> None:
+    tokens = ShapeProfile(feature_shape=(40, 8), tokens=True)
+    adapter = seed_capacity(CATALOG, "tok_adapter", tokens, {"rank": 4})
+    # The same per token as lowrank_adapter per vector, L = 40 tokens.
+    assert (adapter.parameters, adapter.flops_per_sample) == (8 * 4 + 4 * 8 + 8, 2 * 40 * (8 * 4 + 4 * 8))
+    attention = seed_capacity(CATALOG, "tok_attention", tokens, {"key_dim": 4})
+    projections = 2 * 40 * (8 * 4 * 2 + 8 * 8 * 2)  # q, k (D -> K), v, out (D -> D) per token
+    assert attention.flops_per_sample == projections + 2 * (40 * 40 * 4 + 40 * 40 * 8)  # q k^T, attn v
+    assert not attention.linear and not adapter.linear

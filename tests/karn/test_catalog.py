@@ -22,7 +22,8 @@ from esper_core.urza import params_key
 PROFILE = ShapeProfile(feature_shape=(16,), batch_max=64)
 SEQ_PROFILE = ShapeProfile(feature_shape=(4, 10), batch_max=64)
 MAP_PROFILE = ShapeProfile(feature_shape=(8, 6, 6), batch_max=64)
-PROFILES = {"mlp": PROFILE, "seq": SEQ_PROFILE, "cnn": MAP_PROFILE}
+TOK_PROFILE = ShapeProfile(feature_shape=(10, 4), batch_max=64, tokens=True)
+PROFILES = {"mlp": PROFILE, "seq": SEQ_PROFILE, "cnn": MAP_PROFILE, "tok": TOK_PROFILE}
 CATALOG = default_catalog()
 
 
@@ -32,13 +33,13 @@ def _profile_for(blueprint_id: str) -> ShapeProfile:
 
 def test_catalogue_covers_every_tier_for_every_host_kind() -> None:
     descriptors = CATALOG.list()
-    assert len(descriptors) == 21
+    assert len(descriptors) == 26
     for kind in HOST_KINDS:
         assert {d.tier for d in CATALOG.list(host_kind=kind)} == set(BlueprintTier), kind
     assert {"residual_mlp", "lowrank_adapter", "norm_gate", "glu_block"} <= set(CATALOG.ids)
     for d in descriptors:
         assert 0.0 <= d.risk <= 1.0
-        assert d.host_kinds in (("mlp",), ("seq",), ("cnn",))
+        assert d.host_kinds in (("mlp",), ("seq",), ("cnn",), ("tok",))
         assert len(d.description) > 40
         assert CATALOG.get(d.blueprint_id).rule is not None, "every shipped blueprint states its profiles"
 
@@ -75,6 +76,7 @@ def test_list_filters() -> None:
         "wide_mlp",
         "wide_conv",
         "seq_wide_conv",
+        "tok_wide_mlp",
     ]
     assert sum(len(CATALOG.list(host_kind=kind)) for kind in HOST_KINDS) == len(CATALOG)
     assert CATALOG.list(host_kind="tensor") == []
@@ -223,7 +225,7 @@ def test_profile_rule_descriptions() -> None:
     [
         ({"kind": "tensor"}, "kind must be one of"),
         ({"kind": "mlp", "min_features": 0}, "must be >= 1"),
-        ({"kind": "mlp", "max_positions": 4}, "seq and cnn rules only"),
+        ({"kind": "mlp", "max_positions": 4}, "seq, tok and cnn rules only"),
         ({"kind": "seq", "max_positions": 0}, "must be >= 1"),
         ({"kind": "cnn", "dtypes": ("float64",)}, "subset"),
     ],

@@ -9,6 +9,7 @@ from torch import nn
 from esper_core.contracts import SeedStage
 from esper_core.kasmina.graft import GrowableModel, discover_slot_sites
 from tests.helpers.user_model import TwoTower
+from tests.helpers.user_models import DigitsCNN, RowLSTM, RowTransformer
 
 
 class _Conv1dNet(nn.Module):
@@ -89,7 +90,9 @@ def test_an_unknown_name_lists_the_names_that_exist(name: str, message: str) -> 
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("pair", "returns tuple, not a tensor"),
+        ("pair", r"returns a tuple \(Tensor, Tensor\), not a tensor: name one element, e.g. slots=\('pair\[0\]',\)"),
+        ("pair[2]", r"returns 2 elements; name one of \['pair\[0\]', 'pair\[1\]'\]"),
+        ("fc[0]", "takes element 0 of a tuple, but module 'fc' returns Tensor: name it 'fc'"),
         ("shared", "runs 2 times in one forward"),
         ("unused", "is never called"),
         ("flat", "per-sample output shape changes with the input"),
@@ -123,3 +126,66 @@ def test_a_grown_model_is_the_user_model_until_a_seed_blends() -> None:
     slot.alpha = 1.0
     assert not torch.allclose(grown(x), expected)
     assert set(grown.state_dict()) >= {"model.stem.weight", "seed_slots.body-1.seed.weight"}
+
+
+def test_token_slots_are_told_from_channel_first_sequences_by_the_layer_before_them() -> None:
+    sites = discover_slot_sites(RowTransformer(), ["embed", "encoder.layers.0", "encoder.layers.1"], (8, 8))
+    assert [(s.feature_shape, s.tokens) for s in sites] == [((8, 32), True)] * 3
+    conv = discover_slot_sites(_Conv1dNet(), ["conv", "pool"], (1, 10))
+    assert [(s.feature_shape, s.tokens) for s in conv] == [((4, 10), False), ((4, 5), False)]
+    # Rank 3 is a (C, H, W) map whatever came before.
+    assert not any(s.tokens for s in discover_slot_sites(DigitsCNN(), ["features.2", "features.5"], (1, 8, 8)))
+
+
+def test_a_slot_on_one_element_of_a_tuple_output_grows_on_it_and_passes_the_rest() -> None:
+    torch.manual_seed(0)
+    user = RowLSTM()
+    (site,) = discover_slot_sites(user, ["lstm[0]"], (8, 8))
+    # An LSTM has no `weight` matrix: the slot belongs to the first weight layer after it.
+    assert (site.module, site.feature_shape, site.tokens, site.layer) == ("lstm[0]", (8, 32), True, "head")
+    grown = GrowableModel(user, slots=("lstm[0]",), sample_shape=(8, 8), batch_max=16, causal=True)
+    slot = grown.slots()["lstm[0]"]
+    assert slot.profile.name == "f8x32-b16-causal"
+    x = torch.randn(4, 8, 8)
+    before = grown(x)
+    out, (h, _) = user.lstm(x)  # dormant: the LSTM's own output
+    slot.seed = _Ones()
+    slot.stage, slot.alpha = SeedStage.BLENDING, 1.0
+    grown_out, (grown_h, _) = user.lstm(x)
+    assert torch.equal(grown_out, out + 1.0)
+    assert torch.equal(grown_h, h)  # the (h, c) element passes through untouched
+    assert torch.allclose(grown(x), user.head(out[:, -1] + 1.0))
+    assert not torch.allclose(grown(x), before)
+
+
+class _Ones(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(x)
+
+
+def test_a_model_whose_forward_fails_on_the_probe_says_what_it_got() -> None:
+    embed = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4))
+    with pytest.raises(
+        ValueError, match=r"forward failed on a \(2, 6\) torch.float32 input .*ModelSpec\(input_dtype=torch.long\)"
+    ):
+        discover_slot_sites(embed, ["1"], (6,))
+    (site,) = discover_slot_sites(embed, ["1"], (6,), input_dtype=torch.long)
+    assert site.feature_shape == (6, 4) and site.tokens
+
+
+class _AttentionBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.attn(x, x, x)
+        return self.head(h.mean(dim=1))
+
+
+def test_a_slot_takes_multihead_attentions_output_not_its_weights() -> None:
+    (site,) = discover_slot_sites(_AttentionBlock(), ["attn[0]"], (5, 8))
+    assert (site.feature_shape, site.tokens) == ((5, 8), True)
+    with pytest.raises(ValueError, match=r"name one element, e.g. slots=\('attn\[0\]',\)"):
+        discover_slot_sites(_AttentionBlock(), ["attn"], (5, 8))

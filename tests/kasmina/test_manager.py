@@ -179,6 +179,22 @@ def test_config_validation() -> None:
         KasminaConfig(embargo_epochs=0)
 
 
+def test_g3_isolation_holds_on_a_host_with_dropout_and_leaves_the_rng_alone() -> None:
+    # nn.TransformerEncoderLayer holds dropout: both passes of the probe must draw the same masks.
+    from esper_core.karn.blueprints_tok import TokenAdapter
+    from esper_core.karn.capacity import randomize_
+    from esper_core.run.recipes import get_recipe
+
+    trainer = build_trainer(get_recipe("tests.helpers.user_models:transformer"), catalog=default_catalog(), run_id="t")
+    trainer.model.train()
+    slot = trainer.manager.slots["encoder.layers.0"]
+    slot.seed = randomize_(TokenAdapter(32, 4), torch.Generator().manual_seed(0))
+    slot.stage = SeedStage.TRAINING
+    state = torch.random.get_rng_state()
+    assert trainer.isolation_probe("encoder.layers.0") == 0.0
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
 def test_undrained_events_travel_in_memory_never_in_a_checkpoint(compiled_home: EsperSettings) -> None:
     trainer = _trainer()
     wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")

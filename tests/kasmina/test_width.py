@@ -282,3 +282,37 @@ def test_resize_width_round_trips_a_checkpoint_of_a_grown_network() -> None:
     # ...and back down: a rollback to before the merge.
     resize_width(narrow, resized, 6)
     assert narrow.features[0].weight.shape == (6, 1, 3, 3) and narrow.features[4].in_channels == 6
+
+
+class Encoder(nn.Module):
+    """A transformer encoder as people write one (batch_first), read out by mean pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x)).mean(1))
+
+
+@pytest.mark.parametrize("init", ["random", "gradmax", "tiny"])
+def test_a_transformers_ffn_pair_widens_token_by_token(init: str) -> None:
+    torch.manual_seed(0)
+    model = Encoder()
+    clean = copy.deepcopy(model)
+    site = trace_width_site(model, "encoder.layers.0.linear1", (5, 8))
+    assert (site.consumer, [s.kind for s in site.steps]) == ("encoder.layers.0.linear2", ["elementwise", "dropout"])
+    x, y = torch.randn(4, 5, 8), torch.randint(0, 3, (4,))
+    slot, seed = _grown(model, "encoder.layers.0.linear1", (5, 8), 8)
+    init_width_seed_(seed, init, width_batches(model, site, [(x, y)], F.cross_entropy))
+    nn.init.normal_(seed.fan_out)
+    seed.fan_in.data.normal_()
+    slot.stage, slot.alpha = SeedStage.BLENDING, 1.0
+    model.eval(), clean.eval(), slot.eval()
+    merge_width_seed(clean, seed)
+    with torch.inference_mode():  # the encoder's inference fast path must not bypass the units
+        torch.testing.assert_close(clean(x), model(x), rtol=1e-5, atol=1e-5)
+    assert clean.encoder.layers[0].linear1.out_features == 40

@@ -38,23 +38,31 @@ def test_a_user_model_grows_in_a_real_flow_run(esper_home: EsperSettings) -> Non
 
 def test_the_example_runs_through_esper_run_by_import_path(tmp_path: Path) -> None:
     """The README's command, as a user types it: examples/grow_your_own.py through `esper run`."""
-    env = {**os.environ, "ESPER_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
-    env.pop("PREFECT_API_URL", None)
-    # The console script, as a user runs it: unlike `python -m`, it does not put the working
-    # directory on sys.path, so this checks that recipes are imported from it all the same.
-    esper = [str(Path(sys.executable).with_name("esper"))]
-    done = subprocess.run(
-        [*esper, "run", "--recipe", EXAMPLE, "--epochs", "3", "--device", "cpu", "--run-id", "cli"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = _esper_run(tmp_path, "--recipe", EXAMPLE, "--epochs", "3", "--device", "cpu", "--run-id", "cli")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"({EXAMPLE}, 3 epochs, cpu)" in done.stdout
     assert (tmp_path / "home" / "runs" / "cli" / "summary.json").exists()
-    bad = subprocess.run(
-        [*esper, "run", "--recipe", "tests.helpers.user_model:nope"], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    bad = _esper_run(tmp_path, "--recipe", "tests.helpers.user_model:nope")
     assert bad.returncode == 2 and "has no function 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_transformer_example_runs_through_esper_run(tmp_path: Path) -> None:
+    """examples/grow_a_transformer.py as the README runs it: one epoch through `esper run`."""
+    recipe = "examples.grow_a_transformer:recipe"
+    done = _esper_run(tmp_path, "--recipe", recipe, "--epochs", "1", "--device", "cpu", "--run-id", "tf")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"({recipe}, 1 epochs, cpu)" in done.stdout
+    summary = json.loads((tmp_path / "home" / "runs" / "tf" / "summary.json").read_text())
+    assert set(summary["seeds"]) == {"encoder.layers.0", "encoder.layers.1"}
+
+
+def _esper_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``esper run ARGS`` from the repository root in its own ESPER_HOME and temporary Prefect.
+
+    The console script, as a user runs it: unlike ``python -m``, it does not put the working
+    directory on sys.path, so recipes given by import path are found from it all the same.
+    """
+    env = {**os.environ, "ESPER_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    esper = str(Path(sys.executable).with_name("esper"))
+    return subprocess.run([esper, "run", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

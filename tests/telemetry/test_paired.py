@@ -61,3 +61,16 @@ def test_bad_input_is_refused_with_the_fix() -> None:
         paired_difference([1.0], [1.0])
     with pytest.raises(ValueError, match="finite"):
         paired_difference([1.0, float("nan")], [1.0, 2.0])
+
+
+def test_a_lower_is_better_metric_reads_the_interval_the_other_way() -> None:
+    # Bits per character: a - b < 0 is a improving on b.
+    lower = paired_difference([1.50, 1.61, 1.55, 1.70], [1.60, 1.70, 1.66, 1.79], higher_is_better=False)
+    assert lower.ci95_high < 0 and lower.better() and lower.non_inferior(0.02)
+    worse = PairedDifference(mean=0.03, ci95_low=0.01, ci95_high=0.05, n=20, higher_is_better=False)
+    slightly = PairedDifference(mean=0.005, ci95_low=-0.01, ci95_high=0.015, n=20, higher_is_better=False)
+    assert not worse.better() and not worse.non_inferior(0.02)
+    assert slightly.non_inferior(0.02) and not slightly.better()
+    # The same numbers as accuracy: the worse end is the lower bound.
+    assert PairedDifference(mean=0.03, ci95_low=0.01, ci95_high=0.05, n=20).better()
+    assert lower.as_dict()["higher_is_better"] is False

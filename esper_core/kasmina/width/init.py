@@ -206,12 +206,12 @@ def _residual_gradient(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
     """``g`` less its least-squares fit by a change of the consumer's existing weights (TINY's
     projection: only what the current units cannot express is a bottleneck)."""
     h_rows = _rows(seed._consumer_geometry, batch.h, _consumer_unit_weight(seed, batch))  # (N, d_h)
-    g_rows = batch.g.movedim(1, -1).reshape(-1, batch.g.shape[1]) if batch.g.dim() > 2 else batch.g
+    # Outputs per row: a Linear's on the last dim (any leading dims), a convolution's on dim 1.
+    g = batch.g if _is_linear(seed) else batch.g.movedim(1, -1)
+    g_rows = g.reshape(-1, g.shape[-1])
     fit = torch.linalg.lstsq(h_rows, g_rows, driver="gelsd").solution  # (d_h, out)
-    residual = g_rows - h_rows @ fit
-    if batch.g.dim() > 2:
-        return residual.reshape(batch.g.shape[0], *batch.g.shape[2:], batch.g.shape[1]).movedim(-1, 1)
-    return residual
+    residual = (g_rows - h_rows @ fit).reshape(g.shape)
+    return residual if _is_linear(seed) else residual.movedim(-1, 1)
 
 
 def _consumer_unit_weight(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:

@@ -116,13 +116,16 @@ class WidthSite:
     output_shape: tuple[int, ...]
 
 
-def trace_width_site(model: nn.Module, layer: str, sample_shape: tuple[int, ...]) -> WidthSite:
+def trace_width_site(
+    model: nn.Module, layer: str, sample_shape: tuple[int, ...], input_dtype: torch.dtype = torch.float32
+) -> WidthSite:
     """Follow ``layer``'s output through one dry forward to the weight layer that reads it.
 
     Args:
         model: The user's model (its weights are not read or changed).
         layer: Dotted name of the layer to widen.
         sample_shape: Shape of one input sample, without the batch dimension.
+        input_dtype: The input's dtype (``torch.long`` for token ids).
 
     Returns:
         The site: consumer, the ops in between, and the shapes a width seed needs.
@@ -143,7 +146,7 @@ def trace_width_site(model: nn.Module, layer: str, sample_shape: tuple[int, ...]
     handles += [m.register_forward_hook(tracer.leave(n)) for n, m in modules.items() if n]
     try:
         with tracer:
-            dry_forward(model, (2, *sample_shape))
+            dry_forward(model, (2, *sample_shape), input_dtype)
     finally:
         for h in handles:
             h.remove()

@@ -1,0 +1,55 @@
+"""The growth report on a lower-is-better metric (a language model's bits per character)."""
+
+from __future__ import annotations
+
+import math
+
+from bench.growth_report import ARMS, BITS_PER_CHAR, format_table, frontier_png, summarise_recipe
+from esper_core.run.episodes import EpisodeResult
+
+
+def _run(arm: str, seed: int, bits: float, params: int) -> EpisodeResult:
+    return EpisodeResult(
+        run_id=f"{arm}-{seed}",
+        recipe="chars-gpt",
+        policy=arm,
+        seed=seed,
+        test_accuracy=0.0,
+        test_loss=bits * math.log(2),
+        val_accuracy=0.0,
+        host_params=1000,
+        total_params=params,
+        forward_flops=params * 2,
+        wall_s=1.0,
+        commands={},
+        policy_version=None,
+    )
+
+
+def test_bits_per_character_are_compared_with_lower_as_better() -> None:
+    seeds = range(4)
+    noise = [0.0, 0.01, -0.01, 0.02]
+    # The learned arm is 0.1 bits better than everything else on every seed, at the host's size.
+    arms = {arm: [_run(arm, s, 2.0 + noise[s] - (0.1 if arm == "gnn" else 0.0), 1000) for s in seeds] for arm in ARMS}
+    frontier = {
+        1.0: arms["none"],
+        2.0: [_run("none", s, 1.9 + noise[s], 3000) for s in seeds],
+    }
+    report = summarise_recipe(arms, frontier, BITS_PER_CHAR)
+    assert report["metric"] == "test_bits" and report["higher_is_better"] is False
+    assert report["paired"]["learned_minus_heuristic"]["mean"] < 0
+    assert report["goals"]["learned_beats_heuristic"] and report["goals"]["learned_beats_random"]
+    assert report["goals"]["learned_within_0.02_of_static_same_params"] and report["goals"]["met"]
+    assert math.isclose(report["arms"]["gnn"]["test_bits_mean"], 1.905)
+    result = {
+        "device": "cpu",
+        "plan": "smoke",
+        "seeds": list(seeds),
+        "epochs": 2,
+        "lr_schedule": "cosine",
+        "wall_s": 1.0,
+        "policy": {"version": 1, "method": "imitation", "training_s": 1.0},
+        "results": {"chars-gpt": report},
+    }
+    assert "| gnn | 1.905 ± " in format_table(result) and "lower is better" in format_table(result)
+    assert frontier_png(result)[:4] == b"\x89PNG"

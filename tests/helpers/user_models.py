@@ -1,0 +1,144 @@
+"""Models written the way people write them, none by anyone on the project, and their recipes.
+
+Each recipe names only the model, the data and the slots (no blueprint list): Esper finds the
+blueprints that fit each slot. The only other settings keep the tests cheap on a shared CPU
+(a few epochs, an eager step: these tests are about growing, not about the step compiler).
+The recipes are found by import path (``tests.helpers.user_models:cnn``), as a user's would be.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from esper_core.run import DataSpec, DataSplits, ModelSpec, RunConfig, StepEngineConfig, TrainerConfig
+
+
+@functools.cache
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0  # (1797, 64) in [0, 1]
+    return x, torch.tensor(bunch.target)
+
+
+def _splits(shape: tuple[int, ...]) -> DataSplits:
+    """The 8x8 digits as ``shape`` per sample: 1,000 train, 397 validation, 400 test."""
+    x, y = _digits()
+    x = x.reshape(len(x), *shape)
+    return DataSplits(
+        train=TensorDataset(x[:1000], y[:1000]),
+        val=TensorDataset(x[1000:1397], y[1000:1397]),
+        test=TensorDataset(x[1397:], y[1397:]),
+        num_classes=10,
+    )
+
+
+def digit_images() -> DataSplits:
+    """The digits as (1, 8, 8) images."""
+    return _splits((1, 8, 8))
+
+
+def digit_rows() -> DataSplits:
+    """The digits as sequences of 8 rows of 8 pixels: (L, D) = (8, 8), channels last."""
+    return _splits((8, 8))
+
+
+class DigitsCNN(nn.Module):
+    """A small CNN with BatchNorm in an ``nn.Sequential``: seeds grow on ``features.2`` and ``.5``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class RowTransformer(nn.Module):
+    """A transformer encoder over the 8 rows of a digit: ``encoder.layers.0`` and ``.1`` output (B, L, D)."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, width)
+        self.position = nn.Parameter(torch.zeros(1, 8, width))
+        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=2 * width, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(self.embed(x) + self.position)  # (B, L, D)
+        return self.head(h.mean(dim=1))
+
+
+class RowLSTM(nn.Module):
+    """An LSTM over the 8 rows of a digit (``batch_first=True``); it returns (output, (h, c))."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, width, batch_first=True)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)  # (B, L, width)
+        return self.head(out[:, -1])
+
+
+_EAGER = TrainerConfig(optimizer="adam", lr=3e-3, val_batch_size=512, step=StepEngineConfig(compile="off"))
+
+
+def cnn() -> RunConfig:
+    """The CNN on the digit images; no blueprint list: the conv blueprints fit both slots."""
+    return RunConfig(
+        epochs=4,
+        host=ModelSpec(build=DigitsCNN, slots=("features.2", "features.5")),
+        data=DataSpec(load=digit_images, batch_size=64, name="digit-images"),
+        trainer=_EAGER,
+    )
+
+
+def cnn_with_a_misfit() -> RunConfig:
+    """The same, listing a vector blueprint that fits neither (C, H, W) slot: refused before any run."""
+    config = cnn()
+    config.blueprints = ("conv_residual", "residual_mlp")
+    return config
+
+
+def transformer() -> RunConfig:
+    """The transformer encoder on the digit rows; slots on its two layers' (B, L, D) outputs."""
+    return RunConfig(
+        epochs=4,
+        host=ModelSpec(build=RowTransformer, slots=("encoder.layers.0", "encoder.layers.1")),
+        data=DataSpec(load=digit_rows, batch_size=64, name="digit-rows"),
+        trainer=_EAGER,
+    )
+
+
+def lstm() -> RunConfig:
+    """The LSTM on the digit rows; the slot takes element 0 of its (output, (h, c)) tuple."""
+    return RunConfig(
+        epochs=4,
+        host=ModelSpec(build=RowLSTM, slots=("lstm[0]",)),
+        data=DataSpec(load=digit_rows, batch_size=64, name="digit-rows"),
+        trainer=_EAGER,
+    )
+
+
+def lstm_without_an_index() -> RunConfig:
+    """The LSTM with its slot on the module itself, whose output is a tuple: refused, naming 'lstm[0]'."""
+    config = lstm()
+    config.host = ModelSpec(build=RowLSTM, slots=("lstm",))
+    return config
