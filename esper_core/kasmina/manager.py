@@ -418,8 +418,12 @@ class SeedManager(WidthCommands):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def state_dict(self) -> dict:
-        """Lifecycle state of every slot; seed weights live in the host's own state dict."""
+    def state_dict(self, *, in_memory: bool = False) -> dict:
+        """Lifecycle state of every slot; seed weights live in the host's own state dict.
+
+        ``in_memory``: also the events not drained yet (a fork of the live run puts them back; a
+        checkpoint never holds them).
+        """
         slots = {}
         for sid, slot in self.slots.items():
             seed = self._seeds.get(sid)
@@ -446,10 +450,14 @@ class SeedManager(WidthCommands):
             }
         # The architecture: every width slot's layer width, so a restore reshapes the host first.
         widths = {sid: slot.site.width for sid, slot in self.slots.items() if isinstance(slot, WidthSlot)}
-        return {"slots": slots, "group_order": self.param_groups.order(), "widths": widths}
+        state = {"slots": slots, "group_order": self.param_groups.order(), "widths": widths}
+        return {**state, "events": list(self._events)} if in_memory else state
 
     def load_state_dict(self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]) -> None:
-        """Restore slots (re-fetching kernels through ``load_kernel``) and optimizer groups."""
+        """Restore slots (re-fetching kernels through ``load_kernel``) and optimizer groups.
+
+        Undrained events are replaced only by a state that holds them (``state_dict(in_memory=True)``).
+        """
         for sid in list(self._seeds):
             self.param_groups.remove(sid)
         self._seeds.clear()
@@ -496,6 +504,8 @@ class SeedManager(WidthCommands):
             )
         for sid in state["group_order"]:
             self.param_groups.add(sid, self.seed_parameters(sid), lr_scale=self._seeds[sid].lr_scale)
+        if "events" in state:
+            self._events = list(state["events"])
 
     # ------------------------------------------------------------------ internals
 

@@ -8,8 +8,9 @@ gate, never germinate: ``ScheduledGrowthPolicy`` with an empty schedule), so the
 fork is the only difference between them. The data order depends only on (seed, epoch) and the
 snapshot restores the RNG, so both branches see the same batches and the same dropout draws:
 the difference of their validation accuracies is the decision's effect, not sampling noise of
-the data order. After the branches the session is returned to the snapshot bit for bit
-(``tests/run/test_counterfactual.py`` checks the main run's losses against a run without forks),
+the data order. After the branches the session is returned to the snapshot bit for bit through
+the run's one state object (``esper_core.run.state``; ``tests/run/test_counterfactual.py`` checks
+the main run's losses against a run without forks, and every field of the state after a fork),
 and the outcome is stored with the decision for Simic (``CounterfactualOutcome``).
 
 Branches never commit: nothing reaches the checkpoints, the registry or the telemetry sinks.
@@ -21,15 +22,13 @@ when both branches would carry out the same command: they are identical, so one 
 
 from __future__ import annotations
 
-import io
+import copy
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import torch
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.session import RunSession
@@ -253,63 +252,18 @@ def _epochs_left(session: RunSession) -> int:
 
 
 class _Snapshot:
-    """Everything a branch can change in a session, copied in memory.
+    """Everything a branch can change in a session, copied in memory: the run's state with its
+    live extras (``RunState.state_dict(in_memory=True)``: the record, the step's unsent telemetry
+    and reports, pending decisions, the rails' counters, the seed manager's events), deep-copied
+    so that no tensor or list is shared with the live run, and copied again at each put-back
+    because the run trains on what it loads."""
 
-    The trainer's state (model, optimizer, seeds, RNG, epoch) goes through ``torch.save``, as a
-    commit's does, so no tensor is shared with the live run; the rest is what ``commit`` stores
-    plus the step's uncommitted work (telemetry and reports waiting for the commit, the pending
-    decision records, the rails' counters). It reaches into the session's private fields on
-    purpose: a fork must return everything a step may touch, which is exactly those fields.
-    """
-
-    def __init__(self, trainer: bytes, fields: dict[str, Any]) -> None:
-        self.trainer = trainer
-        self.fields = fields
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
 
     @classmethod
     def take(cls, session: RunSession) -> _Snapshot:
-        buffer = io.BytesIO()
-        torch.save(session.trainer.state_dict(), buffer)
-        rails = session.rails
-        fields = {
-            "history": list(session.history),
-            "commands": list(session.commands),
-            "reports": list(session.reports),
-            "pending": list(session._pending),
-            "timings": {k: list(v) for k, v in session.timings.items()},
-            "outbox": list(session._outbox),
-            "report_outbox": list(session._report_outbox),
-            "decision_records": dict(session._decision_records),
-            "candidates": session._candidates,
-            "lookup_ms": session.lookup_ms,
-            "committed_tag": session.committed_tag,
-            "dirty": session.dirty,
-            "emergency": rails.emergency.state_dict(),
-            "rail_counts": dict(rails._counts),
-            "rail_restore_ms": list(rails._restore_ms),
-            "rail_events": list(rails._events),
-            "manager_events": list(session.manager._events),
-        }
-        return cls(buffer.getvalue(), fields)
+        return cls(copy.deepcopy(session.state.state_dict(in_memory=True)))
 
     def put_back(self, session: RunSession) -> None:
-        state = torch.load(io.BytesIO(self.trainer), map_location="cpu", weights_only=True)
-        session.trainer.load_state_dict(state, load_kernel=session._load_kernel)
-        f = self.fields
-        session.history = list(f["history"])
-        session.commands = list(f["commands"])
-        session.reports = list(f["reports"])
-        session._pending = list(f["pending"])
-        session.timings = {k: list(v) for k, v in f["timings"].items()}
-        session._outbox = list(f["outbox"])
-        session._report_outbox = list(f["report_outbox"])
-        session._decision_records = dict(f["decision_records"])
-        session._candidates = f["candidates"]
-        session.lookup_ms = f["lookup_ms"]
-        session.committed_tag = f["committed_tag"]
-        session.dirty = f["dirty"]
-        session.rails.emergency.load_state_dict(f["emergency"])
-        session.rails._counts = dict(f["rail_counts"])
-        session.rails._restore_ms = list(f["rail_restore_ms"])
-        session.rails._events = list(f["rail_events"])
-        session.manager._events = list(f["manager_events"])
+        session.state.load_state_dict(copy.deepcopy(self.state))

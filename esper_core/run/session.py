@@ -1,9 +1,9 @@
 """A morphogenesis run as a sequence of committed steps that Prefect tasks can retry exactly.
 
-Each mutating step (train an epoch, apply a command) ends with ``commit(tag)``: the trainer,
-seed manager, RNG, history and pending field reports go to an atomic checkpoint, and only then
-are the step's telemetry packets and field reports written out. A retried step first restores
-the last commit, so nothing is lost or counted twice.
+Each mutating step (train an epoch, apply a command) ends with ``commit(tag)``: the run's state
+(``esper_core.run.state``: trainer, seed manager, RNG, rails, history and pending field reports)
+goes to an atomic checkpoint, and only then are the step's telemetry packets and field reports
+written out. A retried step first restores the last commit, so nothing is lost or counted twice.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from esper_core.contracts import (
     AdaptationCommand,
@@ -34,10 +33,10 @@ from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
-from esper_core.run.field_reports import judge_pending
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.state import RunRecord, RunState
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import CounterfactualOutcome, DecisionRecord, SimicStore
 from esper_core.simic.serving import refresh_policy
@@ -101,26 +100,17 @@ class RunSession:
         if tamiyo is None:
             tamiyo = TamiyoService(config.tamiyo, cache_dir=settings.home / "cache" / "inductor")
         self.tamiyo = tamiyo
-        self._decision_records: dict[str, DecisionRecord] = {}
         self.profiles = self.plan.profiles
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)
-        self._candidates: list[BlueprintCandidate] | None = None
-        self.lookup_ms = 0.0
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
         jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
         self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
         # Every database call of the run goes through it: an outage is ridden out, not fatal.
         self.registry = RegistryLink(limit_s=settings.registry_outage_limit_s, emit=self._emit_event)
         self._unrecorded = PendingRecords(self.records, self.registry, self.run_dir / "unrecorded.json")
-        self.history: list[SystemStatePacket] = []
-        self.commands: list[AdaptationCommand] = []
-        self.reports: list[FieldReport] = []
-        self.timings: dict[str, list[float]] = {"train_ms": [], "epoch_ms": [], "decide_ms": [], "gnn_ms": []}
-        self._pending: list[tuple[AdaptationCommand, float, float]] = []
-        self._outbox: list[TelemetryPacket] = []
-        self._report_outbox: list[FieldReport] = []
-        self.committed_tag: str | None = None
-        self.dirty = False
+        # Everything a step changes; commit, restore and a counterfactual fork go through it.
+        self.state = RunState(trainer=self.trainer, rails=self.rails, load_kernel=self._load_kernel)
+        self.record: RunRecord = self.state.record
 
     # ------------------------------------------------------------------ construction
 
@@ -199,6 +189,31 @@ class RunSession:
         """Number of epochs trained so far (the index of the next epoch)."""
         return self.trainer.epoch
 
+    @property
+    def history(self) -> list[SystemStatePacket]:
+        """Every trained epoch's state packet, in order."""
+        return self.record.history
+
+    @property
+    def commands(self) -> list[AdaptationCommand]:
+        """Every command applied (or rejected), in order."""
+        return self.record.commands
+
+    @property
+    def reports(self) -> list[FieldReport]:
+        """Field reports judged so far."""
+        return self.record.reports
+
+    @property
+    def timings(self) -> dict[str, list[float]]:
+        """Per-epoch timing series in milliseconds (``esper_core.run.state.TIMINGS``)."""
+        return self.record.timings
+
+    @property
+    def committed_tag(self) -> str | None:
+        """The tag of the last commit the live state started from."""
+        return self.record.committed_tag
+
     # ------------------------------------------------------------------ steps
 
     def train_epoch(self) -> SystemStatePacket:
@@ -211,7 +226,7 @@ class RunSession:
         Raises:
             TrainingHalted: after ``max_failed_epochs`` consecutive failures.
         """
-        self.dirty = True
+        self.record.dirty = True
         while True:
             try:
                 result = self.trainer.train_epoch()
@@ -231,9 +246,9 @@ class RunSession:
         self.history.append(packet)
         self.timings["train_ms"].append(result.train_ms)
         self.timings["epoch_ms"].append(result.total_ms)
-        self._judge_pending(packet)
+        self.record.judge(packet, run_id=self.run_id)
         rail_metrics, rail_events = self.rails.drain()
-        self._outbox.append(
+        self.record.outbox.append(
             TelemetryPacket(
                 source="tolaria",
                 run_id=self.run_id,
@@ -250,13 +265,13 @@ class RunSession:
         Looked up once per live session (and again after a germination is rejected): a kernel
         quarantined in the meantime is still refused when Kasmina loads it.
         """
-        if self._candidates is None:
+        if self.record.candidates is None:
             done, found = self.registry.try_call("look up kernels", self._lookup_candidates)
             if not done:
                 # Registry unreachable: nothing can germinate (Tamiyo waits); look again next epoch.
                 return []
-            self._candidates = found
-        return self._candidates or []
+            self.record.candidates = found
+        return self.record.candidates or []
 
     def _lookup_candidates(self) -> list[BlueprintCandidate]:
         env = environment_key(self.device)
@@ -284,7 +299,7 @@ class RunSession:
                 )
             )
         # Mean time of one registry lookup of an active artifact, reported with the decision.
-        self.lookup_ms = lookup_s * 1e3 / max(lookups, 1)
+        self.record.lookup_ms = lookup_s * 1e3 / max(lookups, 1)
         return out
 
     def decide(self) -> AdaptationCommand:
@@ -300,7 +315,7 @@ class RunSession:
             raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
         # Its telemetry waits in the outbox for the next commit: until then the live state is not
         # the committed one, and a retry that lands here again must restore rather than emit twice.
-        self.dirty = True
+        self.record.dirty = True
         history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
         epoch = history[-1].epoch
         # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.
@@ -308,7 +323,7 @@ class RunSession:
             refresh_policy(self.tamiyo, self.records, pinned=self.config.tamiyo.policy_version)
         breaker = self.tamiyo.breaker
         decision: Decision | None = None
-        metrics = [MetricPoint(name="urza.lookup.latency_ms", value=self.lookup_ms, unit="ms")]
+        metrics = [MetricPoint(name="urza.lookup.latency_ms", value=self.record.lookup_ms, unit="ms")]
         if not breaker.allow():
             # The breaker is open after repeated failures: do not ask Tamiyo this epoch.
             decision = self.tamiyo.fallback_decision(
@@ -348,9 +363,9 @@ class RunSession:
             record = DecisionRecord.from_decision(
                 decision, history, candidates, total_epochs=self.config.epochs, task=task
             )
-            self._decision_records[command.command_id] = dataclasses.replace(record, command=command)
+            self.record.decision_records[command.command_id] = dataclasses.replace(record, command=command)
         rail_metrics, rail_events = self.rails.drain()
-        self._outbox.append(
+        self.record.outbox.append(
             TelemetryPacket(
                 source="tamiyo",
                 run_id=self.run_id,
@@ -370,7 +385,7 @@ class RunSession:
 
     def pending_decision(self, command: AdaptationCommand) -> DecisionRecord | None:
         """The record of ``command`` that the next commit stores, if Tamiyo decided it this step."""
-        return self._decision_records.get(command.command_id)
+        return self.record.decision_records.get(command.command_id)
 
     def attach_counterfactual(self, command: AdaptationCommand, outcome: CounterfactualOutcome) -> None:
         """Store ``outcome`` with ``command``'s decision (recorded at the commit that applies it).
@@ -381,7 +396,7 @@ class RunSession:
         record = self.pending_decision(command)
         if record is None:
             raise ValueError(f"no pending decision {command.command_id}: attach right after decide(), before commit")
-        self._decision_records[command.command_id] = dataclasses.replace(record, counterfactual=outcome)
+        self.record.decision_records[command.command_id] = dataclasses.replace(record, counterfactual=outcome)
 
     def apply(self, command: AdaptationCommand) -> str:
         """Carry out ``command``; a command that cannot be applied is rejected, not fatal.
@@ -389,7 +404,7 @@ class RunSession:
         Returns:
             ``applied`` or ``rejected: <reason>``.
         """
-        self.dirty = True
+        self.record.dirty = True
         self.commands.append(command)
         events: list[TelemetryEvent] = []
         metrics: list[MetricPoint] = []
@@ -408,7 +423,7 @@ class RunSession:
             # A command that cannot be carried out (unknown slot, no kernel, a corrupt blob, a
             # refused gate) is rejected and reported; the run goes on without it.
             outcome = f"rejected: {e}"
-            self._candidates = None  # the registry may have changed under the run: look again
+            self.record.candidates = None  # the registry may have changed under the run: look again
             if isinstance(e, RegistryUnavailableError):
                 self.registry.failed("load a kernel", e)
             events.append(
@@ -421,11 +436,11 @@ class RunSession:
             )
         if outcome == "applied" and command.command_type is not CommandType.WAIT and self.history:
             last = self.history[-1]
-            self._pending.append((command, last.val_loss, last.val_accuracy))
+            self.record.pending.append((command, last.val_loss, last.val_accuracy))
         events.extend(self.manager.drain_events())
         events.extend(self.urza.drain_events())
         rail_metrics, rail_events = self.rails.drain()
-        self._outbox.append(
+        self.record.outbox.append(
             TelemetryPacket(
                 source="kasmina",
                 run_id=self.run_id,
@@ -488,11 +503,6 @@ class RunSession:
         # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.
         return load_kernel(artifact, self.urza.fetch_blob(artifact), catalog=self.catalog, device=self.device)
 
-    def _judge_pending(self, packet: SystemStatePacket) -> None:
-        reports, self._pending = judge_pending(self._pending, packet, self.history, run_id=self.run_id)
-        self.reports.extend(reports)
-        self._report_outbox.extend(reports)
-
     # ------------------------------------------------------------------ commits
 
     def commit(self, tag: str) -> None:
@@ -504,40 +514,22 @@ class RunSession:
         (``esper_core.run.outage``).
         """
         self._record_for_simic(final=epochs_applied(tag) >= self.config.epochs)
-        state = {
-            "trainer": self.trainer.state_dict(),
-            "history": [p.to_json() for p in self.history],
-            "commands": [c.to_json() for c in self.commands],
-            "reports": [r.to_json() for r in self.reports],
-            "pending": [(c.to_json(), loss, acc) for c, loss, acc in self._pending],
-            "timings": self.timings,
-            "emergency": self.rails.emergency.state_dict(),
-        }
-        self.rails.tiers.commit(tag, state)
-        self.committed_tag = tag
-        self.dirty = False
-        self.checkpoints.prune(best=self._best_tag(), order=tag_order)
-        for packet in self._outbox:
+        self.state.commit(tag)
+        self.checkpoints.prune(best=self.record.best_tag(), order=tag_order)
+        for packet in self.record.outbox:
             self.sink.emit(packet)
-        if self._report_outbox:
+        if self.record.report_outbox:
             with open(self.run_dir / "field_reports.jsonl", "a", encoding="utf-8") as f:
-                f.writelines(r.to_json() + "\n" for r in self._report_outbox)
-        self._outbox.clear()
-        self._report_outbox.clear()
-
-    def _best_tag(self) -> str | None:
-        """The applied commit of the epoch with the lowest validation loss so far."""
-        applied = [p for p in self.history if p.epoch < epochs_applied(self.committed_tag)]
-        if not applied:
-            return None
-        return epoch_tag(min(applied, key=lambda p: p.val_loss).epoch, "applied")
+                f.writelines(r.to_json() + "\n" for r in self.record.report_outbox)
+        self.record.outbox.clear()
+        self.record.report_outbox.clear()
 
     def _record_for_simic(self, *, final: bool) -> None:
         applied = {c.command_id for c in self.commands}
-        decisions = [r for command_id, r in self._decision_records.items() if command_id in applied]
-        self._unrecorded.add(self._report_outbox, decisions)
+        decisions = [r for command_id, r in self.record.decision_records.items() if command_id in applied]
+        self._unrecorded.add(self.record.report_outbox, decisions)
         # Decisions never applied (their task was retried) are dropped with the rest.
-        self._decision_records.clear()
+        self.record.decision_records.clear()
         # During an outage they stay queued; the run's last commit waits for the database.
         self._unrecorded.flush(wait=final)
 
@@ -546,31 +538,11 @@ class RunSession:
         tag = tag or self.checkpoints.latest()
         if tag is None:
             raise CheckpointNotFoundError(f"run {self.run_id} has no commit to restore under {self.checkpoints.root}")
-        state, report = self.rails.tiers.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
-        self._load_state(state)
-        self.rails.emergency.load_state_dict(state["emergency"])
-        self.rails.restored(report, why="restore")
-        self._outbox.clear()
-        self._report_outbox.clear()
-        self.committed_tag = tag
-        self.dirty = False
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state["trainer"], load_kernel=self._load_kernel)
-        self.history = [SystemStatePacket.from_json(p) for p in state["history"]]
-        self.commands = [AdaptationCommand.from_json(c) for c in state["commands"]]
-        self.reports = [FieldReport.from_json(r) for r in state["reports"]]
-        self._pending = [(AdaptationCommand.from_json(c), loss, acc) for c, loss, acc in state["pending"]]
-        self.timings = {k: list(v) for k, v in state["timings"].items()}
+        self.state.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
 
     def _rollback(self, *, why: str) -> None:
         """Back to the last commit after a failure; the live escalation state is kept."""
-        assert self.committed_tag is not None, "a run always has a commit (start) before it trains"
-        state, report = self.rails.tiers.restore(
-            self.committed_tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms
-        )
-        self._load_state(state)
-        self.rails.restored(report, why=why)
+        self.state.rollback(deadline_ms=self.config.trainer.safety.rollback_deadline_ms, why=why)
 
     def _remediate(self) -> None:
         """Undo the likely cause of a failed epoch before retrying it."""
@@ -613,7 +585,7 @@ class RunSession:
 
     def ensure_at(self, tag: str) -> None:
         """Make the live state equal to commit ``tag`` (restoring if a step ran past it or failed)."""
-        if self.committed_tag != tag or self.dirty:
+        if self.committed_tag != tag or self.record.dirty:
             self.restore(tag)
 
     def close(self) -> None:

@@ -445,12 +445,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: model, optimizer, seeds, RNG, epoch."""
+    def state_dict(self, *, in_memory: bool = False) -> dict[str, Any]:
+        """Everything needed to resume exactly: model, optimizer, seeds, RNG, epoch.
+
+        ``in_memory``: also the seed manager's undrained events (for a fork, never a checkpoint).
+        """
         return {
             "epoch": self.epoch,
             "best_val_loss": self.best_val_loss,
-            "manager": self.manager.state_dict(),
+            "manager": self.manager.state_dict(in_memory=in_memory),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),

@@ -4,6 +4,8 @@ conservative mode, and the telemetry they produce (``tolaria.timeout.*``, ``tola
 
 from __future__ import annotations
 
+from typing import Any
+
 from esper_core.contracts import (
     AdaptationCommand,
     CommandType,
@@ -105,6 +107,24 @@ class SafetyRails:
     def note(self, name: str, message: str, **attributes: str | float | bool) -> None:
         """Any other rails event (remediation, halt)."""
         self._event(name, TelemetryLevel.WARNING, message, **attributes)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self, *, in_memory: bool = False) -> dict[str, Any]:
+        """The escalation state (checkpointed with the run); with ``in_memory`` also the counters
+        and events not drained yet, which only a fork of the live run puts back."""
+        state: dict[str, Any] = dict(self.emergency.state_dict())
+        if in_memory:
+            state.update(counts=dict(self._counts), restore_ms=list(self._restore_ms), events=list(self._events))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of ``state_dict``; from a checkpoint the undrained counters and events stay."""
+        self.emergency.load_state_dict(state)
+        if "counts" in state:
+            self._counts = dict(state["counts"])
+            self._restore_ms = list(state["restore_ms"])
+            self._events = list(state["events"])
 
     # ------------------------------------------------------------------ telemetry
 

@@ -11,6 +11,7 @@ from esper_core.contracts import BlendSchedule, SeedStage
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.lifecycle import IllegalTransitionError
+from esper_core.kasmina.loader import LoadedKernel
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.loop import Trainer
@@ -192,3 +193,24 @@ def test_g3_isolation_holds_on_a_host_with_dropout_and_leaves_the_rng_alone() ->
     state = torch.random.get_rng_state()
     assert trainer.isolation_probe("encoder.layers.0") == 0.0
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_undrained_events_travel_in_memory_never_in_a_checkpoint(compiled_home: EsperSettings) -> None:
+    trainer = _trainer()
+    wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")
+    refused = trainer.manager.germinate(
+        "slot0", wrong, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+    )
+    assert not refused.passed  # its G0 verdict is an event waiting to be drained
+    checkpoint, live = trainer.state_dict()["manager"], trainer.state_dict(in_memory=True)["manager"]
+    assert "events" not in checkpoint and {k: v for k, v in live.items() if k != "events"} == checkpoint
+    names = [e.name for e in live["events"]]
+    assert "kasmina.gate.g0_sanity" in names
+
+    def no_kernel(artifact: object) -> LoadedKernel:
+        raise AssertionError("no seed to load")
+
+    trainer.manager.load_state_dict(checkpoint, load_kernel=no_kernel)  # a restore keeps them
+    assert _events(trainer) == names
+    trainer.manager.load_state_dict(live, load_kernel=no_kernel)  # a fork's put-back returns them
+    assert _events(trainer) == names

@@ -5,6 +5,7 @@ counterfactual samples are exactly the forked decisions."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shutil
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
-from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks, lifecycle_horizon
+from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks, fork, lifecycle_horizon
 from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.session import RunSession
 from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
@@ -24,6 +25,7 @@ from esper_core.simic.dataset import build_samples
 from esper_core.simic.records import CounterfactualOutcome, SimicStore
 from esper_core.tamiyo.config import ScheduledGermination
 from esper_core.urza.service import Urza
+from tests.helpers.state import assert_same_state
 
 EPOCHS = 6
 
@@ -82,6 +84,34 @@ def test_forking_leaves_the_main_run_bit_identical(compiled_home: EsperSettings,
     assert forked.actions == plain.actions
     assert forked.weights.keys() == plain.weights.keys()
     assert all(torch.equal(forked.weights[k], plain.weights[k]) for k in plain.weights)
+
+
+def test_a_fork_puts_back_every_field_of_the_run_state(compiled_home: EsperSettings) -> None:
+    """Field by field, the run's state after a fork (record, unsent telemetry, pending decisions,
+    trainer, rails, seed manager) is the state before it, and no attribute of the session was
+    replaced: whatever a step changes lives in the state object the fork copies."""
+    (compiled_home.runs_dir / "every").mkdir(parents=True)
+    session = RunSession(config=_config(), settings=compiled_home, run_id="every", urza=Urza.open(compiled_home.home))
+    try:
+        session.commit(START_TAG)
+        session.train_epoch()
+        session.commit(epoch_tag(0, "trained"))
+        command = session.decide()
+        session.rails.note("tolaria.remediation", "an undrained rails event")
+        record = session.pending_decision(command)
+        assert record is not None
+        before = copy.deepcopy(session.state.state_dict(in_memory=True))
+        live = before["in_memory"]
+        assert live["outbox"] and live["decision_records"] and live["candidates"] and live["dirty"]
+        assert before["emergency"]["events"], "the fork must have undrained rails events to put back"
+        attributes = dict(vars(session))
+        outcome = fork(session, command, record=record, config=CounterfactualConfig(horizon=2))
+        assert outcome is not None and outcome.horizon == 2, "both branches must really train"
+        assert_same_state(before, session.state.state_dict(in_memory=True))
+        assert vars(session).keys() == attributes.keys()
+        assert all(vars(session)[name] is value for name, value in attributes.items())
+    finally:
+        session.close()
 
 
 def test_a_germination_is_scored_against_a_real_wait_branch(

@@ -79,3 +79,17 @@ def test_timeout_drill(tmp_path: Path) -> None:
 def test_rollback_drill(tmp_path: Path) -> None:
     result = run_rollback_drill(tmp_path)
     assert result["passed"], result["checks"]
+
+
+def test_rails_state_checkpoints_the_escalation_and_forks_the_undrained_telemetry(tmp_path: Path) -> None:
+    rails = SafetyRails(SafetyConfig(conservative_epochs=3), RollbackTiers(CheckpointStore(tmp_path)))
+    rails.tamiyo_missed(epoch=1, run_id="r", elapsed_ms=6_000.0, error=None)
+    checkpoint, live = rails.state_dict(), rails.state_dict(in_memory=True)
+    assert checkpoint == {"level": int(EmergencyLevel.CONSERVATIVE), "failed_epochs": 0, "conservative_left": 3}
+    other = SafetyRails(SafetyConfig(conservative_epochs=3), RollbackTiers(CheckpointStore(tmp_path)))
+    other.note("tolaria.remediation", "its own undrained event")
+    other.load_state_dict(checkpoint)  # a restore: escalation back, undrained telemetry kept
+    assert other.emergency.conservative and [e.name for e in other.drain()[1]] == ["tolaria.remediation"]
+    other.load_state_dict(live)  # a fork's put-back: the counters and events too
+    assert other.drain() == rails.drain()
+    assert other.state_dict(in_memory=True) == rails.state_dict(in_memory=True)
