@@ -27,6 +27,7 @@ from esper_core.contracts import (
     TelemetryPacket,
     new_id,
 )
+from esper_core.interrupts import deferred_interrupts
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
@@ -514,15 +515,18 @@ class RunSession:
         (``esper_core.run.outage``).
         """
         self._record_for_simic(final=epochs_applied(tag) >= self.config.epochs)
-        self.state.commit(tag)
-        self.checkpoints.prune(best=self.record.best_tag(), order=tag_order)
-        for packet in self.record.outbox:
-            self.sink.emit(packet)
-        if self.record.report_outbox:
-            with open(self.run_dir / "field_reports.jsonl", "a", encoding="utf-8") as f:
-                f.writelines(r.to_json() + "\n" for r in self.record.report_outbox)
-        self.record.outbox.clear()
-        self.record.report_outbox.clear()
+        # A checkpoint whose packets were never written would lose them for good (a resume starts
+        # after it): an interrupt waits until both are out.
+        with deferred_interrupts():
+            self.state.commit(tag)
+            self.checkpoints.prune(best=self.record.best_tag(), order=tag_order)
+            for packet in self.record.outbox:
+                self.sink.emit(packet)
+            if self.record.report_outbox:
+                with open(self.run_dir / "field_reports.jsonl", "a", encoding="utf-8") as f:
+                    f.writelines(r.to_json() + "\n" for r in self.record.report_outbox)
+            self.record.outbox.clear()
+            self.record.report_outbox.clear()
 
     def _record_for_simic(self, *, final: bool) -> None:
         applied = {c.command_id for c in self.commands}

@@ -23,7 +23,9 @@ def test_config_refuses_zero_runs() -> None:
 @pytest.mark.usefixtures("prefect_harness")
 def test_benchmark_splits_a_real_run_into_work_and_overhead() -> None:
     result = run(OrchestrationConfig(recipe="seed-reference", runs=1))
-    assert result["tasks"] == 5  # kernels-ready, start-run, one grow, finish-run, publish-run-artifacts
+    # kernels-ready, start-run, finish-run, publish-run-artifacts and the grow tasks: one, or more
+    # when a loaded machine makes the epochs outlast a grow task's ESPER_GROW_TASK_SECONDS.
+    assert result["tasks"] >= 5
     assert 0.0 < result["esper_work_s"] < result["wall_s"]
     assert 0.0 < result["prefect_overhead_share"] < 1.0
     # The fixed cost is the wall not spent in task bodies; the artifacts and log records are in it.
