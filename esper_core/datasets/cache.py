@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+import torch
 
 Arrays = dict[str, np.ndarray]
 
@@ -83,3 +84,8 @@ def _read(path: Path) -> Arrays:
     # allow_pickle=False: a cache file is data, never code; object arrays are refused.
     with np.load(path, allow_pickle=False) as npz:
         return {name: npz[name] for name in npz.files}
+
+
+def split_tensors(arrays: Arrays, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split ``name``'s ``x_<name>`` and ``y_<name>`` arrays as CPU tensors (sharing their memory)."""
+    return torch.from_numpy(arrays[f"x_{name}"]), torch.from_numpy(arrays[f"y_{name}"])

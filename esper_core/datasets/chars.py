@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esper_core.datasets.cache import Arrays, load_or_build
+from esper_core.datasets.cache import Arrays, load_or_build, split_tensors
 from esper_core.settings import EsperSettings
 
 VOCAB_SIZE = 128
@@ -143,11 +143,12 @@ def load_chars(config: CharCorpusConfig | None = None, *, home: str | Path | Non
     path = chars_cache_path(config, home=home)
     arrays, from_cache = load_or_build(path, lambda: build_chars(config), check=_checker(config))
 
-    def split(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(arrays[f"x_{name}"]), torch.from_numpy(arrays[f"y_{name}"])
-
     return CharCorpus(
-        train=split("train"), val=split("val"), test=split("test"), cache_path=path, from_cache=from_cache
+        train=split_tensors(arrays, "train"),
+        val=split_tensors(arrays, "val"),
+        test=split_tensors(arrays, "test"),
+        cache_path=path,
+        from_cache=from_cache,
     )
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esper_core.datasets.cache import Arrays, load_or_build
+from esper_core.datasets.cache import Arrays, load_or_build, split_tensors
 from esper_core.determinism import capture_rng, restore_rng
 from esper_core.settings import EsperSettings
 
@@ -142,11 +142,12 @@ def load_mnist1d(config: MNIST1DConfig | None = None, *, home: str | Path | None
     path = mnist1d_cache_path(config, home=home)
     arrays, from_cache = load_or_build(path, lambda: generate_mnist1d(config), check=_checker(config))
 
-    def split(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(arrays[f"x_{name}"]), torch.from_numpy(arrays[f"y_{name}"])
-
     return MNIST1DData(
-        train=split("train"), val=split("val"), test=split("test"), cache_path=path, from_cache=from_cache
+        train=split_tensors(arrays, "train"),
+        val=split_tensors(arrays, "val"),
+        test=split_tensors(arrays, "test"),
+        cache_path=path,
+        from_cache=from_cache,
     )
 
 
