@@ -10,6 +10,7 @@ from esper_core.contracts import BlendMode
 from esper_core.kasmina import gates
 from esper_core.kasmina.seed_init import SEED_INITS
 from esper_core.kasmina.seed_lr import IsolationLRConfig
+from esper_core.kasmina.width.init import WIDTH_INITS
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,9 +34,17 @@ class KasminaConfig:
     on MNIST-1D (mnist1d-cnn, heuristic, 10 paired seeds): gradmax minus default +0.25 pt test
     accuracy, bootstrap 95 % CI [-0.42, +1.10]: not worse, not shown better."""
     seed_init_batches: int = 4
-    """Training batches the ``gradmax`` statistic is computed from, once, at germination."""
+    """Training batches the ``gradmax`` statistic (and a width seed's ``width_init`` signals) are
+    computed from, once, at germination."""
     isolation_lr: IsolationLRConfig = field(default_factory=IsolationLRConfig)
     """The seed's learning-rate factor, warm-up and decay while it trains in isolation."""
+    width_init: Literal["random", "gradmax", "tiny"] = "tiny"
+    """How a width seed's new units start (``esper_core.kasmina.width.init``): ``tiny`` (the
+    least-squares direction of the layer's expressivity bottleneck), ``gradmax`` (zero fan-in,
+    fan-out along the gradient's top singular directions) or ``random`` (random fan-in, zero
+    fan-out). On mnist1d-cnn, widened x1.5 at epoch 15 of 60 (``bench/width.py``, 40 paired
+    seeds), grown minus static x1.5: tiny -0.21 pt [-0.94, +0.51], random -0.75 [-1.50, -0.01];
+    gradmax (20 seeds) -3.10."""
     width_max_factor: float = 2.0
     """A width seed may add at most ``(width_max_factor - 1) x`` a layer's current units at once
     (2.0: at most double it); G0 refuses more."""
@@ -46,6 +55,8 @@ class KasminaConfig:
                 raise ValueError(f"{name} must be >= 1 epoch, got {getattr(self, name)}")
         if self.seed_init not in SEED_INITS:
             raise ValueError(f"seed_init must be one of {SEED_INITS}, got {self.seed_init!r}")
+        if self.width_init not in WIDTH_INITS:
+            raise ValueError(f"width_init must be one of {WIDTH_INITS}, got {self.width_init!r}")
         if not self.width_max_factor > 1.0:
             raise ValueError(
                 f"width_max_factor must be > 1 (2.0 lets a width seed double a layer), got {self.width_max_factor}"

@@ -322,7 +322,12 @@ class GrowableModel(nn.Module):
         widen: Sequence[str] = (),
     ) -> None:
         super().__init__()
-        sites = discover_slot_sites(model, slots, sample_shape, input_dtype=input_dtype)
+        if not slots and not widen:
+            raise ValueError(
+                "name at least one module to grow seeds on (slots=('layer1',)) or a layer to widen (widen=('fc1',))"
+            )
+        # A model that only widens has no branch slot to discover.
+        sites = discover_slot_sites(model, slots, sample_shape, input_dtype=input_dtype) if slots else []
         # Traced before anything is built: a layer that cannot take new units is refused here.
         width_sites = [trace_width_site(model, name, sample_shape, input_dtype) for name in widen]
         self.model = model

@@ -395,7 +395,7 @@ class SeedManager(WidthCommands):
                 SeedState(
                     slot_id=sid,
                     layer=slot.layer,
-                    shape_profile=slot.profile.name,
+                    shape_profile=slot.profile_name,
                     stage=slot.stage,
                     blueprint_id=seed.blueprint_id if seed else None,
                     artifact_sha256=seed.artifact.sha256 if seed and seed.artifact else None,

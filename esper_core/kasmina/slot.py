@@ -40,6 +40,11 @@ class SeedSlot(nn.Module):
         self.probe_alpha: float | None = None
 
     @property
+    def profile_name(self) -> str:
+        """The shape profile Tamiyo matches blueprints against (``SeedState.shape_profile``)."""
+        return self.profile.name
+
+    @property
     def alpha(self) -> float:
         """Blend weight of the seed's output, 0..1 (read without a device sync)."""
         return self._alpha
@@ -75,4 +80,4 @@ class SeedSlot(nn.Module):
         return x + alpha * delta
 
     def extra_repr(self) -> str:
-        return f"slot_id={self.slot_id}, layer={self.layer}, profile={self.profile.name}, stage={self.stage.value}"
+        return f"slot_id={self.slot_id}, layer={self.layer}, profile={self.profile_name}, stage={self.stage.value}"

@@ -32,6 +32,7 @@ def build_host(config: RunConfig, *, feature_shape: tuple[int, ...], num_classes
     return GrowableModel(
         spec.build(),
         slots=spec.slots,
+        widen=spec.widen,
         sample_shape=feature_shape,
         batch_max=spec.batch_max,
         input_dtype=spec.input_dtype,

@@ -19,7 +19,9 @@ from torch.nn import functional as F
 
 from esper_core.data import DataConfig, DataSpec
 from esper_core.hosts import HostConfig
+from esper_core.karn.width import WIDTH_MENU
 from esper_core.kasmina.config import KasminaConfig
+from esper_core.kasmina.width import WIDTH_SLOT_SUFFIX
 from esper_core.run.task import EpisodeTask
 from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tolaria.checkpoint import CheckpointConfig
@@ -45,7 +47,7 @@ class ModelSpec:
 
     build: Callable[[], nn.Module]
     """Returns a fresh model; called once per run, after the run's RNGs are seeded."""
-    slots: Sequence[str]
+    slots: Sequence[str] = ()
     """Dotted module names from ``model.named_modules()``, e.g. ``("layer1", "blocks.2.mlp")``."""
     batch_max: int = 512
     """Largest batch a slot must accept; seed kernels are compiled for it."""
@@ -54,6 +56,12 @@ class ModelSpec:
     causal: bool = False
     """The model is causal (a language model predicting the next token): seeds on its (L, D)
     token slots never read a later position (``esper_core.karn.blueprints_tok``)."""
+    widen: Sequence[str] = ()
+    """Dotted names of ``Linear`` / ``Conv1d`` / ``Conv2d`` layers Tamiyo may widen. Each gets a
+    width slot ``"<name>+width"`` whose seeds add units to the layer (and the matching inputs to
+    the layer that reads it), merged in place when they fossilise. A layer whose output is read by
+    something that cannot be extended (a residual add, a concatenation, the model's output) is
+    refused with the reason (``esper_core.kasmina.width``)."""
     build_scaled: Callable[[float], nn.Module] | None = None
     """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
     multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
@@ -67,9 +75,24 @@ class ModelSpec:
             raise ValueError(
                 f"slots must be a sequence of module names, got the string {self.slots!r}: write ({self.slots!r},)"
             )
-        self.slots = tuple(self.slots)
-        if not self.slots:
-            raise ValueError("ModelSpec needs at least one slot: name a module whose output a seed may grow on")
+        if isinstance(self.widen, str):
+            raise ValueError(
+                f"widen must be a sequence of layer names, got the string {self.widen!r}: write ({self.widen!r},)"
+            )
+        self.slots, self.widen = tuple(self.slots), tuple(self.widen)
+        if not self.slots and not self.widen:
+            raise ValueError(
+                "ModelSpec needs at least one slot or layer to widen: name a module whose output a seed may "
+                "grow on (slots=...) or a Linear/Conv layer to widen (widen=...)"
+            )
+        for name in self.widen:
+            if WIDTH_SLOT_SUFFIX in name:
+                raise ValueError(
+                    f"widen names layers, got the slot id {name!r}: write {name.replace(WIDTH_SLOT_SUFFIX, '')!r}"
+                )
+        doubled = sorted({n for n in self.widen if self.widen.count(n) > 1})
+        if doubled:
+            raise ValueError(f"widen names {doubled} more than once: a layer has one width slot; list it once")
         if self.batch_max < 2:
             raise ValueError(f"batch_max must be >= 2, got {self.batch_max}")
         if not isinstance(self.input_dtype, torch.dtype):
@@ -82,8 +105,8 @@ class ModelSpec:
 
     @property
     def slot_ids(self) -> tuple[str, ...]:
-        """Ids of the seed slots: the module names themselves."""
-        return tuple(self.slots)
+        """Ids of the seed slots: the module names themselves, then each widened layer's width slot."""
+        return (*self.slots, *(name + WIDTH_SLOT_SUFFIX for name in self.widen))
 
     def scaled(self, factor: float) -> ModelSpec:
         """This spec with every hidden width multiplied by ``factor`` (through ``build_scaled``).
@@ -156,7 +179,7 @@ class RunConfig:
     def _check_schedule(self) -> None:
         """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints (with no
         blueprint list, planning checks that each scheduled blueprint fits its slot)."""
-        allowed = (*self.blueprints, *self.approved_blueprints)
+        allowed = (*self.blueprints, *self.approved_blueprints, *WIDTH_MENU)
         for g in self.tamiyo.schedule:
             if g.slot not in self.host.slot_ids:
                 raise ValueError(

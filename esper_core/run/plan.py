@@ -22,6 +22,8 @@ from esper_core.karn.capacity import SeedCapacity, seed_capacity
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.policy import needs_approval, require_approval
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.width import WIDTH_MENU, WIDTH_PROFILE, width_units
+from esper_core.kasmina.width import WidthSeed, WidthSlot
 from esper_core.pipeline import CompileJob
 from esper_core.run.build import build_host
 from esper_core.run.config import RunConfig
@@ -45,6 +47,10 @@ class RunPlan:
         slot_fits: Slot id -> the blueprints that fit it (Tamiyo's candidates for that slot).
         capacities: ``(blueprint_id, profile)`` -> what the seed adds there (parameters, FLOPs
             per sample, linear or not); filled by ``plan_run``, empty in compile-only plans.
+        width_slots: Width slot id -> the layer it widens (``ModelSpec.widen``). They are not in
+            ``slots`` (no kernel is compiled for them); ``slot_fits`` offers them the width menu,
+            and ``param_costs[(entry, WIDTH_PROFILE)]`` is the most an entry adds at any of them
+            (at the layers' starting widths).
     """
 
     recipe: str
@@ -55,6 +61,7 @@ class RunPlan:
     blueprints: tuple[str, ...] = ()
     slot_fits: dict[str, tuple[str, ...]] = field(default_factory=dict)
     capacities: dict[tuple[str, str], SeedCapacity] = field(default_factory=dict)
+    width_slots: dict[str, str] = field(default_factory=dict)
 
     @property
     def profiles(self) -> list[str]:
@@ -109,7 +116,8 @@ def plan_run(
         approved=approved,
     )
     _check_every_slot_fits(config, catalog, plan)
-    capacities = {key: _capacity(catalog, *key) for key in plan.param_costs}
+    # A width seed's capacity depends on the layer it widens, not on a profile: it has none here.
+    capacities = {key: _capacity(catalog, *key) for key in plan.param_costs if key[1] != WIDTH_PROFILE}
     return dataclasses.replace(plan, capacities=capacities)
 
 
@@ -160,8 +168,10 @@ def _plan(
     approved: Collection[str],
 ) -> RunPlan:
     host = meta_host(config, feature_shape, num_classes)
-    slot_profiles = {sid: slot.profile for sid, slot in host.slots().items()}
+    width_slots = {sid: slot for sid, slot in host.slots().items() if isinstance(slot, WidthSlot)}
+    slot_profiles = {sid: slot.profile for sid, slot in host.slots().items() if sid not in width_slots}
     fits = slot_blueprints(config, catalog=catalog, slot_profiles=slot_profiles, approved=approved)
+    fits.update({sid: tuple(WIDTH_MENU) for sid in width_slots})
     # In the recipe's (or the catalogue's) order, as Tamiyo's candidates always were.
     blueprints = tuple(b for b in (config.blueprints or catalog.ids) if any(b in bs for bs in fits.values()))
     _check_schedule_fits(config, fits)
@@ -186,6 +196,7 @@ def _plan(
             with torch.device("meta"):
                 module = catalog.build(blueprint_id, p)
             costs[(blueprint_id, p.name)] = sum(t.numel() for t in module.parameters())
+    costs.update(_width_costs(width_slots.values()))
     return RunPlan(
         recipe=config.recipe,
         feature_shape=feature_shape,
@@ -194,7 +205,21 @@ def _plan(
         param_costs=costs,
         blueprints=blueprints,
         slot_fits=fits,
+        width_slots={sid: slot.site.layer for sid, slot in width_slots.items()},
     )
+
+
+def _width_costs(slots: Iterable[WidthSlot]) -> dict[tuple[str, str], int]:
+    """``(entry, WIDTH_PROFILE)`` -> the most parameters a width-menu entry adds at any of
+    ``slots`` (the new units' fan-in and fan-out, at the layers' current widths)."""
+    costs: dict[tuple[str, str], int] = {}
+    for slot in slots:
+        for entry in WIDTH_MENU:
+            with torch.device("meta"):
+                seed = WidthSeed(slot.site, slot.host, units=width_units(entry, slot.site.width))
+            n = sum(t.numel() for t in seed.parameters())
+            costs[(entry, WIDTH_PROFILE)] = max(n, costs.get((entry, WIDTH_PROFILE), 0))
+    return costs
 
 
 def slot_blueprints(

@@ -30,7 +30,9 @@ from esper_core.contracts import (
 from esper_core.interrupts import deferred_interrupts
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.width import WIDTH_MENU, WIDTH_PROFILE, width_descriptor, width_units
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
+from esper_core.kasmina.width import WidthSlot, width_batches
 from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
@@ -269,10 +271,25 @@ class RunSession:
         if self.record.candidates is None:
             done, found = self.registry.try_call("look up kernels", self._lookup_candidates)
             if not done:
-                # Registry unreachable: nothing can germinate (Tamiyo waits); look again next epoch.
-                return []
-            self.record.candidates = found
+                # Registry unreachable: no kernel can be loaded, so no branch seed can germinate;
+                # width seeds need none. Look again next epoch.
+                return self._width_candidates()
+            self.record.candidates = found + self._width_candidates()
         return self.record.candidates or []
+
+    def _width_candidates(self) -> list[BlueprintCandidate]:
+        """The width menu, when the host has width slots: built from the host, always available."""
+        if not self.plan.width_slots:
+            return []
+        return [
+            BlueprintCandidate(
+                descriptor=width_descriptor(entry),
+                shape_profiles=frozenset({WIDTH_PROFILE}),
+                latency_p95_ms=0.0,
+                param_cost=self.plan.param_costs[(entry, WIDTH_PROFILE)],
+            )
+            for entry in WIDTH_MENU
+        ]
 
     def _lookup_candidates(self) -> list[BlueprintCandidate]:
         env = environment_key(self.device)
@@ -463,6 +480,9 @@ class RunSession:
             slot = self.manager.slots.get(command.slot_id)
             if slot is None:
                 raise ValueError(f"unknown slot {command.slot_id!r}; slots: {sorted(self.manager.slots)}")
+            if isinstance(slot, WidthSlot):
+                self._germinate_width(command, slot)
+                return
             kernel = self._fetch_kernel(command.blueprint_id, slot.profile)
             metrics.append(
                 MetricPoint(
@@ -485,6 +505,33 @@ class RunSession:
             self.manager.fossilize(command.slot_id or "")
         elif op is SeedOperation.CULL:
             self.manager.cull(command.slot_id or "", reason=command.reason)
+
+    def _germinate_width(self, command: AdaptationCommand, slot: WidthSlot) -> None:
+        """New units for a width slot's layer, initialised from the host's signals on the first
+        training batches (in eval mode: a BatchNorm's running statistics are read, not updated,
+        and dropout draws nothing, so a resumed run germinates the same units)."""
+        assert command.blueprint_id is not None
+        units = width_units(command.blueprint_id, slot.site.width)
+        kasmina = self.config.kasmina
+        host, was_training = slot.host, slot.host.training
+        host.eval()
+        try:
+            batches = width_batches(
+                host, slot.site, self.trainer.first_batches(kasmina.seed_init_batches), self.config.loss
+            )
+        finally:
+            host.train(was_training)
+        verdict = self.manager.germinate_width(
+            slot.slot_id,
+            units=units,
+            init=kasmina.width_init,
+            batches=batches,
+            blend_schedule=command.blend_schedule,
+            blend_epochs=command.blend_epochs,
+            lr_scale=command.lr_scale,
+        )
+        if not verdict.passed:
+            raise ValueError(f"G0 refused {command.blueprint_id} in {slot.slot_id}: {verdict.reason}")
 
     def _fetch_kernel(self, blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
         # Tier policy, newest active artifact, guards against the slot before any bytes load,

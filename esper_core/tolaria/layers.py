@@ -15,10 +15,10 @@ from esper_core.contracts import LayerState
 class LayerStats:
     """Host-layer activations (per validation) and their export as ``LayerState``s."""
 
-    def __init__(self, names: Sequence[str], layers: Sequence[nn.Module], widths: Sequence[int]) -> None:
+    def __init__(self, names: Sequence[str], layers: Sequence[nn.Module]) -> None:
         self.names = tuple(names)
         self.layers = tuple(layers)
-        self.widths = tuple(widths)
+        # The weight Parameters themselves: a merged width seed grows them in place, so they stay valid.
         self.weights = [layer.weight for layer in self.layers]  # gradient norms are tracked on these
         self._act: dict[str, tuple[float, float]] = {}
 
@@ -48,8 +48,9 @@ class LayerStats:
                 mean_std = torch.stack(parts).mean(dim=0).tolist()
                 self._act[name] = (mean_std[0], mean_std[1])
 
-    def export(self, grad_norms: dict[str, float]) -> tuple[LayerState, ...]:
-        """One ``LayerState`` per host layer; ``grad_norms`` maps a layer name to its epoch norm."""
+    def export(self, grad_norms: dict[str, float], widths: Sequence[int]) -> tuple[LayerState, ...]:
+        """One ``LayerState`` per host layer; ``grad_norms`` maps a layer name to its epoch norm,
+        ``widths`` are the layers' current widths (the host's ``layer_widths``, which growth changes)."""
         grad = [grad_norms.get(name, 0.0) for name in self.names]
         return tuple(
             LayerState(
@@ -59,5 +60,5 @@ class LayerStats:
                 activation_std=self._act.get(name, (0.0, 0.0))[1],
                 grad_norm=g,
             )
-            for name, width, g in zip(self.names, self.widths, grad, strict=True)
+            for name, width, g in zip(self.names, widths, grad, strict=True)
         )

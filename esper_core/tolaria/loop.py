@@ -28,6 +28,7 @@ from esper_core.determinism import capture_rng, restore_rng
 from esper_core.hosts import Host
 from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
+from esper_core.kasmina.width import WidthSlot
 from esper_core.tolaria.aggregation import AggregationStats, aggregate_microbatches
 from esper_core.tolaria.buffers import GradientBufferPool
 from esper_core.tolaria.config import TrainerConfig
@@ -144,7 +145,7 @@ class Trainer:
         self.grad_pool = GradientBufferPool(model.host_parameters())
         self.grad_norms = GradNormAccumulator()
         self.grad_agg_stats = AggregationStats()
-        self.layer_stats = LayerStats(model.layer_names, list(model.layers), model.layer_widths)
+        self.layer_stats = LayerStats(model.layer_names, list(model.layers))
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
         x0, y0 = self.data.train.head(batch_size)
         self._probe_batch = (x0.to(device), y0.to(device))
@@ -267,7 +268,9 @@ class Trainer:
             epoch_latency_ms=train_ms,
             latency_budget_ms=self.config.latency_budget_ms,
             host_params=sum(p.numel() for p in self.model.host_parameters()),
-            layers=self.layer_stats.export({k[6:]: v for k, v in norms.items() if k.startswith("layer:")}),
+            layers=self.layer_stats.export(
+                {k[6:]: v for k, v in norms.items() if k.startswith("layer:")}, self.model.layer_widths
+            ),
             seeds=self.manager.export_seed_states(activation_grad_norms=bottlenecks),
         )
         engine_metrics, engine_events = self.engine.end_epoch()
@@ -409,10 +412,12 @@ class Trainer:
         return sample_accuracy(self.model, *self._accuracy_sample)
 
     def slot_input(self, slot_id: str) -> torch.Tensor:
-        """The activation entering ``slot_id`` for the probe batch."""
+        """The activation a seed in ``slot_id`` reads, for the probe batch: the activation entering
+        a branch slot, or the widened layer's input for a width slot."""
         captured: list[torch.Tensor] = []
         slot = self.manager.slots[slot_id]
-        handle = slot.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+        reader = slot.host.get_submodule(slot.site.layer) if isinstance(slot, WidthSlot) else slot
+        handle = reader.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
         try:
             with torch.inference_mode():
                 self.model(self._probe_batch[0])
@@ -431,12 +436,14 @@ class Trainer:
             ``(x, g)`` pairs, each (B, *feature_shape).
         """
         slot = self.manager.slots[slot_id]
+        return [slot_input_and_gradient(self.model, slot, self.loss_fn, x, y) for x, y in self.first_batches(batches)]
+
+    def first_batches(self, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first ``batches`` training batches in data order, on the device (no RNG drawn):
+        what a seed's data-aware initialisation reads at germination."""
         x_all, y_all = self.data.train.head(batches * self.batch_size)
         return [
-            slot_input_and_gradient(
-                self.model,
-                slot,
-                self.loss_fn,
+            (
                 x_all[start : start + self.batch_size].to(self.device),
                 y_all[start : start + self.batch_size].to(self.device),
             )

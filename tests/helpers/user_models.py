@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from esper_core.run import DataSpec, DataSplits, ModelSpec, RunConfig, StepEngineConfig, TrainerConfig
+from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
 
 
 @functools.cache
@@ -141,4 +142,30 @@ def lstm_without_an_index() -> RunConfig:
     """The LSTM with its slot on the module itself, whose output is a tuple: refused, naming 'lstm[0]'."""
     config = lstm()
     config.host = ModelSpec(build=RowLSTM, slots=("lstm",))
+    return config
+
+
+def cnn_widen() -> RunConfig:
+    """The CNN with both convolutions widenable and no branch slot: Tamiyo can only widen.
+
+    ``features.0`` feeds ``features.3`` through a BatchNorm and a ReLU; ``features.3`` feeds the
+    classifier through a BatchNorm, a ReLU, a max-pool and a flatten (the Linear gains 16 inputs
+    per new channel)."""
+    return RunConfig(
+        epochs=6,
+        host=ModelSpec(build=DigitsCNN, widen=("features.0", "features.3")),
+        data=DataSpec(load=digit_images, batch_size=64, name="digit-images"),
+        trainer=_EAGER,
+    )
+
+
+def cnn_widen_scheduled() -> RunConfig:
+    """``cnn_widen`` with its first convolution widened by half after epoch 0 (policy ``scheduled``):
+    the seed's lifecycle runs to a merge within the run's six epochs."""
+    config = cnn_widen()
+    config.host = ModelSpec(build=DigitsCNN, slots=("features.2",), widen=("features.0", "features.3"))
+    config.tamiyo = TamiyoConfig(
+        policy="scheduled",
+        schedule=(ScheduledGermination(epoch=0, slot="features.0+width", blueprint="width-50"),),
+    )
     return config

@@ -10,11 +10,12 @@
 from esper_core.kasmina.width.init import WIDTH_INITS, WidthBatch, init_width_seed_, width_batches
 from esper_core.kasmina.width.merge import merge_width_seed, resize_width
 from esper_core.kasmina.width.seed import WidthSeed
-from esper_core.kasmina.width.slot import WidthSlot, graft_width_slot
+from esper_core.kasmina.width.slot import WIDTH_SLOT_SUFFIX, WidthSlot, graft_width_slot
 from esper_core.kasmina.width.trace import Step, WidthSite, trace_width_site
 
 __all__ = [
     "WIDTH_INITS",
+    "WIDTH_SLOT_SUFFIX",
     "Step",
     "WidthBatch",
     "WidthSeed",

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.width import WIDTH_PROFILE
 from esper_core.kasmina.slot import SeedSlot
 from esper_core.kasmina.width.trace import WidthSite
 
@@ -40,6 +41,11 @@ class WidthSlot(SeedSlot):
         # The model the slot widens: in a tuple, so it is not registered as a submodule (the host
         # owns the slot, not the other way round).
         self._host: tuple[nn.Module, ...] = ()
+
+    @property
+    def profile_name(self) -> str:
+        """Every width slot reports ``WIDTH_PROFILE``: the width menu fits it, no branch blueprint."""
+        return WIDTH_PROFILE
 
     @property
     def host(self) -> nn.Module:

@@ -1,0 +1,153 @@
+"""Width growth inside a real run: Tamiyo widens a user's CNN through its width slots, the seed
+merges into the layer, and a run stopped at any commit resumes to the same network bit for bit.
+
+The recipes are ``tests/helpers/user_models.py``'s ``cnn_widen`` (widening only, heuristic) and
+``cnn_widen_scheduled`` (a branch slot too; the first convolution widened by half after epoch 0).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from esper_core.contracts import SeedOperation
+from esper_core.karn.width import WIDTH_PROFILE
+from esper_core.run.commits import epoch_tag
+from esper_core.run.config import ModelSpec
+from esper_core.run.recipes import get_recipe
+from esper_core.run.session import RunSession
+from esper_core.settings import EsperSettings
+from tests.helpers.state import assert_same_state
+from tests.helpers.user_models import DigitsCNN
+
+SCHEDULED = "tests.helpers.user_models:cnn_widen_scheduled"
+
+
+def _step(session: RunSession) -> str:
+    """One epoch as the flow runs it: train, commit, decide, apply, commit. Returns the outcome."""
+    epoch = session.epoch
+    session.train_epoch()
+    session.commit(epoch_tag(epoch, "trained"))
+    command = session.decide()
+    outcome = session.apply(command)
+    session.commit(epoch_tag(epoch, "applied"))
+    return f"{command.seed_operation or command.command_type}: {outcome}"
+
+
+def _run(settings: EsperSettings, run_id: str, *, stop_after: int | None = None) -> RunSession:
+    session = RunSession.create(recipe=SCHEDULED, settings=settings, device="cpu", run_id=run_id)
+    while session.epoch < session.config.epochs:
+        _step(session)
+        if stop_after is not None and session.epoch == stop_after + 1:
+            session.close()
+            session = RunSession.create(recipe=SCHEDULED, settings=settings, device="cpu", run_id=run_id)
+            stop_after = None
+    return session
+
+
+def test_the_width_menu_fits_width_slots_only_and_needs_no_kernel(esper_home: EsperSettings) -> None:
+    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="plan")
+    try:
+        plan = session.plan
+        assert plan.width_slots == {"features.0+width": "features.0", "features.3+width": "features.3"}
+        # No kernel is compiled for a width slot, and no branch blueprint is offered to one.
+        assert set(plan.slots) == {"features.2"}
+        assert plan.slot_fits["features.0+width"] == ("width-25", "width-50", "width-100")
+        assert "width-50" not in plan.slot_fits["features.2"]
+        # An empty registry: no branch kernel, but the width menu is there.
+        candidates = session.candidates()
+        assert [c.blueprint_id for c in candidates] == ["width-25", "width-50", "width-100"]
+        assert all(c.shape_profiles == frozenset({WIDTH_PROFILE}) for c in candidates)
+        costs = [c.param_cost for c in candidates]
+        assert costs == sorted(costs) and costs[0] > 0
+        profiles = {s.slot_id: s.shape_profile for s in session.manager.export_seed_states()}
+        assert profiles["features.0+width"] == WIDTH_PROFILE != profiles["features.2"]
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_a_scheduled_width_seed_merges_and_a_resumed_run_is_the_same_network(esper_home: EsperSettings) -> None:
+    straight = _run(esper_home, "straight")
+    try:
+        ops = [c.seed_operation for c in straight.commands]
+        assert SeedOperation.GERMINATE in ops and SeedOperation.FOSSILIZE in ops, ops
+        # The first convolution grew 8 -> 12 channels; the rest kept their width.
+        assert straight.trainer.model.layer_widths == (12, 16, 10)
+        model = straight.trainer.model.model
+        assert model.features[1].running_mean.shape == (12,)
+        assert model.features[3].weight.shape == (16, 12, 3, 3)
+        # The packets carry each layer's current width.
+        assert straight.history[-1].layers[0].width == 12
+        assert straight.history[0].layers[0].width == 8
+        expected = straight.trainer.state_dict()
+    finally:
+        straight.close()
+    # Stopped with the seed blending (epoch 2) and after its merge (epoch 4): the same network.
+    for stop in (2, 4):
+        resumed = _run(esper_home, f"resumed-{stop}", stop_after=stop)
+        try:
+            got = resumed.trainer.state_dict()
+            for key in ("model", "optimizer"):
+                assert_same_state(expected[key], got[key], key)
+            assert (
+                got["manager"]["widths"]
+                == expected["manager"]["widths"]
+                == {
+                    "features.0+width": 12,
+                    "features.3+width": 16,
+                }
+            )
+        finally:
+            resumed.close()
+
+
+def test_a_width_blueprint_in_a_branch_slot_and_a_kernel_in_a_width_slot_are_rejected(
+    esper_home: EsperSettings,
+) -> None:
+    from esper_core.contracts import AdaptationCommand, CommandType
+
+    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="misfit")
+    try:
+        session.train_epoch()
+        for slot, blueprint, why in (
+            ("features.0+width", "conv_residual", "not on the width menu"),
+            ("features.2", "width-50", "width-50"),
+        ):
+            command = AdaptationCommand(
+                run_id=session.run_id,
+                epoch=0,
+                command_type=CommandType.SEED,
+                seed_operation=SeedOperation.GERMINATE,
+                slot_id=slot,
+                blueprint_id=blueprint,
+                issued_by="test",
+                reason="misfit",
+            )
+            outcome = session.apply(command)
+            assert outcome.startswith("rejected") and why in outcome, outcome
+        assert session.trainer.model.layer_widths == (8, 16, 10)
+    finally:
+        session.close()
+
+
+def test_a_model_spec_names_its_width_slots_and_refuses_bad_widen_lists() -> None:
+    spec = ModelSpec(build=DigitsCNN, widen=("features.0",))
+    assert spec.slot_ids == ("features.0+width",)
+    with pytest.raises(ValueError, match="at least one slot or layer to widen"):
+        ModelSpec(build=DigitsCNN)
+    with pytest.raises(ValueError, match="write 'features.0'"):
+        ModelSpec(build=DigitsCNN, widen=("features.0+width",))
+    with pytest.raises(ValueError, match="more than once"):
+        ModelSpec(build=DigitsCNN, widen=("features.0", "features.0"))
+    with pytest.raises(ValueError, match="string"):
+        ModelSpec(build=DigitsCNN, widen="features.0")
+
+
+def test_a_layer_that_cannot_widen_is_refused_when_the_recipe_is_checked() -> None:
+    from esper_core.run.plan import check_recipe
+
+    config = get_recipe("tests.helpers.user_models:cnn_widen")
+    # The classifier's Linear is the model's output: no layer reads its units.
+    config.host = ModelSpec(build=DigitsCNN, widen=("classifier.1",))
+    with pytest.raises(ValueError, match="classifier.1"):
+        check_recipe(config)
