@@ -8,6 +8,7 @@ import json
 from esper_core.data import DataConfig
 from esper_core.hosts import HostConfig
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.width import WIDTH_PROFILE
 from esper_core.run.config import RunConfig
 from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import RECIPES, get_recipe
@@ -24,7 +25,7 @@ def _describe(name: str, config: RunConfig) -> dict[str, object]:
         "data": data.name,
         "batch_size": data.batch_size,
         "host": f"{host.kind} {list(host.hidden)}" if isinstance(host, HostConfig) else "custom model",
-        "slots": list(host.slots)
+        "slots": list(host.slot_ids)
         if not isinstance(host, HostConfig)
         else [f"input of layer {i}" for i in host.slot_inputs],
         "blueprints": list(config.blueprints) or "every approved blueprint that fits a slot",
@@ -57,6 +58,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
             "blueprints": list(plan.slot_fits[sid]),
         }
         for sid, profile in plan.slots.items()
+    ] + [
+        {"slot": sid, "widens": layer, "profile": WIDTH_PROFILE, "blueprints": list(plan.slot_fits[sid])}
+        for sid, layer in plan.width_slots.items()
     ]
     if args.json:
         print(json.dumps(row, indent=2))
@@ -65,7 +69,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         if k != "slots":
             print(f"{k:<13}{v}")
     for s in row["slots"]:
-        print(f"slot         {s['slot']}: {tuple(s['shape'])} ({s['profile']}) -> {', '.join(s['blueprints'])}")
+        where = f"widens {s['widens']}" if "widens" in s else f"{tuple(s['shape'])} ({s['profile']})"
+        print(f"slot         {s['slot']}: {where} -> {', '.join(s['blueprints'])}")
     return 0
 
 

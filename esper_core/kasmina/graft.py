@@ -25,6 +25,7 @@ Shapes: ``x`` is the model's input (B, *sample_shape); a slot's activation is (B
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -32,10 +33,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.dryrun import dry_forward
-from esper_core.kasmina.slot import SeedSlot
+from esper_core.kasmina.slot import BLENDED_STAGES, SeedSlot
 from esper_core.kasmina.width import WidthSlot, graft_width_slot, trace_width_site
 
 log = logging.getLogger(__name__)
@@ -350,13 +352,15 @@ class GrowableModel(nn.Module):
             }
         )
         modules = dict(model.named_modules())
+        # Every hook Esper puts on the user's modules, so that a plain copy can leave them out.
+        self._hooks: list[RemovableHandle] = []
         for slot in self.seed_slots.values():
             base, index = parse_slot_name(slot.slot_id)
-            modules[base].register_forward_hook(_graft(slot, index))
+            self._hooks.append(modules[base].register_forward_hook(_graft(slot, index)))
         for site in width_sites:
             width_slot = WidthSlot(site=site, batch_max=batch_max)
             self.seed_slots[width_slot.slot_id.replace(".", "-")] = width_slot
-            graft_width_slot(model, width_slot)
+            self._hooks += graft_width_slot(model, width_slot)
         layers = weight_layers(model)
         # A plain list, not a ModuleList: these modules are registered once, under `model`.
         self.layers: list[nn.Module] = list(layers.values())
@@ -369,6 +373,29 @@ class GrowableModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
+
+    def plain_copy(self) -> nn.Module:
+        """A deep copy of the user's model without Esper's slot hooks: the network as it stands,
+        with every merged width, and nothing of Esper's in its forward (its own hooks are kept).
+
+        Raises:
+            ValueError: a seed that is not merged into the host changes its output (blending,
+                probationary or a fossilised branch seed); the message names the slots.
+        """
+        acting = [s.slot_id for s in self.seed_slots.values() if s.seed is not None and s.stage in BLENDED_STAGES]
+        if acting:
+            raise ValueError(
+                f"slots {acting} hold seeds that change the network's output but are not part of it: a plain "
+                "model leaves them out. Export after they fossilise (a width seed merges) or are culled, or "
+                "from an earlier commit"
+            )
+        plain = copy.deepcopy(self.model)
+        ids = {h.id for h in self._hooks}
+        for module in plain.modules():
+            for hooks in (module._forward_hooks, module._forward_pre_hooks):
+                for hook_id in ids & set(hooks):
+                    del hooks[hook_id]
+        return plain
 
     def slots(self) -> dict[str, SeedSlot]:
         """The seed slots by id (the module name), in the order they were named."""

@@ -18,7 +18,7 @@ from esper_core.contracts import BlendMode, SeedStage
 from esper_core.karn.profiles import ShapeProfile
 
 # Stages in which the seed's output is blended into the host's forward pass.
-_BLENDED = frozenset({SeedStage.BLENDING, SeedStage.PROBATIONARY, SeedStage.FOSSILIZED})
+BLENDED_STAGES = frozenset({SeedStage.BLENDING, SeedStage.PROBATIONARY, SeedStage.FOSSILIZED})
 
 
 class SeedSlot(nn.Module):
@@ -69,7 +69,7 @@ class SeedSlot(nn.Module):
         if self.stage is SeedStage.TRAINING:
             delta = seed(source.detach())
             return out + (delta - delta.detach())
-        if self.stage in _BLENDED:
+        if self.stage in BLENDED_STAGES:
             return self._blend(out, seed(source), self.alpha_t)
         return out
 

@@ -140,6 +140,27 @@ def mnist1d_mlp() -> RunConfig:
     return _mnist1d("mnist1d-mlp", host, ("residual_mlp", "lowrank_adapter"))
 
 
+def mnist1d_cnn_width() -> RunConfig:
+    """``mnist1d-cnn`` grown in width only: each of its three convolutions may gain channels
+    (width slots ``conv1+width`` .. ``conv3+width``), and no branch slot is offered."""
+    host = ModelSpec(
+        build=functools.partial(MNIST1DCNN, channels=8),
+        build_scaled=functools.partial(_mnist1d_cnn_at, channels=8),
+        widen=("conv1", "conv2", "conv3"),
+    )
+    return _mnist1d("mnist1d-cnn-width", host, ())
+
+
+def mnist1d_mlp_width() -> RunConfig:
+    """``mnist1d-mlp`` grown in width only: both hidden layers may gain units."""
+    host = ModelSpec(
+        build=functools.partial(MNIST1DMLP, width=32),
+        build_scaled=functools.partial(_mnist1d_mlp_at, width=32),
+        widen=("fc1", "fc2"),
+    )
+    return _mnist1d("mnist1d-mlp-width", host, ())
+
+
 CHARS_CONTEXT = 64
 """Characters of context of ``chars-gpt`` (short enough for a CPU)."""
 CHARS_TRAIN_WINDOWS = 2048
@@ -189,11 +210,22 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
     "digits-cnn": digits_cnn,
     "mnist1d-cnn": mnist1d_cnn,
     "mnist1d-mlp": mnist1d_mlp,
+    "mnist1d-cnn-width": mnist1d_cnn_width,
+    "mnist1d-mlp-width": mnist1d_mlp_width,
     "seed-reference": seed_reference,
 }
 
 
-RecipeName = Literal["chars-gpt", "digits-cnn", "digits-mlp", "mnist1d-cnn", "mnist1d-mlp", "seed-reference"]
+RecipeName = Literal[
+    "chars-gpt",
+    "digits-cnn",
+    "digits-mlp",
+    "mnist1d-cnn",
+    "mnist1d-cnn-width",
+    "mnist1d-mlp",
+    "mnist1d-mlp-width",
+    "seed-reference",
+]
 """The built-in recipe names, for flow parameters the UI offers as a choice; a test keeps it equal
 to ``sorted(RECIPES)``, so adding a recipe means adding its name here too."""
 

@@ -80,11 +80,13 @@ def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...])
     blueprint that fits every slot, all slots in slot order starting at each epoch."""
     last = config.epochs - 1
     epochs = sorted({min(last, round(f * last)) for f in at})
-    fits = {slot: list(plan.slot_fits[slot]) for slot in plan.slots}
+    # Width slots too: their "blueprints" are the width menu (``esper_core.karn.width``).
+    fits = {slot: list(plan.slot_fits[slot]) for slot in (*plan.slots, *plan.width_slots)}
     singles = [
         (ScheduledGermination(epoch=e, slot=s, blueprint=b),) for e in epochs for s, bs in fits.items() for b in bs
     ]
-    everywhere = [b for b in plan.blueprints if all(b in bs for bs in fits.values())]
+    offered = dict.fromkeys(b for bs in fits.values() for b in bs)
+    everywhere = [b for b in offered if all(b in bs for bs in fits.values())]
     together = [
         tuple(ScheduledGermination(epoch=e + k, slot=s, blueprint=b) for k, s in enumerate(fits))
         for e in epochs

@@ -7,7 +7,13 @@ The recipes are ``tests/helpers/user_models.py``'s ``cnn_widen`` (widening only,
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import torch
 
 from esper_core.contracts import SeedOperation
 from esper_core.karn.width import WIDTH_PROFILE
@@ -151,3 +157,48 @@ def test_a_layer_that_cannot_widen_is_refused_when_the_recipe_is_checked() -> No
     config.host = ModelSpec(build=DigitsCNN, widen=("classifier.1",))
     with pytest.raises(ValueError, match="classifier.1"):
         check_recipe(config)
+
+
+@pytest.mark.slow
+def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSettings, tmp_path: Path) -> None:
+    from esper_core.run.export import export_run
+
+    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="grown")
+    try:
+        for _ in range(3):
+            _step(session)  # epoch 2: the width seed is blending, so it is not part of the network yet
+    finally:
+        session.close()
+    with pytest.raises(ValueError, match=r"features.0\+width.*change the network's output"):
+        export_run(settings=esper_home, run_id="grown")
+    assert not (esper_home.runs_dir / "grown" / "export").exists()
+
+    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="grown")
+    try:
+        while session.epoch < session.config.epochs:
+            _step(session)
+        x, _ = session.trainer.data.test.head(16)
+        session.trainer.model.eval()
+        with torch.inference_mode():
+            expected = session.trainer.model(x)
+    finally:
+        session.close()
+    done = export_run(settings=esper_home, run_id="grown", out=tmp_path / "out")
+    assert done.widths["features.0"] == 12 and done.max_abs_diff < 1e-4
+    torch.save(x, tmp_path / "x.pt")
+    # A fresh interpreter that imports torch and nothing of Esper's: the README's three lines.
+    load = (
+        "import sys, torch\n"
+        f"program = torch.export.load({str(tmp_path / 'out' / 'model.pt2')!r})\n"
+        f"out = program.module()(torch.load({str(tmp_path / 'x.pt')!r}))\n"
+        f"torch.save(out, {str(tmp_path / 'out.pt')!r})\n"
+        "assert not any(m.startswith('esper') for m in sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", load], check=True, cwd=tmp_path)
+    # Another process may use other threads (another reduction order): float32 rounding apart.
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-4, atol=1e-5)
+    saved = torch.load(tmp_path / "out" / "state_dict.pt")
+    assert saved["widths"]["features.0"] == 12
+    assert saved["state_dict"]["features.0.weight"].shape == (12, 1, 3, 3)
+    manifest = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert manifest["commit"] == "epoch-0005-applied" and manifest["parameters"] == done.parameters
