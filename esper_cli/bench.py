@@ -11,6 +11,7 @@ from pathlib import Path
 from esper_cli.args import positive, quiet_prefect
 from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.benchmarks.arms import GROWING_ARMS
 from esper_core.run.recipes import RECIPES
 from esper_core.run.simic_train import PLANS as SIMIC_PLANS
 
@@ -168,6 +169,7 @@ def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], Non
             device=args.device,
             workers=args.workers,
             dask_address=args.dask_address,
+            arms=tuple(args.arms),
         ),
         progress=progress,
     )
@@ -345,6 +347,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="ADDRESS",
         help="fan out on this Dask scheduler (tcp://host:8786) instead; needs --home on a path every worker sees",
+    )
+    b_growth.add_argument(
+        "--arms",
+        nargs="+",
+        default=list(GROWING_ARMS),
+        choices=GROWING_ARMS,
+        metavar="ARM",
+        help=f"growing arms to run beside no growth and the frontier ({', '.join(GROWING_ARMS)}); without gnn no "
+        "policy is trained and the goals are not judged; random needs gnn (default: all)",
     )
     b_growth.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     b_growth.add_argument(

@@ -35,11 +35,10 @@ from typing import Any
 
 import torch
 
+from esper_core.benchmarks.arms import ARMS, GROWING_ARMS
 from esper_core.benchmarks.growth_report import (
     ACCURACY,
-    ARMS,
     BITS_PER_CHAR,
-    GROWING_ARMS,
     Metric,
     frontier_png,
     summarise_recipe,
@@ -122,6 +121,10 @@ class GrowthBenchConfig:
         dask_address: A running Dask scheduler (``tcp://host:8786``) to fan out on instead of a
             local cluster; its workers need this ``home`` on a shared path and the same
             ``ESPER_REGISTRY_URL``.
+        arms: The growing arms to run beside ``none`` and the frontier (default: all of
+            ``GROWING_ARMS``). Without ``gnn`` no policy is trained and the goals, which are about
+            the learned policy, are not judged; ``random`` needs ``gnn`` (its budget is the
+            learned arm's).
     """
 
     # MNIST-1D first: a narrow CNN with 10-13 points of width headroom, where growth can matter;
@@ -137,8 +140,20 @@ class GrowthBenchConfig:
     device: str = "cpu"
     workers: int = 0
     dask_address: str | None = None
+    arms: tuple[str, ...] = GROWING_ARMS
 
     def __post_init__(self) -> None:
+        self.arms = tuple(self.arms)
+        unknown = [a for a in self.arms if a not in GROWING_ARMS]
+        if not self.arms or unknown or len(set(self.arms)) != len(self.arms):
+            raise ValueError(
+                f"arms must be distinct growing arms from {GROWING_ARMS} (none and the frontier always run), "
+                f"got {self.arms}"
+            )
+        if "random" in self.arms and "gnn" not in self.arms:
+            raise ValueError("the random arm is budget-matched to the learned one: add gnn to arms, or drop random")
+        if "gnn" not in self.arms and (self.simic_plan is not None or self.policy_version is not None):
+            raise ValueError("simic_plan and policy_version are the gnn arm's: add gnn to arms, or leave them out")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: runs one after another in this process), got {self.workers}")
         if self.dask_address is not None and self.home is None:
@@ -216,33 +231,43 @@ def in_home(home: Path | None, *, prefix: str) -> Iterator[Path]:
 def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) -> dict[str, Any]:
     report = progress or (lambda _what, _done, _total: None)
     plan = config.growth_plan
-    total = len(config.recipes) * plan.seeds * (len(ARMS) + len(plan.widths))
+    total = len(config.recipes) * plan.seeds * (1 + len(config.arms) + len(plan.widths))
     settings = EsperSettings(home=home)
     start = time.perf_counter()
     report("compiling kernels", 0, total)
     compile_kernels(settings, config.recipes, config.device)
     compile_s = time.perf_counter() - start
-    simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
-    store = SimicStore.open(home)
-    try:
-        trained = time.perf_counter()
-        if config.policy_version is None:
-            report("training the GNN policy (Simic)", 0, total)
-        version = config.policy_version or _train_policy(settings, store, simic, config)
-        training_s = time.perf_counter() - trained
-        policy = store.get_policy(version)
-        policy.require_current_inputs()  # a stale --policy-version fails here, before any run
-    finally:
-        store.close()
+    version, policy, training_s = None, None, 0.0
+    if "gnn" in config.arms:
+        simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
+        store = SimicStore.open(home)
+        try:
+            trained = time.perf_counter()
+            if config.policy_version is None:
+                report("training the GNN policy (Simic)", 0, total)
+            version = config.policy_version or _train_policy(settings, store, simic, config)
+            training_s = time.perf_counter() - trained
+            policy = store.get_policy(version)
+            policy.require_current_inputs()  # a stale --policy-version fails here, before any run
+        finally:
+            store.close()
     jobs = [
-        SeedJob(recipe=recipe, seed=seed, home=str(home), version=version, gnn=policy.gnn, plan=plan, config=config)
+        SeedJob(
+            recipe=recipe,
+            seed=seed,
+            home=str(home),
+            version=version,
+            gnn=None if policy is None else policy.gnn,
+            plan=plan,
+            config=config,
+        )
         for recipe in config.recipes
         for seed in range(plan.seeds)
     ]
     by_job = fan_out(jobs, config, lambda done: report("evaluation runs", done * (total // len(jobs)), total))
     results: dict[str, Any] = {}
     for recipe in config.recipes:
-        arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in ARMS}
+        arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in _arms(config)}
         frontier: dict[float, list[EpisodeResult]] = {w: [] for w in plan.widths}
         for job, runs in zip(jobs, by_job, strict=True):
             if job.recipe == recipe:
@@ -260,7 +285,10 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
         "lr_schedule": plan.lr_schedule,
         "split_seed": SPLIT_SEED,
         "device": config.device,
-        "policy": {
+        "arms": list(_arms(config)),
+        "policy": None
+        if policy is None
+        else {
             "version": version,
             "method": policy.method,
             "parent_version": policy.parent_version,
@@ -284,7 +312,7 @@ class SeedJob:
     recipe: str
     seed: int
     home: str
-    version: int
+    version: int | None
     gnn: Any
     plan: GrowthPlan
     config: GrowthBenchConfig
@@ -302,9 +330,10 @@ def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
         settings = EsperSettings(home=Path(job.home))
         runs: list[tuple[str, float, EpisodeResult]] = []
         gnn: EpisodeResult | None = None
-        for arm, width in [(a, 1.0) for a in ARMS] + [("none", w) for w in job.plan.widths]:
+        for arm, width in [(a, 1.0) for a in _arms(job.config)] + [("none", w) for w in job.plan.widths]:
             run_config = _arm_config(job.recipe, seed=job.seed, arm=arm, width=width, plan=job.plan, config=job.config)
-            run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=job.gnn)
+            if job.gnn is not None:
+                run_config.tamiyo = dataclasses.replace(run_config.tamiyo, gnn=job.gnn)
             if arm == "gnn":
                 run_config.tamiyo = dataclasses.replace(run_config.tamiyo, policy_version=job.version)
             if arm == "random":
@@ -319,6 +348,11 @@ def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
         return runs
     finally:
         torch.set_num_threads(threads)
+
+
+def _arms(config: GrowthBenchConfig) -> tuple[str, ...]:
+    """The arms a benchmark runs, in ``ARMS`` order (``gnn`` before ``random``, whose budget it sets)."""
+    return tuple(a for a in ARMS if a == "none" or a in config.arms)
 
 
 def fan_out(

@@ -22,14 +22,13 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from esper_core.benchmarks.arms import GROWING_ARMS
 from esper_core.run.episodes import EpisodeResult
 from esper_core.telemetry.paired import paired_difference
 from esper_core.telemetry.plots import figure_png
 
 GOAL_MARGIN_POINTS = 0.3
 """The accuracy goal's margin (``ACCURACY.goal_margin``)."""
-GROWING_ARMS = ("heuristic", "gnn", "random", "periodic")
-ARMS = ("none", *GROWING_ARMS)
 PAIRS = {
     "learned_minus_heuristic": ("gnn", "heuristic"),
     "learned_minus_random": ("gnn", "random"),
@@ -110,10 +109,14 @@ def summarise_recipe(
             raise ValueError(f"arm {name} ran seeds {[r.seed for r in runs]}, expected {seeds}: runs are not paired")
     acc = {arm: [metric.value(r) for r in runs] for arm, runs in arms.items()}
     direction = metric.higher_is_better
-    diffs = {name: paired_difference(acc[a], acc[b], higher_is_better=direction) for name, (a, b) in PAIRS.items()}
+    diffs = {
+        name: paired_difference(acc[a], acc[b], higher_is_better=direction)
+        for name, (a, b) in PAIRS.items()
+        if a in arms and b in arms
+    }
     per_seed_frontier = [[frontier[w][i] for w in frontier] for i in range(len(seeds))]
     clamped_by: dict[str, int] = {}
-    for arm in GROWING_ARMS:
+    for arm in (a for a in GROWING_ARMS if a in arms):
         statics, clamped = zip(
             *(static_same_params(per_seed_frontier[i], r.total_params, metric) for i, r in enumerate(arms[arm])),
             strict=True,
@@ -124,14 +127,17 @@ def summarise_recipe(
         )
         clamped_by[f"{name}_minus_static_same_params"] = sum(clamped)
     margin = metric.goal_margin
-    goals = {
-        "learned_beats_heuristic": diffs["learned_minus_heuristic"].better(),
-        "learned_beats_random": diffs["learned_minus_random"].better(),
-        f"learned_within_{margin:g}_of_static_same_params": diffs["learned_minus_static_same_params"].non_inferior(
-            margin
-        ),
-    }
-    goals["met"] = all(goals.values())
+    # The goals are the learned policy's: judged only when every arm they compare ran.
+    goals: dict[str, bool] = {}
+    if all(a in arms for a in GROWING_ARMS):
+        goals = {
+            "learned_beats_heuristic": diffs["learned_minus_heuristic"].better(),
+            "learned_beats_random": diffs["learned_minus_random"].better(),
+            f"learned_within_{margin:g}_of_static_same_params": diffs["learned_minus_static_same_params"].non_inferior(
+                margin
+            ),
+        }
+        goals["met"] = all(goals.values())
     paired = {
         name: d.as_dict() | ({"extrapolated": clamped_by[name]} if name in clamped_by else {})
         for name, d in diffs.items()
@@ -156,6 +162,8 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
         f"{key}_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
         "params_mean": statistics.fmean(r.total_params for r in runs),
         "flops_mean": statistics.fmean(r.forward_flops for r in runs),
+        # What training cost: a grown network trains small first (EpisodeResult.train_flops).
+        "train_flops_mean": statistics.fmean(r.train_flops for r in runs),
         "wall_s_mean": statistics.fmean(r.wall_s for r in runs),
         "runs": [
             {
@@ -163,6 +171,7 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
                 key: metric.value(r),
                 "params": r.total_params,
                 "flops": r.forward_flops,
+                "train_flops": r.train_flops,
                 "wall_s": r.wall_s,
                 "commands": r.commands,
             }
@@ -174,22 +183,31 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
 def format_table(result: dict[str, Any]) -> str:
     """The human-readable report of ``esper_core.benchmarks.growth.run``'s result."""
     policy = result["policy"]
+    learned = (
+        "no learned arm"
+        if policy is None
+        else f"GNN policy v{policy['version']} ({policy['method']}, trained in {policy['training_s']:.0f} s)"
+    )
     lines = [
         f"growth on {result['device']}, plan {result['plan']}: {len(result['seeds'])} paired seeds, "
         f"epochs {result['epochs'] or 'recipe default'}, lr schedule {result['lr_schedule']}; "
-        f"GNN policy v{policy['version']} ({policy['method']}, trained in {policy['training_s']:.0f} s); "
-        f"wall {result['wall_s']:.0f} s",
+        f"{learned}; wall {result['wall_s']:.0f} s",
     ]
     for recipe, r in result["results"].items():
         key = r.get("metric", ACCURACY.key)
         label = r.get("metric_label", ACCURACY.label)
-        lines += ["", f"## {recipe}", "", f"| arm | {label} (mean ± std) | params | FLOPs/sample | wall s |"]
-        lines.append("|---|---:|---:|---:|---:|")
+        lines += [
+            "",
+            f"## {recipe}",
+            "",
+            f"| arm | {label} (mean ± std) | params | FLOPs/sample | training FLOPs | wall s |",
+        ]
+        lines.append("|---|---:|---:|---:|---:|---:|")
         rows = [(arm, s) for arm, s in r["arms"].items()] + [(f"static x{f['width']:g}", f) for f in r["frontier"]]
         for name, s in rows:
             lines.append(
                 f"| {name} | {s[f'{key}_mean']:.3f} ± {s[f'{key}_std']:.3f} | {s['params_mean']:.0f} | "
-                f"{s['flops_mean']:.0f} | {s['wall_s_mean']:.2f} |"
+                f"{s['flops_mean']:.0f} | {s.get('train_flops_mean', 0):.3g} | {s['wall_s_mean']:.2f} |"
             )
         better = "higher" if r.get("higher_is_better", True) else "lower"
         lines += ["", f"| paired difference ({better} is better) | mean | 95 % CI | n |", "|---|---:|---:|---:|"]
@@ -199,8 +217,11 @@ def format_table(result: dict[str, Any]) -> str:
                 f"| {name} | {d['mean']:+.3f} | [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]{extra} | {d['n']} |"
             )
         goals = r["goals"]
-        checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in goals.items() if k != "met")
-        lines += ["", f"goal on {recipe}: {'met' if goals['met'] else 'not met'} ({checks})"]
+        if goals:
+            checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in goals.items() if k != "met")
+            lines += ["", f"goal on {recipe}: {'met' if goals['met'] else 'not met'} ({checks})"]
+        else:
+            lines += ["", f"goal on {recipe}: not judged (the learned, heuristic and random arms did not all run)"]
     return "\n".join(lines)
 
 

@@ -43,9 +43,28 @@ class GateConfig:
             raise ValueError(f"max_loss_ratio must be > 1, got {self.max_loss_ratio}")
 
 
-def g0_width(*, layer: str, width: int, units: int, init: str, inits: Sequence[str], max_factor: float) -> GateVerdict:
-    """A width seed's request is sane: a known init and 1 <= units <= (max_factor - 1) x width."""
+def g0_width(
+    *,
+    layer: str,
+    width: int,
+    units: int,
+    init: str,
+    inits: Sequence[str],
+    max_factor: float,
+    adjacent_in_flight: Sequence[str] = (),
+) -> GateVerdict:
+    """A width seed's request is sane: a known init, 1 <= units <= (max_factor - 1) x width, and
+    no width seed in flight on an adjacent layer (``adjacent_in_flight``: the slots whose layer
+    reads this one's units, or whose units this one reads). Merging either would change the other's
+    input or output width under it while it trains."""
     limit = max(1, math.floor(width * (max_factor - 1)))
+    if adjacent_in_flight:
+        return GateVerdict(
+            gate=GateId.G0_SANITY,
+            passed=False,
+            reason=f"{layer} is adjacent to width seed(s) in flight in {list(adjacent_in_flight)}: widen it once "
+            "they have merged or been culled",
+        )
     if init not in inits:
         return GateVerdict(
             gate=GateId.G0_SANITY, passed=False, reason=f"width init must be one of {tuple(inits)}, got {init!r}"

@@ -50,6 +50,14 @@ class WidthCommands:
                 f"slot {slot_id} takes branch seeds; widen a layer through its width slot ('<layer>+width')"
             )
         check_transition(slot_id, slot.stage, S.GERMINATED)
+        site = slot.site
+        adjacent = [
+            sid
+            for sid, other in self.slots.items()
+            if isinstance(other, WidthSlot)
+            and other.seed is not None
+            and (other.site.layer == site.consumer or other.site.consumer == site.layer)
+        ]
         verdict = gates.g0_width(
             layer=slot.site.layer,
             width=slot.site.width,
@@ -57,6 +65,7 @@ class WidthCommands:
             init=init,
             inits=WIDTH_INITS,
             max_factor=self.config.width_max_factor,
+            adjacent_in_flight=adjacent,
         )
         if verdict.passed:
             try:

@@ -50,6 +50,10 @@ class EpisodeResult:
         total_params: Host plus every seed still attached.
         forward_flops: Floating-point operations of one sample's forward pass through the final
             network, seeds included (``torch.utils.flop_counter``).
+        train_flops: Floating-point operations the whole run trained with: per epoch, 3 x the
+            forward FLOPs of the network it trained (seeds included; a backward costs about two
+            forwards) x the training samples. A grown network trains small first, so it costs
+            less than the static network of its final size.
         wall_s: Wall time of the run (training, decisions, commits).
         commands: Action name -> how many were issued.
         policy_version: GNN weights served at the end, if any.
@@ -71,6 +75,7 @@ class EpisodeResult:
     commands: dict[str, int]
     policy_version: str | None
     test_loss: float = math.nan
+    train_flops: int = 0
     forks: int = 0
     fork_ms: float = 0.0
     task: EpisodeTask | None = None
@@ -153,8 +158,16 @@ def run_episode(
     session = RunSession.begin(config=config, settings=settings, run_id=run_id, tamiyo=tamiyo)
     forks = None if counterfactual is None else CounterfactualForks(counterfactual, run_id=run_id)
     fork_ms = 0.0
+    sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)
+    samples = len(session.trainer.data.train)
+    train_flops, flops_of = 0, {}
     try:
         for epoch in range(config.epochs):
+            # Measured once per architecture (a germination, a merge or a cull changes it).
+            structure = session.manager.structure_signature()
+            if structure not in flops_of:
+                flops_of[structure] = forward_flops(session.trainer.model, sample)
+            train_flops += 3 * flops_of[structure] * samples
             session.train_epoch()
             session.commit(epoch_tag(epoch, "trained"))
             command = session.decide()
@@ -164,7 +177,6 @@ def run_episode(
             session.commit(epoch_tag(epoch, "applied"))
         test = session.trainer.evaluate(session.trainer.data.test)
         last = session.history[-1]
-        sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)
         return EpisodeResult(
             run_id=run_id,
             recipe=config.recipe,
@@ -176,6 +188,7 @@ def run_episode(
             host_params=last.host_params,
             total_params=count_parameters(session.trainer.model),
             forward_flops=forward_flops(session.trainer.model, sample),
+            train_flops=train_flops,
             wall_s=time.perf_counter() - start,
             commands=dict(Counter(c.action for c in session.commands)),
             policy_version=session.tamiyo.policy_version,

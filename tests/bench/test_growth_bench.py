@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from esper_cli.main import main
+from esper_core.benchmarks.arms import ARMS
 from esper_core.benchmarks.growth import GrowthBenchConfig, run
-from esper_core.benchmarks.growth_report import ARMS
 from esper_core.settings import EsperSettings
 
 PAIRED = (

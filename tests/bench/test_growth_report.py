@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from esper_core.benchmarks.growth_report import ARMS, BITS_PER_CHAR, format_table, frontier_png, summarise_recipe
+from esper_core.benchmarks.arms import ARMS
+from esper_core.benchmarks.growth_report import BITS_PER_CHAR, format_table, frontier_png, summarise_recipe
 from esper_core.run.episodes import EpisodeResult
 
 

@@ -154,3 +154,33 @@ def test_a_checkpoint_after_a_merge_restores_the_wider_network_exactly() -> None
     run.step(), fresh.step()
     assert torch.equal(fresh.model(fresh.x), run.model(run.x))
     assert isinstance(fresh.model.model.fc1, nn.Linear) and fresh.model.model.fc1.out_features == 9
+
+
+def test_a_width_seed_waits_while_an_adjacent_layer_has_one_in_flight() -> None:
+    """fc1 feeds fc2: a merge of either would change the other seed's input or output width under
+    it (a run's periodic arm hit this as a shape error), so G0 refuses the second one."""
+    torch.manual_seed(0)
+    model = GrowableModel(MNIST1DMLP(width=6), slots=("act2",), sample_shape=(40,), batch_max=64, widen=("fc1", "fc2"))
+    manager = SeedManager(model.slots(), catalog=default_catalog())
+    manager.bind_optimizer(torch.optim.Adam(model.host_parameters(), lr=1e-2), base_lr=1e-2)
+    x, y = torch.randn(8, 40), torch.randint(0, 10, (8,))
+
+    def germinate(slot_id: str) -> object:
+        slot = model.slots()[slot_id]
+        return manager.germinate_width(
+            slot_id,
+            units=2,
+            init="random",
+            batches=width_batches(slot.host, slot.site, [(x, y)], F.cross_entropy),
+            blend_schedule=BlendSchedule.LINEAR,
+            blend_epochs=1,
+            lr_scale=1.0,
+        )
+
+    assert germinate("fc2+width").passed
+    refused = germinate("fc1+width")
+    assert not refused.passed and "adjacent to width seed(s) in flight in ['fc2+width']" in refused.reason
+    assert model.slots()["fc1+width"].stage is SeedStage.DORMANT
+    manager.cull("fc2+width", reason="make way")
+    assert germinate("fc1+width").passed
+    assert model(x).shape == (8, 10)
