@@ -69,7 +69,7 @@ def _accuracy(model: nn.Module, loader: DataLoader) -> float:
 
 
 def _germinate(model: nn.Module, layers: list[str], factor: float, init: str, probe, sample_shape, opt):  # noqa: ANN001, ANN202
-    """Attach a width seed to every layer, initialised by ``init``; returns (slot, seed, handles)."""
+    """Attach a width seed to every layer, initialised by ``init``; returns (slot, seed) pairs."""
     grown = []
     # Every site is traced before any seed is attached: the dry forward runs on the bare host.
     sites = [trace_width_site(model, name, sample_shape) for name in layers]
@@ -79,18 +79,16 @@ def _germinate(model: nn.Module, layers: list[str], factor: float, init: str, pr
         if init == "tiny":
             _line_search(model, seed, probe)
         slot = WidthSlot(site=site, batch_max=1 << 20)
-        handles = graft_width_slot(model, slot)
-        slot.seed, slot.stage, slot.alpha = seed, SeedStage.BLENDING, 1.0
+        graft_width_slot(model, slot)
+        slot.seed, slot.stage, slot.alpha = seed, SeedStage.BLENDING, 1.0  # the seed hooks in
         opt.add_param_group({"params": list(seed.parameters())})
-        grown.append((slot, seed, handles))
+        grown.append((slot, seed))
     return grown
 
 
 def _merge(model: nn.Module, grown, opt) -> None:  # noqa: ANN001
-    for slot, seed, handles in grown:
-        for h in handles:
-            h.remove()
-        slot.seed = None
+    for slot, seed in grown:
+        slot.seed = None  # unhooks
         merge_width_seed(model, seed, opt)
     opt.param_groups[:] = [g for g in opt.param_groups if g["params"]]
 
@@ -98,7 +96,7 @@ def _merge(model: nn.Module, grown, opt) -> None:  # noqa: ANN001
 def _line_search(model: nn.Module, seed: WidthSeed, probe) -> None:  # noqa: ANN001
     """Scale the seed's fan-out to the probe loss's minimum over ``_LINE_SEARCH`` (TINY's step)."""
     slot = WidthSlot(site=seed.site, batch_max=1 << 20)
-    handles = graft_width_slot(model, slot)
+    graft_width_slot(model, slot)
     slot.seed, slot.stage = seed, SeedStage.BLENDING
     base = seed.fan_out.detach().clone()
     losses = []
@@ -108,8 +106,6 @@ def _line_search(model: nn.Module, seed: WidthSeed, probe) -> None:  # noqa: ANN
             losses.append(sum(float(F.cross_entropy(model(x), y)) for x, y in probe))
         seed.fan_out.copy_(base * _LINE_SEARCH[losses.index(min(losses))])
     slot.seed = None
-    for h in handles:
-        h.remove()
 
 
 def run_arm(  # noqa: ANN201

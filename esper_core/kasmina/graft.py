@@ -360,7 +360,7 @@ class GrowableModel(nn.Module):
         for site in width_sites:
             width_slot = WidthSlot(site=site, batch_max=batch_max)
             self.seed_slots[width_slot.slot_id.replace(".", "-")] = width_slot
-            self._hooks += graft_width_slot(model, width_slot)
+            graft_width_slot(model, width_slot)
         layers = weight_layers(model)
         # A plain list, not a ModuleList: these modules are registered once, under `model`.
         self.layers: list[nn.Module] = list(layers.values())
@@ -390,7 +390,9 @@ class GrowableModel(nn.Module):
                 "from an earlier commit"
             )
         plain = copy.deepcopy(self.model)
-        ids = {h.id for h in self._hooks}
+        ids = {h.id for h in self._hooks}.union(
+            *(s.hook_ids for s in self.seed_slots.values() if isinstance(s, WidthSlot))
+        )
         for module in plain.modules():
             for hooks in (module._forward_hooks, module._forward_pre_hooks):
                 for hook_id in ids & set(hooks):

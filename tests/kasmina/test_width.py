@@ -316,3 +316,24 @@ def test_a_transformers_ffn_pair_widens_token_by_token(init: str) -> None:
     with torch.inference_mode():  # the encoder's inference fast path must not bypass the units
         torch.testing.assert_close(clean(x), model(x), rtol=1e-5, atol=1e-5)
     assert clean.encoder.layers[0].linear1.out_features == 40
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "weight", "kw"),
+    [
+        ("linear", (5, 3, 7), (1, 7), {}),
+        ("conv1d", (4, 3, 11), (1, 3, 3), {"stride": (2,), "padding": (1,), "dilation": (2,)}),
+        ("conv2d", (2, 3, 8, 7), (1, 3, 3, 2), {"stride": (1, 2), "padding": (1, 0), "dilation": (1, 1)}),
+        ("conv2d", (2, 2, 6, 6), (1, 2, 3, 3), {"stride": (1, 1), "padding": "same", "dilation": (1, 1)}),
+    ],
+)
+def test_the_rows_a_unit_reads_are_the_jacobian_of_a_one_output_layer(kind, shape, weight, kw) -> None:  # noqa: ANN001
+    """The im2col fast path (and the Linear one) equals the definition: d(one output)/d(weight)."""
+    from torch.func import jacrev
+
+    from esper_core.kasmina.width.init import _rows
+    from esper_core.kasmina.width.seed import _apply
+
+    t, w = torch.randn(*shape), torch.zeros(*weight)
+    expected = jacrev(lambda v: _apply((kind, kw), t, v, None).flatten())(w).reshape(-1, w[0].numel())
+    torch.testing.assert_close(_rows((kind, kw), t, w), expected)
