@@ -18,12 +18,20 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("run", "catalog", "registry", "bench"):
+    for command in ("run", "export", "catalog", "registry", "bench"):
         assert command in out
 
 
 @pytest.mark.parametrize(
-    "argv", [["run"], ["catalog", "list"], ["catalog", "compile"], ["registry", "list"], ["bench", "seed-reference"]]
+    "argv",
+    [
+        ["run"],
+        ["export"],
+        ["catalog", "list"],
+        ["catalog", "compile"],
+        ["registry", "list"],
+        ["bench", "seed-reference"],
+    ],
 )
 def test_every_subcommand_explains_its_options(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
@@ -109,3 +117,16 @@ def test_catalog_compile_refuses_bad_input_before_any_flow_starts(
     assert "Traceback" not in done.stdout + done.stderr
     assert "flow run" not in (done.stdout + done.stderr).lower()
     assert not (esper_home.home / "registry.db").exists()  # nothing was started
+
+
+def test_export_of_an_unknown_run_says_where_it_looked(
+    esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", "no-such-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no run 'no-such-run'" in err and str(esper_home.runs_dir) in err
+
+
+def test_bench_growth_refuses_random_without_the_learned_arm(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "growth", "--arms", "heuristic", "random", "--workers", "0"]) == 2
+    assert "budget-matched to the learned one" in capsys.readouterr().err
