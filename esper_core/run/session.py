@@ -19,7 +19,6 @@ from esper_core.contracts import (
     FieldReport,
     KernelArtifact,
     MetricPoint,
-    SeedOperation,
     SeedStage,
     SystemStatePacket,
     TelemetryEvent,
@@ -29,11 +28,10 @@ from esper_core.contracts import (
 )
 from esper_core.interrupts import deferred_interrupts
 from esper_core.karn.catalog import KarnCatalog, default_catalog
-from esper_core.karn.profiles import ShapeProfile
-from esper_core.karn.width import WIDTH_MENU, WIDTH_PROFILE, width_descriptor, width_units
-from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
-from esper_core.kasmina.width import WidthSlot, width_batches
+from esper_core.kasmina.loader import LoadedKernel, load_kernel
 from esper_core.run.build import build_trainer, load_run_data
+from esper_core.run.candidates import kernel_candidates, width_candidates
+from esper_core.run.commands import SeedCommands
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
@@ -47,7 +45,6 @@ from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
 from esper_core.tamiyo.service import Decision, TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
-from esper_core.tezzeret.compiler import environment_key
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
@@ -64,7 +61,7 @@ class RunHandle:
     run_dir: str
 
 
-class RunSession:
+class RunSession(SeedCommands):
     """One training run: host, seeds, controller, checkpoints and telemetry."""
 
     def __init__(
@@ -269,56 +266,18 @@ class RunSession:
         quarantined in the meantime is still refused when Kasmina loads it.
         """
         if self.record.candidates is None:
-            done, found = self.registry.try_call("look up kernels", self._lookup_candidates)
+            done, found = self.registry.try_call(
+                "look up kernels",
+                lambda: kernel_candidates(plan=self.plan, catalog=self.catalog, urza=self.urza, device=self.device),
+            )
             if not done:
                 # Registry unreachable: no kernel can be loaded, so no branch seed can germinate;
                 # width seeds need none. Look again next epoch.
-                return self._width_candidates()
-            self.record.candidates = found + self._width_candidates()
+                return width_candidates(self.plan)
+            # Reported with the decision.
+            self.record.lookup_ms = found.lookup_ms
+            self.record.candidates = found.candidates + width_candidates(self.plan)
         return self.record.candidates or []
-
-    def _width_candidates(self) -> list[BlueprintCandidate]:
-        """The width menu, when the host has width slots: built from the host, always available."""
-        if not self.plan.width_slots:
-            return []
-        return [
-            BlueprintCandidate(
-                descriptor=width_descriptor(entry),
-                shape_profiles=frozenset({WIDTH_PROFILE}),
-                latency_p95_ms=0.0,
-                param_cost=self.plan.param_costs[(entry, WIDTH_PROFILE)],
-            )
-            for entry in WIDTH_MENU
-        ]
-
-    def _lookup_candidates(self) -> list[BlueprintCandidate]:
-        env = environment_key(self.device)
-        out = []
-        lookup_s, lookups = 0.0, 0
-        for blueprint_id in self.plan.blueprints:
-            start = time.perf_counter()
-            # With the catalogue's parameters (which carry the blueprint's version), never an
-            # artifact of an older version of the blueprint still in the registry.
-            params = self.catalog.resolve_params(blueprint_id)
-            found = {p: self.urza.store.find_active(blueprint_id, p, env, params) for p in self.profiles}
-            lookup_s += time.perf_counter() - start
-            lookups += len(found)
-            present = {p: a for p, a in found.items() if a is not None}
-            if not present:
-                continue
-            p95 = max((s.p95_ms for a in present.values() for s in a.latency.values()), default=0.0)
-            out.append(
-                BlueprintCandidate(
-                    descriptor=self.catalog.get(blueprint_id).descriptor,
-                    shape_profiles=frozenset(present),
-                    latency_p95_ms=p95,
-                    param_cost=self.plan.param_costs[(blueprint_id, next(iter(present)))],
-                    capacity=self.plan.candidate_capacity(blueprint_id, present),
-                )
-            )
-        # Mean time of one registry lookup of an active artifact, reported with the decision.
-        self.record.lookup_ms = lookup_s * 1e3 / max(lookups, 1)
-        return out
 
     def decide(self) -> AdaptationCommand:
         """Ask Tamiyo for this epoch's command within its deadline (does not change the run).
@@ -468,84 +427,6 @@ class RunSession:
             )
         )
         return outcome
-
-    def _apply(self, command: AdaptationCommand, metrics: list[MetricPoint]) -> None:
-        op = command.seed_operation
-        # WAIT and PAUSE change nothing here: both mean "no adaptation this epoch".
-        if command.command_type is CommandType.OPTIMIZER:
-            for group in self.trainer.optimizer.param_groups:
-                group["lr"] *= command.lr_scale
-        elif op is SeedOperation.GERMINATE:
-            assert command.slot_id is not None and command.blueprint_id is not None
-            slot = self.manager.slots.get(command.slot_id)
-            if slot is None:
-                raise ValueError(f"unknown slot {command.slot_id!r}; slots: {sorted(self.manager.slots)}")
-            if isinstance(slot, WidthSlot):
-                self._germinate_width(command, slot)
-                return
-            kernel = self._fetch_kernel(command.blueprint_id, slot.profile)
-            metrics.append(
-                MetricPoint(
-                    name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": command.slot_id}
-                )
-            )
-            verdict = self.manager.germinate(
-                command.slot_id,
-                kernel,
-                params=dict(command.parameters),
-                blend_schedule=command.blend_schedule,
-                blend_epochs=command.blend_epochs,
-                lr_scale=command.lr_scale,
-            )
-            if not verdict.passed:
-                raise ValueError(f"G0 refused {command.blueprint_id} in {command.slot_id}: {verdict.reason}")
-        elif op is SeedOperation.ADVANCE:
-            self.manager.advance(command.slot_id or "")
-        elif op is SeedOperation.FOSSILIZE:
-            self.manager.fossilize(command.slot_id or "")
-        elif op is SeedOperation.CULL:
-            self.manager.cull(command.slot_id or "", reason=command.reason)
-
-    def _germinate_width(self, command: AdaptationCommand, slot: WidthSlot) -> None:
-        """New units for a width slot's layer, initialised from the host's signals on the first
-        training batches (in eval mode: a BatchNorm's running statistics are read, not updated,
-        and dropout draws nothing, so a resumed run germinates the same units)."""
-        assert command.blueprint_id is not None
-        units = width_units(command.blueprint_id, slot.site.width)
-        kasmina = self.config.kasmina
-        host, was_training = slot.host, slot.host.training
-        host.eval()
-        try:
-            batches = width_batches(
-                host, slot.site, self.trainer.first_batches(kasmina.seed_init_batches), self.config.loss
-            )
-        finally:
-            host.train(was_training)
-        verdict = self.manager.germinate_width(
-            slot.slot_id,
-            units=units,
-            init=kasmina.width_init,
-            batches=batches,
-            blend_schedule=command.blend_schedule,
-            blend_epochs=command.blend_epochs,
-            lr_scale=command.lr_scale,
-        )
-        if not verdict.passed:
-            raise ValueError(f"G0 refused {command.blueprint_id} in {slot.slot_id}: {verdict.reason}")
-
-    def _fetch_kernel(self, blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
-        # Tier policy, newest active artifact, guards against the slot before any bytes load,
-        # SHA-256 on read; the seed manager pre-warms once it is attached.
-        return load_for_slot(
-            self.urza,
-            blueprint_id,
-            profile,
-            catalog=self.catalog,
-            device=self.device,
-            approved=self.config.approved_blueprints,
-            params=self.catalog.resolve_params(blueprint_id),
-            prewarm=False,
-        )
 
     def _load_kernel(self, artifact: KernelArtifact) -> LoadedKernel:
         # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.

@@ -1,0 +1,102 @@
+"""Carrying out one of Tamiyo's commands on a live run (``RunSession.apply`` wraps it with the
+safety rails, the rejection path and the step's telemetry).
+
+A germination takes one of two paths: a branch blueprint's kernel is fetched from Urza and loaded
+into its slot; a width-menu entry is built by Kasmina from the host itself and initialised from
+the host's own signals.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from esper_core.contracts import AdaptationCommand, CommandType, MetricPoint, SeedOperation
+from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.width import width_units
+from esper_core.kasmina.loader import LoadedKernel, load_for_slot
+from esper_core.kasmina.width import WidthSlot, width_batches
+
+if TYPE_CHECKING:
+    from esper_core.run.session import RunSession
+
+
+class SeedCommands:
+    """Mixed into ``RunSession``: what each command does to the trainer and the seed manager."""
+
+    def _apply(self: RunSession, command: AdaptationCommand, metrics: list[MetricPoint]) -> None:
+        op = command.seed_operation
+        # WAIT and PAUSE change nothing here: both mean "no adaptation this epoch".
+        if command.command_type is CommandType.OPTIMIZER:
+            for group in self.trainer.optimizer.param_groups:
+                group["lr"] *= command.lr_scale
+        elif op is SeedOperation.GERMINATE:
+            assert command.slot_id is not None and command.blueprint_id is not None
+            slot = self.manager.slots.get(command.slot_id)
+            if slot is None:
+                raise ValueError(f"unknown slot {command.slot_id!r}; slots: {sorted(self.manager.slots)}")
+            if isinstance(slot, WidthSlot):
+                self._germinate_width(command, slot)
+                return
+            kernel = self._fetch_kernel(command.blueprint_id, slot.profile)
+            metrics.append(
+                MetricPoint(
+                    name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": command.slot_id}
+                )
+            )
+            verdict = self.manager.germinate(
+                command.slot_id,
+                kernel,
+                params=dict(command.parameters),
+                blend_schedule=command.blend_schedule,
+                blend_epochs=command.blend_epochs,
+                lr_scale=command.lr_scale,
+            )
+            if not verdict.passed:
+                raise ValueError(f"G0 refused {command.blueprint_id} in {command.slot_id}: {verdict.reason}")
+        elif op is SeedOperation.ADVANCE:
+            self.manager.advance(command.slot_id or "")
+        elif op is SeedOperation.FOSSILIZE:
+            self.manager.fossilize(command.slot_id or "")
+        elif op is SeedOperation.CULL:
+            self.manager.cull(command.slot_id or "", reason=command.reason)
+
+    def _germinate_width(self: RunSession, command: AdaptationCommand, slot: WidthSlot) -> None:
+        """New units for a width slot's layer, initialised from the host's signals on the first
+        training batches (in eval mode: a BatchNorm's running statistics are read, not updated,
+        and dropout draws nothing, so a resumed run germinates the same units)."""
+        assert command.blueprint_id is not None
+        units = width_units(command.blueprint_id, slot.site.width)
+        kasmina = self.config.kasmina
+        host, was_training = slot.host, slot.host.training
+        host.eval()
+        try:
+            batches = width_batches(
+                host, slot.site, self.trainer.first_batches(kasmina.seed_init_batches), self.config.loss
+            )
+        finally:
+            host.train(was_training)
+        verdict = self.manager.germinate_width(
+            slot.slot_id,
+            units=units,
+            init=kasmina.width_init,
+            batches=batches,
+            blend_schedule=command.blend_schedule,
+            blend_epochs=command.blend_epochs,
+            lr_scale=command.lr_scale,
+        )
+        if not verdict.passed:
+            raise ValueError(f"G0 refused {command.blueprint_id} in {slot.slot_id}: {verdict.reason}")
+
+    def _fetch_kernel(self: RunSession, blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
+        # Tier policy, newest active artifact, guards against the slot before any bytes load,
+        # SHA-256 on read; the seed manager pre-warms once it is attached.
+        return load_for_slot(
+            self.urza,
+            blueprint_id,
+            profile,
+            catalog=self.catalog,
+            device=self.device,
+            approved=self.config.approved_blueprints,
+            params=self.catalog.resolve_params(blueprint_id),
+            prewarm=False,
+        )
