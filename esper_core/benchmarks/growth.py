@@ -330,6 +330,7 @@ def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
         settings = EsperSettings(home=Path(job.home))
         runs: list[tuple[str, float, EpisodeResult]] = []
         gnn: EpisodeResult | None = None
+        none: EpisodeResult | None = None
         for arm, width in [(a, 1.0) for a in _arms(job.config)] + [("none", w) for w in job.plan.widths]:
             run_config = _arm_config(job.recipe, seed=job.seed, arm=arm, width=width, plan=job.plan, config=job.config)
             if job.gnn is not None:
@@ -337,13 +338,18 @@ def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
             if arm == "gnn":
                 run_config.tamiyo = dataclasses.replace(run_config.tamiyo, policy_version=job.version)
             if arm == "random":
-                assert gnn is not None, "ARMS lists gnn before random"
-                risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=gnn.total_params - gnn.host_params)
+                assert gnn is not None and none is not None, "ARMS lists none and gnn before random"
+                # What the learned arm grew: its seeds, and what its merged width seeds added to
+                # the host (the none arm is the same seed's host, never grown).
+                grown = gnn.total_params - none.total_params
+                risk = dataclasses.replace(run_config.tamiyo.risk, max_seed_params=grown)
                 run_config.tamiyo = dataclasses.replace(run_config.tamiyo, risk=risk)
             run_id = fresh_run_id(settings, f"growth-{job.recipe}-{arm}-w{width:g}-s{job.seed}")
             result = run_episode(run_config, settings=settings, run_id=run_id)
             if arm == "gnn":
                 gnn = result
+            if arm == "none" and width == 1.0:
+                none = result
             runs.append((arm, width, result))
         return runs
     finally:

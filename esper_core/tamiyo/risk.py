@@ -66,7 +66,7 @@ class RiskConfig:
         max_param_growth: Parameters all active seeds may add, as a multiple of the host's (4x
             lets the seed-reference host's only blueprint in, 2.1x its size, and stops a residual
             MLP of 11x the digits-cnn host).
-        max_seed_params: Parameters all active seeds may hold together, in absolute terms; None
+        max_seed_params: Parameters the run may grow (active seeds plus merged width units), in absolute terms; None
             (default): no absolute cap. The growth benchmark gives a baseline the parameters the
             policy it is compared with grew, so both end at most the same size.
         max_latency_ratio: Epoch latency over its budget above which growth is vetoed; None
@@ -300,7 +300,7 @@ class RiskEngine:
         if self._within_budget(ctx, candidate):
             return None
         total = _seed_params(ctx) + candidate.param_cost
-        limit = f"{cfg.max_param_growth:g} x host {current.host_params}"
+        limit = f"{cfg.max_param_growth:g} x host {ctx.history[0].host_params} at the start"
         if cfg.max_seed_params is not None:
             limit = f"min({limit}, max_seed_params {cfg.max_seed_params})"
         why = f"{candidate.blueprint_id} adds {candidate.param_cost} parameters; seeds would hold {total} > {limit}"
@@ -327,7 +327,9 @@ class RiskEngine:
         return desc.risk <= self.config.max_blueprint_risk
 
     def _within_budget(self, ctx: RiskContext, candidate: BlueprintCandidate) -> bool:
-        return _seed_params(ctx) + candidate.param_cost <= self.config.seed_param_limit(ctx.current.host_params)
+        # Against the host the run started with: a merged width seed grows the host, and the
+        # budget must not grow with it.
+        return _seed_params(ctx) + candidate.param_cost <= self.config.seed_param_limit(ctx.history[0].host_params)
 
     def _downgrade_or_veto(
         self, name: str, ctx: RiskContext, command: AdaptationCommand, why: str
@@ -366,7 +368,15 @@ def _profile(ctx: RiskContext, slot_id: str | None) -> str | None:
 
 
 def _seed_params(ctx: RiskContext) -> int:
-    return sum(s.param_count for s in ctx.current.seeds if s.stage.is_active)
+    """Parameters the run has grown so far: its active seeds', plus what merged width seeds added
+    to the host (``merged_growth``), which no seed holds any more."""
+    return sum(s.param_count for s in ctx.current.seeds if s.stage.is_active) + merged_growth(ctx.history)
+
+
+def merged_growth(history: Sequence[SystemStatePacket]) -> int:
+    """Parameters the host gained since the run's first epoch: merged width seeds (0 for a run
+    that grows by branch seeds only, whose host keeps its size)."""
+    return max(0, history[-1].host_params - history[0].host_params) if history else 0
 
 
 def _replace(command: AdaptationCommand, **fields: object) -> AdaptationCommand:

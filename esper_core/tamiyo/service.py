@@ -46,7 +46,7 @@ from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tamiyo.graph import TamiyoGraph, build_graph
 from esper_core.tamiyo.heuristic import HeuristicPolicy
 from esper_core.tamiyo.model import ACTION_NAMES, ACTIONS, BLEND_SCHEDULES, PolicyOutput, TamiyoGNN
-from esper_core.tamiyo.risk import RiskContext, RiskEngine
+from esper_core.tamiyo.risk import RiskContext, RiskEngine, merged_growth
 
 __all__ = ["BREAKER_ISSUER", "SHADOW_NOTE", "Decision", "TamiyoConfig", "TamiyoService"]
 
@@ -262,8 +262,11 @@ class TamiyoService:
         return build_graph(history, candidates, total_epochs=total_epochs, param_budget=self.param_budget(history))
 
     def param_budget(self, history: Sequence[SystemStatePacket]) -> int | None:
-        """Parameters all active seeds may hold at ``history[-1]`` (None for an empty history)."""
-        return self.config.risk.seed_param_limit(history[-1].host_params) if history else None
+        """Parameters all active seeds may hold at ``history[-1]`` (None for an empty history):
+        the risk engine's limit for the run's starting host, less what merged width seeds grew."""
+        if not history:
+            return None
+        return self.config.risk.seed_param_limit(history[0].host_params) - merged_growth(history)
 
     def _score(self, graph: TamiyoGraph) -> _Scores:
         x_dict, edge_index_dict = self.policy.inputs(graph)

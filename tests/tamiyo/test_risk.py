@@ -210,3 +210,21 @@ def test_max_seed_params_caps_what_seeds_hold_in_all() -> None:
     assert zero.command_type is CommandType.WAIT
     with pytest.raises(ValueError, match="max_seed_params must be >= 0"):
         RiskConfig(max_seed_params=-1)
+
+
+def test_merged_width_counts_against_the_budget_of_the_host_the_run_started_with() -> None:
+    """A merged width seed moves its parameters into the host: no seed holds them any more, yet
+    they are growth. The budget counts them, and is set by the starting host, not the grown one."""
+    from esper_core.tamiyo.risk import merged_growth
+
+    start = _history()
+    grown = [*start[:-1], start[-1].model_copy(update={"host_params": 4_300})]
+    assert merged_growth(start) == 0 and merged_growth(grown) == 300
+    # 300 merged + 500 for "small" = 800: within 800, not within 799.
+    assert _review(_germinate(), history=grown, config=RiskConfig(max_seed_params=800)).risk_rule is None
+    capped = _review(_germinate(), history=grown, config=RiskConfig(max_seed_params=799))
+    assert capped.command_type is CommandType.WAIT and capped.risk_rule == "param_budget"
+    # max_param_growth 0.2 of the starting 4,000 is 800 (of the grown 4,300 it would be 860).
+    assert _review(_germinate(), history=grown, config=RiskConfig(max_param_growth=0.2)).risk_rule is None
+    over = _review(_germinate(), history=grown, config=RiskConfig(max_param_growth=0.199))
+    assert over.risk_rule == "param_budget" and "x host 4000 at the start" in over.reason
