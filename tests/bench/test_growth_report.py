@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from esper_core.benchmarks.arms import ARMS
@@ -54,3 +55,29 @@ def test_bits_per_character_are_compared_with_lower_as_better() -> None:
     }
     assert "| gnn | 1.905 ± " in format_table(result) and "lower is better" in format_table(result)
     assert frontier_png(result)[:4] == b"\x89PNG"
+
+
+def test_a_subset_of_arms_is_compared_where_it_can_be_and_its_goals_are_not_judged() -> None:
+    """``--arms heuristic``: the heuristic's entries, no learned ones, and no goal verdict (the
+    goals compare the learned policy with the others)."""
+    seeds = range(3)
+    arms = {arm: [_run(arm, s, 2.0 - (0.1 if arm == "heuristic" else 0.0) + 0.01 * s, 1000) for s in seeds]
+            for arm in ("none", "heuristic")}  # fmt: skip
+    arms["heuristic"] = [dataclasses.replace(r, train_flops=7) for r in arms["heuristic"]]
+    frontier = {1.0: arms["none"], 2.0: [_run("none", s, 1.9, 3000) for s in seeds]}
+    report = summarise_recipe(arms, frontier, BITS_PER_CHAR)
+    assert set(report["paired"]) == {"heuristic_minus_none", "heuristic_minus_static_same_params"}
+    assert report["goals"] == {}
+    assert report["arms"]["heuristic"]["train_flops_mean"] == 7
+    result = {
+        "device": "cpu",
+        "plan": "smoke",
+        "seeds": list(seeds),
+        "epochs": 2,
+        "lr_schedule": "cosine",
+        "wall_s": 1.0,
+        "policy": None,
+        "results": {"chars-gpt": report},
+    }
+    table = format_table(result)
+    assert "no learned arm" in table and "goal on chars-gpt: not judged" in table
