@@ -355,7 +355,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=GROWING_ARMS,
         metavar="ARM",
         help=f"growing arms to run beside no growth and the frontier ({', '.join(GROWING_ARMS)}); without gnn no "
-        "policy is trained and the goals are not judged; random needs gnn (default: all)",
+        "policy is trained; the goals are judged when gnn, heuristic and random run; random needs gnn (default: all)",
     )
     b_growth.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     b_growth.add_argument(

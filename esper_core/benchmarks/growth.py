@@ -122,8 +122,8 @@ class GrowthBenchConfig:
             local cluster; its workers need this ``home`` on a shared path and the same
             ``ESPER_REGISTRY_URL``.
         arms: The growing arms to run beside ``none`` and the frontier (default: all of
-            ``GROWING_ARMS``). Without ``gnn`` no policy is trained and the goals, which are about
-            the learned policy, are not judged; ``random`` needs ``gnn`` (its budget is the
+            ``GROWING_ARMS``). Without ``gnn`` no policy is trained; the goals, which are about
+            the learned policy, are judged when ``gnn``, ``heuristic`` and ``random`` all run; ``random`` needs ``gnn`` (its budget is the
             learned arm's).
     """
 
