@@ -169,5 +169,9 @@ def test_a_real_pushgateway_holds_the_group_until_close_deletes_it(pushgateway: 
 
     sink.close()
 
-    after = _get(f"{pushgateway}/metrics")
+    # The Pushgateway answers a DELETE once it has queued it (202 Accepted) and applies it after:
+    # read /metrics until the group is gone (it failed once, loaded, when read right away).
+    deadline = time.monotonic() + 15
+    while 'instance="h:7"' in (after := _get(f"{pushgateway}/metrics")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert 'instance="h:7"' not in after, "the group outlived the run: its last values would alert forever"
