@@ -7,7 +7,9 @@ import math
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.run.build import load_run_data
 from esper_core.run.plan import check_recipe
+from esper_core.run.ranks import check_parallel
 from esper_core.run.recipes import RECIPES, get_recipe
 
 
@@ -15,13 +17,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
     # take, a blueprint that fits no slot) fails here, before Prefect starts a server or a flow
     # run, with the message that says what was expected.
-    check_recipe(get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed))
+    config = get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed)
+    check_recipe(config)
+    if args.nproc > 1:
+        # Before Prefect starts too: a batch the processes cannot share, or too few GPUs.
+        check_parallel(config, args.nproc, train_samples=len(load_run_data(config).train))
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 
     with local_flow_settings():
         summary = morphogenesis(
-            recipe=args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id
+            recipe=args.recipe,
+            epochs=args.epochs,
+            device=args.device,
+            seed=args.seed,
+            run_id=args.run_id,
+            nproc=args.nproc,
         )
     print()
     print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")
@@ -29,6 +40,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # A cross-entropy in nats, per target: a language model's bits per character.
     print(f"loss       test {summary.test_loss:.4f} ({summary.test_loss / math.log(2):.3f} bits per target)")
     print(f"params     host {summary.host_params}  total {summary.total_params}")
+    shares = " + ".join(map(str, summary.batch_per_process))
+    print(
+        f"training   {summary.processes} process{'es' if summary.processes > 1 else ''}, global batch "
+        f"{summary.batch_size} ({shares} per process), learning rate {summary.learning_rate:g}"
+    )
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")
     print(f"commands   {summary.commands}")
@@ -56,4 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to train (default: %(default)s)")
     run.add_argument("--seed", type=int, default=None, help="override the recipe's random seed")
     run.add_argument("--run-id", default=None, help="resume this run from its last committed epoch")
+    run.add_argument(
+        "--nproc",
+        type=positive,
+        default=1,
+        help="data-parallel processes training the run together (torch.distributed: gloo on CPU, NCCL "
+        "with one GPU each); the recipe's batch is shared among them (default: %(default)s)",
+    )
     run.set_defaults(func=_cmd_run)

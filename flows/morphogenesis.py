@@ -5,13 +5,15 @@ from __future__ import annotations
 from prefect import flow
 
 from esper_core._capabilities import Device
+from esper_core.run.build import load_run_data
 from esper_core.run.plan import check_recipe
+from esper_core.run.ranks import check_parallel
 from esper_core.run.recipes import RecipeRef, get_recipe
 from esper_core.run.reports import RunSummary
 from flows.compile_catalog import compile_catalog
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
-from tasks.train import finish, grow, kernels_ready, start_run
+from tasks.train import finish, grow, grow_parallel, kernels_ready, start_run
 
 
 @flow(name="morphogenesis", log_prints=True)
@@ -21,6 +23,7 @@ def morphogenesis(
     device: Device = "auto",
     seed: int | None = None,
     run_id: str | None = None,
+    nproc: int = 1,
 ) -> RunSummary:
     """Grow a network: compile its seed kernels (unless published), then train / decide / apply per epoch.
 
@@ -32,6 +35,9 @@ def morphogenesis(
         seed: Override the recipe's random seed.
         run_id: Resume this run from its last committed epoch instead of starting a new one;
             default: named after the flow run, so a re-executed flow run resumes its own run.
+        nproc: Data-parallel processes training the run together (``torch.distributed``: gloo
+            on CPU, NCCL with one GPU a process). The recipe's batch is the global batch, shared
+            among them; a resume may use another number.
 
     Epochs run in ``grow`` tasks of about ``ESPER_GROW_TASK_SECONDS`` each (default 10 s): long
     enough that Prefect's ~5 ms a task run is lost in the work, short enough that a long run shows
@@ -39,15 +45,22 @@ def morphogenesis(
     """
     # A bad recipe (unknown name, bad import path, wrong return type, a blueprint that fits no
     # slot) fails the run here, before any task, with the message that says what was expected.
-    check_recipe(get_recipe(recipe, epochs=epochs, device=device, seed=seed))
+    config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+    check_recipe(config)
+    if nproc != 1:
+        check_parallel(config, nproc, train_samples=len(load_run_data(config).train))
     task_seconds = settings().grow_task_seconds
     if not kernels_ready(recipe, device):
         compile_catalog(recipe=recipe, device=device)
-    start = start_run(recipe, epochs, device, seed, run_id)
-    epoch = start.next_epoch
-    while epoch < start.epochs:
-        epoch = grow(start.handle, epoch, start.epochs, task_seconds).next_epoch
-    result = finish(start.handle)
+    if nproc > 1:
+        handle = grow_parallel(recipe, epochs, device, seed, run_id, nproc)
+    else:
+        start = start_run(recipe, epochs, device, seed, run_id)
+        handle = start.handle
+        epoch = start.next_epoch
+        while epoch < start.epochs:
+            epoch = grow(handle, epoch, start.epochs, task_seconds).next_epoch
+    result = finish(handle)
     publish_run_artifacts(result.summary, result.history)
     summary = result.summary
     print(

@@ -62,6 +62,16 @@ def prometheus() -> PrometheusSink | PushingSink:
     return sink
 
 
+def run_sink(run_id: str, workload: str) -> TelemetrySink:
+    """The Prometheus sink of a run trained in another process (rank 0 of ``esper run --nproc``),
+    labelled as ``remember`` labels a live session's. Built in that process: when this one
+    serves ``ESPER_PROMETHEUS_PORT`` the rank cannot, and its metrics reach Prometheus through
+    ``ESPER_PUSHGATEWAY_URL`` (and telemetry.jsonl always)."""
+    sink = prometheus()
+    sink.label_run(run_id, workload=workload)
+    return sink
+
+
 def service_sink() -> TelemetrySink:
     """Where telemetry of work outside a run (compiles, publishes) goes."""
     return FanoutSink(JsonlSink(settings().home / "telemetry.jsonl"), prometheus())

@@ -16,6 +16,7 @@ No tags: Prefect 3.8 makes one concurrency-slot API call for every run of a task
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,18 +26,19 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
-from esper_core.contracts import SystemStatePacket
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import find_published
-from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied
+from esper_core.run.commits import START_TAG, epochs_applied
 from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
+from esper_core.run.ranks import ParallelSpec, launch, record_launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import RunHandle, RunSession
+from esper_core.run.steps import EpochReport, grow_epoch
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
 from tasks._limits import limited, time_limit, timeout_message
-from tasks._runtime import forget, prometheus, remember, session_for, settings
+from tasks._runtime import forget, prometheus, remember, run_sink, session_for, settings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,20 +48,6 @@ class RunStart:
     handle: RunHandle
     epochs: int
     next_epoch: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EpochReport:
-    """Headline numbers of one epoch and the command that followed it."""
-
-    epoch: int
-    train_loss: float
-    val_loss: float
-    val_accuracy: float
-    train_ms: float
-    seeds: dict[str, str]
-    action: str
-    outcome: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,10 +64,6 @@ class RunResult:
 
     summary: RunSummary
     history: list[dict[str, Any]]
-
-
-def _before(epoch: int) -> str:
-    return START_TAG if epoch == 0 else epoch_tag(epoch - 1, "applied")
 
 
 def flow_run_id_default() -> str | None:
@@ -132,6 +116,7 @@ def start_run(recipe: str, epochs: int | None, device: str, seed: int | None, ru
         extra_sink=prometheus(),
     )
     remember(session)
+    record_launch(session, nproc=1, backend="none", pids=[os.getpid()])
     if session.epoch > 0:
         get_run_logger().info(
             "resuming run %s at epoch %d (last commit %s)", session.run_id, session.epoch, session.committed_tag
@@ -149,40 +134,6 @@ def _retry_unless_halted(task: Any, task_run: Any, state: Any) -> bool:
     except Exception:  # noqa: BLE001 - any other failure is worth the retry policy
         return True
     return True
-
-
-def _trained(session: RunSession, epoch: int) -> SystemStatePacket:
-    """Epoch ``epoch`` trained and committed as ``trained``.
-
-    An epoch already committed (by an execution that died before its decision was applied) is
-    restored, not trained again, so its telemetry and field reports are not written twice.
-    """
-    trained = epoch_tag(epoch, "trained")
-    if session.checkpoints.latest() == trained:
-        session.ensure_at(trained)
-        return session.history[-1]
-    session.ensure_at(_before(epoch))
-    packet = session.train_epoch()
-    session.commit(trained)
-    return packet
-
-
-def grow_epoch(session: RunSession, epoch: int) -> EpochReport:
-    """Train epoch ``epoch``, ask Tamiyo, have Kasmina apply her command; commit after each half."""
-    packet = _trained(session, epoch)
-    command = session.decide()
-    outcome = session.apply(command)
-    session.commit(epoch_tag(epoch, "applied"))
-    return EpochReport(
-        epoch=packet.epoch,
-        train_loss=packet.train_loss,
-        val_loss=packet.val_loss,
-        val_accuracy=packet.val_accuracy,
-        train_ms=packet.epoch_latency_ms,
-        seeds={s.slot_id: s.stage.value for s in packet.seeds},
-        action=command.action,
-        outcome=outcome,
-    )
 
 
 @task(
@@ -251,6 +202,33 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
             last.seeds,
         )
     return Growth(epochs=tuple(reports), next_epoch=epoch)
+
+
+@task(
+    name="grow-parallel",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=_retry_unless_halted,
+    cache_policy=NO_CACHE,
+    # Prefect's signal interrupts the wait for the ranks, and the launch stops them.
+    timeout_seconds=time_limit("train"),
+    **limited("train"),
+)
+def grow_parallel(
+    recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None, nproc: int
+) -> RunHandle:
+    """Train the whole run on ``nproc`` data-parallel processes (``esper_core.run.ranks``).
+
+    Without ``run_id`` the run is named after the flow run, as ``start_run`` names it. A retry (a
+    rank died, the machine ran out of memory) launches the ranks again, and they resume from the
+    run's last commit; so does a later ``esper run --run-id ... --nproc N`` with any N.
+    """
+    run_id = run_id or flow_run_id_default()
+    if run_id is None:
+        raise ValueError("grow_parallel runs inside the morphogenesis flow, or needs a run_id")
+    spec = ParallelSpec(run_id=run_id, recipe=recipe, nproc=nproc, epochs=epochs, device=device, seed=seed)
+    get_run_logger().info("training run %s on %d data-parallel processes", run_id, nproc)
+    return launch(spec, settings(), sink_factory=run_sink)
 
 
 def history_rows(session: RunSession) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import SeedManager
 from esper_core.run.config import RunConfig
 from esper_core.run.task import vary_dataset
+from esper_core.tolaria.collective import Collective
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.slotgrads import GROWTH_SIGNALS
 from esper_core.tolaria.step import DecisionCache
@@ -73,6 +74,7 @@ def build_trainer(
     home: Path | None = None,
     data: Dataset | None = None,
     recorded: bool = True,
+    collective: Collective | None = None,
 ) -> Trainer:
     """Seed every RNG, load the data, build the host with its slots and the trainer around it.
 
@@ -84,6 +86,7 @@ def build_trainer(
             engine measures afresh.
         data: The run's data, when already loaded (e.g. by the plan); default: loaded here.
         recorded: Whether the run's decisions are recorded for Simic (``growth_signals``).
+        collective: The ranks of a data-parallel run (default: one process).
     """
     initialise_pytorch_defaults()
     seed_everything(config.seed)
@@ -107,4 +110,5 @@ def build_trainer(
         decision_cache=None if home is None else DecisionCache(home / "step_decisions.json"),
         total_epochs=config.epochs,
         signals=growth_signals(config, recorded=recorded),
+        collective=collective,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_core.contracts import SeedStage
+from esper_core.run.ranks import launches
 from esper_core.run.session import RunSession
 from esper_core.telemetry import read_jsonl, write_baseline
 from esper_core.tolaria.loop import count_parameters
@@ -39,6 +40,14 @@ class RunSummary:
     """Worst Tamiyo decision latency of the run (timed-out ones included)."""
     tamiyo_timeouts: int = 0
     """Decisions that missed ``SafetyConfig.tamiyo_deadline_ms`` and became a WAIT."""
+    processes: int = 1
+    """Data-parallel processes of the run's last launch (``esper run --nproc``)."""
+    batch_size: int = 0
+    """The effective (global) batch: the recipe's, however many processes share it."""
+    batch_per_process: tuple[int, ...] = ()
+    """Each process's share of every global batch."""
+    learning_rate: float = 0.0
+    """The recipe's learning rate, which the global batch keeps (no rescaling for processes)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -66,6 +75,7 @@ def finish_run(session: RunSession) -> RunSummary:
         run_dir=str(session.run_dir),
         checkpoints={"files": len(session.checkpoints.tags()), "bytes": session.checkpoints.size_bytes()},
         **_decision_latency(Path(session.run_dir) / "telemetry.jsonl"),
+        **_sharing(session),
     )
     run_dir = Path(session.run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
@@ -92,6 +102,18 @@ def finish_run(session: RunSession) -> RunSummary:
     return summary
 
 
+def _sharing(session: RunSession) -> dict[str, Any]:
+    """How the last launch shared the run among processes (one process when never launched parallel)."""
+    batch = session.config.data.batch_size
+    last = (launches(Path(session.run_dir)) or [{"nproc": 1, "rank_batch": [batch]}])[-1]
+    return {
+        "processes": last["nproc"],
+        "batch_size": batch,
+        "batch_per_process": tuple(last["rank_batch"]),
+        "learning_rate": session.config.trainer.lr,
+    }
+
+
 def _decision_latency(telemetry: Path) -> dict[str, Any]:
     """The worst decision latency and the timeout count over every epoch the run committed
     (read from its telemetry: the epochs may have run in other processes)."""
@@ -110,6 +132,10 @@ def render_report(session: RunSession, summary: RunSummary) -> str:
         f"Test accuracy **{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f}) after "
         f"{summary.epochs} epochs on {summary.device}; parameters {summary.host_params} host, "
         f"{summary.total_params} total.",
+        "",
+        f"Trained by {summary.processes} process{'es' if summary.processes > 1 else ''}: global batch "
+        f"{summary.batch_size} ({' + '.join(map(str, summary.batch_per_process))} per process), learning rate "
+        f"{summary.learning_rate:g}.",
         "",
         "| epoch | train loss | val loss | val acc | train ms | seeds |",
         "|---:|---:|---:|---:|---:|---|",

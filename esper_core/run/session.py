@@ -12,6 +12,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from esper_core.contracts import (
     AdaptationCommand,
@@ -44,13 +45,22 @@ from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
 from esper_core.tamiyo.service import Decision, TamiyoService
-from esper_core.telemetry import FanoutSink, JsonlSink, TelemetrySink
+from esper_core.telemetry import FanoutSink, JsonlSink, NullSink, TelemetrySink
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
+from esper_core.tolaria.collective import Collective, Solo
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted, call_with_deadline
 from esper_core.urza.errors import RegistryError, RegistryUnavailableError
 from esper_core.urza.service import Urza
+
+
+def write_run_spec(run_dir: Path, *, recipe: str, epochs: int | None, device: str | None, seed: int | None) -> None:
+    """Record what a new run was started with (``run.json``), from which ``RunSession.open``
+    rebuilds its configuration."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"run_id": run_dir.name, "recipe": recipe, "epochs": epochs, "device": device, "seed": seed}
+    (run_dir / "run.json").write_text(json.dumps(spec, indent=2))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,10 +84,18 @@ class RunSession(SeedCommands):
         catalog: KarnCatalog | None = None,
         extra_sink: TelemetrySink | None = None,
         tamiyo: TamiyoService | None = None,
+        collective: Collective | None = None,
     ) -> None:
         """``tamiyo``: a running Tamiyo to decide with (e.g. one shared by many runs of a
-        benchmark, already compiled); default: a new one from ``config.tamiyo``."""
+        benchmark, already compiled); default: a new one from ``config.tamiyo``.
+
+        ``collective``: this process's place among the ranks of a data-parallel run
+        (``esper_core.run.ranks`` launches them). Every rank trains and applies every command;
+        rank 0 alone decides (and sends the command to the others), writes checkpoints,
+        telemetry and Simic's records. Default: a single process."""
         self.config = config
+        self.collective: Collective = collective or Solo()
+        leader = self.collective.leader
         self.settings = settings
         self.run_id = run_id
         self.run_dir = settings.runs_dir / run_id
@@ -94,6 +112,7 @@ class RunSession(SeedCommands):
             home=settings.home,
             data=data,
             recorded=self.records is not None,
+            collective=self.collective,
         )
         self.manager = self.trainer.manager
         self.device = self.trainer.device
@@ -102,12 +121,16 @@ class RunSession(SeedCommands):
         self.tamiyo = tamiyo
         self.profiles = self.plan.profiles
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)
-        self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints))
-        jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
-        self.sink: TelemetrySink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
+        self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints, persist=leader))
+        self.sink: TelemetrySink = NullSink()
+        if leader:
+            jsonl = JsonlSink(self.run_dir / "telemetry.jsonl")
+            self.sink = jsonl if extra_sink is None else FanoutSink(jsonl, extra_sink)
         # Every database call of the run goes through it: an outage is ridden out, not fatal.
         self.registry = RegistryLink(limit_s=settings.registry_outage_limit_s, emit=self._emit_event)
-        self._unrecorded = PendingRecords(self.records, self.registry, self.run_dir / "unrecorded.json")
+        self._unrecorded = PendingRecords(
+            self.records if leader else None, self.registry, self.run_dir / "unrecorded.json"
+        )
         # Everything a step changes; commit, restore and a counterfactual fork go through it.
         self.state = RunState(trainer=self.trainer, rails=self.rails, load_kernel=self._load_kernel)
         self.record: RunRecord = self.state.record
@@ -126,7 +149,9 @@ class RunSession(SeedCommands):
         run_id: str | None = None,
         extra_sink: TelemetrySink | None = None,
     ) -> RunSession:
-        """Start a new run (or reopen ``run_id`` if it already exists) and commit its start."""
+        """Start a new run (or reopen ``run_id`` if it already exists) and commit its start.
+
+        One process; a data-parallel run starts through ``esper_core.run.ranks.launch``."""
         run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{new_id()[:6]}"
         run_dir = settings.runs_dir / run_id
         if (run_dir / "run.json").exists():
@@ -134,9 +159,7 @@ class RunSession(SeedCommands):
             session.rewind_partial_epoch()
             return session
         config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        spec = {"run_id": run_id, "recipe": recipe, "epochs": epochs, "device": device, "seed": seed}
-        (run_dir / "run.json").write_text(json.dumps(spec, indent=2))
+        write_run_spec(run_dir, recipe=recipe, epochs=epochs, device=device, seed=seed)
         return cls.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra_sink)
 
     @classmethod
@@ -148,8 +171,10 @@ class RunSession(SeedCommands):
         run_id: str,
         extra_sink: TelemetrySink | None = None,
         tamiyo: TamiyoService | None = None,
+        collective: Collective | None = None,
     ) -> RunSession:
-        """A new run of ``config`` on the settings' registry, with its start committed."""
+        """A new run of ``config`` on the settings' registry, with its start committed (every
+        rank of a data-parallel run calls it: they build the same model from the same seed)."""
         session = cls(
             config=config,
             settings=settings,
@@ -157,13 +182,22 @@ class RunSession(SeedCommands):
             urza=open_registry(settings),
             extra_sink=extra_sink,
             tamiyo=tamiyo,
+            collective=collective,
         )
         session.commit(START_TAG)
         return session
 
     @classmethod
-    def open(cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None = None) -> RunSession:
-        """Reopen an existing run at its last committed step (e.g. in a new worker process)."""
+    def open(
+        cls,
+        *,
+        settings: EsperSettings,
+        run_id: str,
+        extra_sink: TelemetrySink | None = None,
+        collective: Collective | None = None,
+    ) -> RunSession:
+        """Reopen an existing run at its last committed step (e.g. in a new worker process, or on
+        every rank of a data-parallel resume, whatever the number of ranks it had before)."""
         spec_path = settings.runs_dir / run_id / "run.json"
         if not spec_path.exists():
             raise ValueError(f"no run {run_id!r} under {settings.runs_dir}; list runs with `ls {settings.runs_dir}`")
@@ -175,6 +209,7 @@ class RunSession(SeedCommands):
             run_id=run_id,
             urza=open_registry(settings),
             extra_sink=extra_sink,
+            collective=collective,
         )
         session.restore()
         return session
@@ -293,6 +328,9 @@ class RunSession(SeedCommands):
         # Its telemetry waits in the outbox for the next commit: until then the live state is not
         # the committed one, and a retry that lands here again must restore rather than emit twice.
         self.record.dirty = True
+        if not self.collective.leader:
+            # Rank 0 decides, from the same packets every rank computed; the others apply its command.
+            return self.collective.broadcast(None)
         history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
         epoch = history[-1].epoch
         # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.
@@ -358,7 +396,7 @@ class RunSession(SeedCommands):
                 ),
             )
         )
-        return command
+        return self.collective.broadcast(command)
 
     def pending_decision(self, command: AdaptationCommand) -> DecisionRecord | None:
         """The record of ``command`` that the next commit stores, if Tamiyo decided it this step."""
@@ -411,6 +449,7 @@ class RunSession(SeedCommands):
                     attributes={"action": command.action, "slot_id": command.slot_id or ""},
                 )
             )
+        outcome = self._agree(command, outcome, events)
         if outcome == "applied" and command.command_type is not CommandType.WAIT and self.history:
             last = self.history[-1]
             self.record.pending.append((command, last.val_loss, last.val_accuracy))
@@ -428,6 +467,30 @@ class RunSession(SeedCommands):
         )
         return outcome
 
+    def _agree(self, command: AdaptationCommand, outcome: str, events: list[TelemetryEvent]) -> str:
+        """The command's outcome on every rank: applied where it applied everywhere, else rejected
+        (with the first refusing rank's reason) and undone where it had applied, so the ranks
+        never hold different networks. A rank can refuse alone: past Kasmina's deadline on a
+        slower core, or when its registry connection fails."""
+        outcomes = self.collective.gather(outcome)
+        refused = [(rank, o) for rank, o in enumerate(outcomes) if o != "applied"]
+        if not refused or len(refused) == len(outcomes):
+            return outcome
+        rank, reason = refused[0]
+        if outcome == "applied":
+            self._rollback(why=f"rank {rank} could not apply {command.action}")
+            self.commands.append(command)
+        agreed = f"rejected: rank {rank}: {reason.removeprefix('rejected: ')}"
+        events.append(
+            TelemetryEvent(
+                name="kasmina.command.rejected",
+                level=TelemetryLevel.WARNING,
+                message=agreed,
+                attributes={"action": command.action, "slot_id": command.slot_id or "", "rank": str(rank)},
+            )
+        )
+        return agreed
+
     def _load_kernel(self, artifact: KernelArtifact) -> LoadedKernel:
         # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.
         return load_kernel(artifact, self.urza.fetch_blob(artifact), catalog=self.catalog, device=self.device)
@@ -442,6 +505,16 @@ class RunSession(SeedCommands):
         during a registry outage they are queued in order and written when it ends
         (``esper_core.run.outage``).
         """
+        # Every rank must commit the same network: a data-parallel run checks it at every commit.
+        self.collective.check_identical(self.trainer.model, where=tag)
+        if not self.collective.leader:
+            # Rank 0 writes the checkpoint, telemetry and records; this rank keeps the commit in
+            # memory for a rollback and drops the step's outputs (rank 0 has the same ones).
+            self.state.commit(tag)
+            self.record.decision_records.clear()
+            self.record.outbox.clear()
+            self.record.report_outbox.clear()
+            return
         self._record_for_simic(final=epochs_applied(tag) >= self.config.epochs)
         # A checkpoint whose packets were never written would lose them for good (a resume starts
         # after it): an interrupt waits until both are out.

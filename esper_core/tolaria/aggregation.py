@@ -15,7 +15,7 @@ the device until ``AggregationStats.reduce`` once per epoch.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -311,6 +311,7 @@ def aggregate_microbatches(
     *,
     private_params: Sequence[Sequence[nn.Parameter]] | None = None,
     losses_share_graph: bool = False,
+    reduce_rows: Callable[[torch.Tensor], None] | None = None,
 ) -> AggregationResult:
     """Backward each microbatch loss, aggregate the shared gradients, accumulate into ``.grad``.
 
@@ -343,6 +344,8 @@ def aggregate_microbatches(
         losses_share_graph: True when the losses come from one forward pass (e.g. slices of one
             output); the graph is then retained for every loss but the last. Separate forwards,
             the usual case, need no retained graph.
+        reduce_rows: Called on the (K, N) task gradients, in place, before they are combined (a
+            data-parallel run sums them over its ranks there).
 
     Returns:
         The step's result; ``combined`` is pool memory that the parameters' ``.grad`` may alias.
@@ -371,6 +374,8 @@ def aggregate_microbatches(
             pool.load(i, grads[:n_shared])
             if private:
                 _accumulate(private, grads[n_shared:])
+        if reduce_rows is not None:
+            reduce_rows(pool.stacked())
         out = pool.output()
         if config.mode == "pcgrad":
             result = pcgrad(pool.stacked(), out=out)

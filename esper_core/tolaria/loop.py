@@ -31,6 +31,7 @@ from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.kasmina.width import WidthSlot
 from esper_core.tolaria.aggregation import AggregationStats, aggregate_microbatches
 from esper_core.tolaria.buffers import GradientBufferPool
+from esper_core.tolaria.collective import Collective, Solo
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.gradnorms import GradNormAccumulator
 from esper_core.tolaria.layers import LayerStats
@@ -96,9 +97,14 @@ class Trainer:
         decision_cache: DecisionCache | None = None,
         total_epochs: int | None = None,
         signals: frozenset[str] = frozenset(GROWTH_SIGNALS),
+        collective: Collective | None = None,
     ) -> None:
         """``signals``: the ``slotgrads.GROWTH_SIGNALS`` someone reads in this run (the rest are
-        not measured and stay None in the packets)."""
+        not measured and stay None in the packets). ``collective``: the ranks of a data-parallel
+        run (``tolaria.collective``); ``batch_size`` is then the global batch, of which this rank
+        trains its shard. Everything after the training steps (validation, probes, gates, packet)
+        runs whole on every rank, on identical weights: every rank reaches the same verdicts as a
+        single process would."""
         unknown = sorted(signals - set(GROWTH_SIGNALS))
         if unknown:
             raise ValueError(f"unknown growth signals {unknown}; choose from {GROWTH_SIGNALS}")
@@ -116,8 +122,14 @@ class Trainer:
             val=data.val.to(device),
             test=data.test.to(device),
         )
+        self.collective: Collective = collective or Solo()
         self.batches = BatchSource(
-            self.data.train, device=device, batch_size=batch_size, seed=data_seed, config=config.loader
+            self.data.train,
+            device=device,
+            batch_size=batch_size,
+            seed=data_seed,
+            config=config.loader,
+            shard=(self.collective.rank, self.collective.world),
         )
         self.config = config
         self.loss_fn = loss_fn
@@ -164,12 +176,16 @@ class Trainer:
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _aggregated_step(self, x: torch.Tensor, y: torch.Tensor, trainable: list[str]) -> torch.Tensor:
+    def _aggregated_step(self, x: torch.Tensor, y: torch.Tensor, trainable: list[str], *, share: float) -> torch.Tensor:
         """Two or more trainable seeds: one loss per task (the teacher with every trainable seed
         bypassed, then each seed alone), host gradients combined by PCGrad (or summed), seed
         gradients from their own task. Eager on purpose: swapping seeds in and out and
         ``autograd.grad`` do not belong in a compiled or captured step. Returns the mean over
-        the tasks of their loss sums (the loss the epoch reports)."""
+        the tasks of their loss sums (the loss the epoch reports).
+
+        Data-parallel, each task's gradient is summed over the ranks (weighted by ``share``, this
+        rank's part of the global batch) before PCGrad combines them: PCGrad is not linear, so
+        combining each rank's own gradients and averaging would not be the single-process step."""
         self._zero_grad()
         k = 1 + len(trainable)
         stats, losses, private = [], [], []
@@ -190,7 +206,9 @@ class Trainer:
             self.config.aggregation,
             self.grad_agg_stats,
             private_params=private,
+            reduce_rows=lambda rows: self.collective.sum_rows(rows, weight=share),
         )
+        self.collective.sum_gradients([p for group in private for p in group], weight=share)
         return torch.stack(stats).mean()
 
     def train_epoch(self) -> EpochResult:
@@ -209,23 +227,36 @@ class Trainer:
         )
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
-        steps = -(-len(self.data.train) // self.batch_size)
+        n_train = len(self.data.train)
+        steps = -(-n_train // self.batch_size)
         stride = max(1, steps // GRAD_NORM_SAMPLES)
         # Stages change between epochs only (gates, commands), so the step's kind is fixed here.
         aggregate = self.config.aggregation.aggregates(len(trainable))
-        for i, (x, y) in enumerate(self.batches.epoch(self.epoch)):
-            if aggregate:
-                loss_sum += self._aggregated_step(x, y, trainable)
-            else:
-                # Short-circuit: zero or one trainable seed is the plain single backward.
-                loss_sum += self.engine.run(x, y)
-            # Outside the step closure: attribution and per-seed metrics stay plain and eager.
-            self.precision.unscale(self.optimizer)
-            self.manager.attribute_batch(int(y.shape[0]))
-            if i % stride == 0:
-                self.grad_norms.step()
-            self.precision.step(self.optimizer)
-        train_loss = loss_sum.item() / len(self.data.train)  # the epoch's one sync
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        # Data-parallel, each rank draws its own dropout masks for its shard; every rank is back
+        # on the shared stream afterwards (a single process draws from the run's stream as ever).
+        with self.collective.rank_rng(salt=self.data_seed * 100_003 + self.epoch):
+            for i, (x, y) in enumerate(self.batches.epoch(self.epoch)):
+                # The global batch this step's shard belongs to (the last one may be short).
+                batch = min(self.batch_size, n_train - i * self.batch_size)
+                share = int(y.shape[0]) / batch
+                if aggregate:
+                    loss_sum += self._aggregated_step(x, y, trainable, share=share)
+                else:
+                    # Short-circuit: zero or one trainable seed is the plain single backward.
+                    loss_sum += self.engine.run(x, y)
+                    # Outside the step closure (eager, compiled and captured steps alike): every
+                    # rank now holds the global batch's gradient.
+                    self.collective.sum_gradients(params, weight=share)
+                # Outside the step closure: attribution and per-seed metrics stay plain and eager.
+                self.precision.unscale(self.optimizer)
+                self.manager.attribute_batch(batch)
+                if i % stride == 0:
+                    self.grad_norms.step()
+                self.precision.step(self.optimizer)
+        self.collective.sum_(loss_sum)
+        self.collective.average_buffers(self.model)
+        train_loss = loss_sum.item() / n_train  # the epoch's one sync
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         train_ms = (time.perf_counter() - start) * 1e3

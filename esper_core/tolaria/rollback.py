@@ -32,14 +32,24 @@ class RestoreReport:
 class RollbackTiers:
     """Commits go to disk and to memory; restores come from memory when they can."""
 
-    def __init__(self, store: CheckpointStore, *, keep_in_memory: bool = True) -> None:
+    def __init__(self, store: CheckpointStore, *, keep_in_memory: bool = True, persist: bool = True) -> None:
+        """``persist``: False keeps commits in memory only, and reads the store for a resume (the
+        other ranks of a data-parallel run: rank 0 writes the run's checkpoints)."""
+        if not (persist or keep_in_memory):
+            raise ValueError("a commit must go somewhere: persist, keep_in_memory, or both")
         self.store = store
         self.keep_in_memory = keep_in_memory
+        self.persist = persist
         self._fast: tuple[str, bytes] | None = None
 
     def commit(self, tag: str, state: dict[str, Any]) -> None:
         """Persist ``state`` under ``tag`` (atomic on disk) and keep it for a fast restore."""
-        data = self.store.save(tag, state)
+        if self.persist:
+            data = self.store.save(tag, state)
+        else:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            data = buf.getvalue()
         self._fast = (tag, data) if self.keep_in_memory else None
 
     def drop_fast_tier(self) -> None:

@@ -27,6 +27,9 @@ from esper_core.contracts import TelemetryEvent, TelemetryLevel
 from esper_core.data import AnySplit, DatasetSplit, Split, epoch_order
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+Shard = tuple[int, int]
+"""``(rank, world)``: in a data-parallel run each rank reads every ``world``-th sample of every
+global batch, from ``rank`` on; ``(0, 1)`` reads whole batches."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,13 +72,15 @@ class LoaderConfig:
 class _EpochBatchSampler(Sampler[list[int]]):
     """Index batches of one epoch in the resident path's order."""
 
-    def __init__(self, n: int, *, batch_size: int, seed: int) -> None:
+    def __init__(self, n: int, *, batch_size: int, seed: int, shard: Shard) -> None:
         self.n, self.batch_size, self.seed, self.epoch = n, batch_size, seed, 0
+        self.rank, self.world = shard
 
     def __iter__(self) -> Iterator[list[int]]:
         order = epoch_order(self.n, seed=self.seed, epoch=self.epoch).tolist()
         for start in range(0, self.n, self.batch_size):
-            yield order[start : start + self.batch_size]
+            batch = order[start : start + self.batch_size]
+            yield batch[self.rank :: self.world] if self.world > 1 else batch
 
     def __len__(self) -> int:
         return -(-self.n // self.batch_size)
@@ -85,9 +90,19 @@ class BatchSource:
     """Yields an epoch's training batches on ``device`` by the configured path."""
 
     def __init__(
-        self, split: AnySplit, *, device: torch.device, batch_size: int, seed: int, config: LoaderConfig
+        self,
+        split: AnySplit,
+        *,
+        device: torch.device,
+        batch_size: int,
+        seed: int,
+        config: LoaderConfig,
+        shard: Shard = (0, 1),
     ) -> None:
+        """``batch_size`` is the global batch; ``shard`` says which part of each this rank reads
+        (the batches of one epoch are the same for every world size, only split among ranks)."""
         self.device = device
+        self.shard = shard
         self.batch_size = batch_size
         self.seed = seed
         self.config = config
@@ -111,7 +126,7 @@ class BatchSource:
         # base seed from it, never from the global RNG that dropout and initialisation use.
         self._generator = torch.Generator()
         if config.num_workers > 0 or streamed:
-            self._sampler = _EpochBatchSampler(len(split), batch_size=batch_size, seed=seed)
+            self._sampler = _EpochBatchSampler(len(split), batch_size=batch_size, seed=seed, shard=shard)
             self.loader = DataLoader(
                 split.dataset if isinstance(split, DatasetSplit) else TensorDataset(split.x, split.y),
                 batch_sampler=self._sampler,
@@ -143,8 +158,11 @@ class BatchSource:
     def _slices(self, epoch: int) -> Iterator[Batch]:
         assert self.split is not None, "in-memory splits only; a user's data set is read by the loader"
         order = epoch_order(len(self.split), seed=self.seed, epoch=epoch).to(self.split.x.device)
+        rank, world = self.shard
         for start in range(0, len(self.split), self.batch_size):
             index = order[start : start + self.batch_size]
+            if world > 1:
+                index = index[rank::world]
             yield self.split.x[index], self.split.y[index]
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.run import DataSpec, DataSplits, ModelSpec, RunConfig, StepEngineConfig, TrainerConfig
 from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
 
@@ -169,3 +170,66 @@ def cnn_widen_scheduled() -> RunConfig:
         schedule=(ScheduledGermination(epoch=0, slot="features.0+width", blueprint="width-50"),),
     )
     return config
+
+
+def digit_vectors() -> DataSplits:
+    """The digits as flat 64-pixel vectors."""
+    return _splits((64,))
+
+
+class DigitsMLP(nn.Module):
+    """A 64-64-48 MLP without normalisation or dropout: a data-parallel run of it can match the
+    single-process run to floating-point rounding (BatchNorm would see each process's shard)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 64)
+        self.act1 = nn.ReLU()
+        self.fc2 = nn.Linear(64, 48)
+        self.act2 = nn.ReLU()
+        self.fc3 = nn.Linear(48, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(self.act2(self.fc2(self.act1(self.fc1(x)))))
+
+
+def mlp_grown() -> RunConfig:
+    """``DigitsMLP`` grown both ways on a schedule: ``fc2`` widened by half after epoch 0 (merged
+    within the run), a ``residual_mlp`` branch on ``act1`` after epoch 1 (a digits-mlp kernel fits
+    its 64-wide slot). From epoch 2 both seeds train at once: the aggregated (PCGrad) step.
+
+    Both seeds start from random weights (``width_init="random"``, ``seed_init="default"``), not
+    from the data-aware defaults: TINY solves for 24 new units through a consumer of rank 10, and
+    the units beyond its rank take directions that a 1e-7 change of the host's weights turns
+    around (measured: fan-in entries move by 0.5); GradMax's input rows beyond the gradient's rank
+    likewise (0.5 on the branch's first layer). A data-parallel run's weights differ from one
+    process's by such rounding, so under the defaults the two make the same decisions but their
+    weights part after a germination by more than rounding."""
+    return RunConfig(
+        epochs=8,
+        host=ModelSpec(build=DigitsMLP, slots=("act1",), widen=("fc2",)),
+        data=DataSpec(load=digit_vectors, batch_size=64, name="digit-vectors"),
+        trainer=_EAGER,
+        kasmina=KasminaConfig(width_init="random", seed_init="default"),
+        tamiyo=TamiyoConfig(
+            policy="scheduled",
+            schedule=(
+                ScheduledGermination(epoch=0, slot="fc2+width", blueprint="width-50"),
+                ScheduledGermination(epoch=1, slot="act1", blueprint="residual_mlp"),
+            ),
+        ),
+    )
+
+
+def mlp_widen_long() -> RunConfig:
+    """``DigitsMLP`` widened at ``fc2`` after epoch 0, for 40 epochs: long enough to stop a run
+    in the middle (no kernel needed)."""
+    return RunConfig(
+        epochs=40,
+        host=ModelSpec(build=DigitsMLP, widen=("fc2",)),
+        data=DataSpec(load=digit_vectors, batch_size=64, name="digit-vectors"),
+        trainer=_EAGER,
+        tamiyo=TamiyoConfig(
+            policy="scheduled", schedule=(ScheduledGermination(epoch=0, slot="fc2+width", blueprint="width-50"),)
+        ),
+    )

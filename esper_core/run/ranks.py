@@ -1,0 +1,279 @@
+"""A data-parallel run: one run trained by N processes (``torch.distributed``), growing as one.
+
+``launch`` checks the run against the number of processes before anything starts, then starts
+N ranks with ``torch.multiprocessing`` (spawned: no inherited threads or CUDA state) that meet
+through a file store in a fresh temporary folder, with gloo on CPU and NCCL on CUDA (one GPU a
+rank). Every rank builds or reopens the same run and steps through its epochs in lockstep
+(``RunSession`` with a ``ProcessGroup`` collective):
+
+- each rank trains on its shard of every global batch (the recipe's ``batch_size`` is the global
+  batch, so the effective batch and learning rate are the single-process run's), gradients are
+  summed over the ranks after every backward (``tolaria.collective``);
+- validation, probes and gates run whole on every rank, on identical weights, so every rank
+  reaches the single-process verdicts; rank 0 decides and broadcasts Tamiyo's command, every rank
+  applies it, and a command one rank cannot apply is undone on all;
+- rank 0 writes the checkpoints, telemetry and Simic's records; every commit checks that all ranks
+  hold the same model bit for bit.
+
+A rank that dies (killed, out of memory, an error) fails the run: the others stop at their next
+collective (the store notices the lost peer, or ``timeout_s`` passes) and ``launch`` raises
+``ParallelRunFailed`` naming the rank and the last commit. A resume by run id continues from that
+commit on any number of ranks (or in one process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from esper_core._capabilities import resolve_device
+from esper_core.run.build import load_run_data
+from esper_core.run.commits import epoch_tag
+from esper_core.run.config import RunConfig
+from esper_core.run.outage import open_registry
+from esper_core.run.recipes import get_recipe
+from esper_core.run.session import RunHandle, RunSession, write_run_spec
+from esper_core.run.steps import decide_and_apply
+from esper_core.settings import EsperSettings
+from esper_core.telemetry import TelemetrySink
+from esper_core.tolaria.checkpoint import CheckpointStore
+from esper_core.tolaria.collective import ProcessGroup
+from esper_core.tolaria.safety import TrainingHalted
+
+LAUNCHES_FILE = "launches.json"
+"""Every launch of a run, oldest first: processes, backend, batch per rank, process ids."""
+STOP_GRACE_S = 5.0
+"""How long a rank gets to exit after SIGTERM when the launch stops (then SIGKILL)."""
+
+SinkFactory = Callable[[str, str], TelemetrySink]
+"""``(run_id, recipe) -> sink``: rank 0's extra telemetry sink, built in its own process (a sink
+holds sockets and threads, so it cannot be sent; a module-level function can)."""
+
+
+class ParallelRunFailed(RuntimeError):
+    """A rank of a data-parallel run failed; the run stands at its last commit."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelSpec:
+    """One launch of a data-parallel run.
+
+    Attributes:
+        run_id: The run; an existing one resumes from its last commit (any ``nproc``).
+        recipe: A built-in recipe or ``package.module:function``.
+        nproc: Processes (ranks). On CUDA each needs its own GPU.
+        epochs: Override the recipe's epoch count (a new run only, as ``esper run``).
+        device: ``auto``, ``cpu`` or ``cuda`` (a new run only).
+        seed: Override the recipe's seed (a new run only).
+        timeout_s: How long a rank waits in a collective for the others before it gives up.
+            Long enough for the slowest step between two collectives (a germination's
+            initialisation, a checkpoint), short enough that a hung peer fails the run.
+    """
+
+    run_id: str
+    recipe: str
+    nproc: int
+    epochs: int | None = None
+    device: str | None = None
+    seed: int | None = None
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ValueError(f"nproc must be >= 1 (processes training the run together), got {self.nproc}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+        if not self.run_id:
+            raise ValueError("a data-parallel run needs a run_id (its ranks meet on it)")
+
+
+def check_parallel(config: RunConfig, nproc: int, *, train_samples: int) -> None:
+    """Refuse a run that ``nproc`` ranks cannot share, with what to change.
+
+    Every rank must get at least one sample of every global batch (a rank with none would have no
+    loss to differentiate), and on CUDA each rank needs a GPU of its own.
+
+    Raises:
+        ValueError: ``nproc`` < 1, or the batch, the last batch or the GPUs do not go round.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1 (processes training the run together), got {nproc}")
+    batch = config.data.batch_size
+    if batch < nproc:
+        raise ValueError(
+            f"batch_size {batch} cannot be shared by {nproc} processes (each needs at least one sample of "
+            f"every batch): use --nproc {batch} or fewer, or a recipe with a larger batch"
+        )
+    last = train_samples % batch
+    if 0 < last < nproc:
+        raise ValueError(
+            f"the last batch of each epoch holds {last} of {train_samples} training samples, fewer than "
+            f"--nproc {nproc} (each process needs at least one): use --nproc {last} or fewer, or a batch size "
+            f"that leaves a last batch of 0 or at least {nproc}"
+        )
+    device = resolve_device(config.trainer.device)
+    if device.type == "cuda" and torch.cuda.device_count() < nproc:
+        raise ValueError(
+            f"--nproc {nproc} on CUDA needs one GPU per process, but {torch.cuda.device_count()} are visible: "
+            "use fewer processes, or --device cpu"
+        )
+
+
+def launch(spec: ParallelSpec, settings: EsperSettings, *, sink_factory: SinkFactory | None = None) -> RunHandle:
+    """Train ``spec``'s run to its last epoch on ``spec.nproc`` processes (a new run, or a resume).
+
+    Raises:
+        ValueError: the run cannot be shared by ``spec.nproc`` ranks (``check_parallel``), or the
+            recipe is bad; nothing has started.
+        TrainingHalted: the run halted itself after repeated failed epochs.
+        ParallelRunFailed: a rank failed or died; the run stands at its last commit.
+    """
+    run_dir = settings.runs_dir / spec.run_id
+    new = not (run_dir / "run.json").exists()
+    if new:
+        config = get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+    else:
+        saved = json.loads((run_dir / "run.json").read_text())
+        config = get_recipe(saved["recipe"], epochs=saved["epochs"], device=saved["device"], seed=saved["seed"])
+    check_parallel(config, spec.nproc, train_samples=len(load_run_data(config).train))
+    if new:
+        write_run_spec(run_dir, recipe=spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+    # The registry's schema exists before N processes open it at once.
+    open_registry(settings).close()
+    meeting = Path(tempfile.mkdtemp(prefix="esper-ranks-"))
+    context = mp.start_processes(
+        _rank_main,
+        args=(spec, settings, new, str(meeting / "store"), sink_factory),
+        nprocs=spec.nproc,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        # join() returns True when every rank is done, raises when one failed (and stops the rest).
+        while not context.join():
+            pass
+    except mp.ProcessRaisedException as e:
+        if "TrainingHalted" in str(e):
+            raise TrainingHalted(_last_line(str(e))) from None
+        raise ParallelRunFailed(_failure(spec, settings, f"rank {e.error_index} failed: {_last_line(str(e))}")) from e
+    except mp.ProcessExitedException as e:
+        how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+        raise ParallelRunFailed(_failure(spec, settings, f"rank {e.error_index} {how}")) from e
+    finally:
+        # Also when this process is interrupted while it waits (a task's time limit, Ctrl-C): no
+        # rank outlives the launch.
+        _stop(context.processes)
+        shutil.rmtree(meeting, ignore_errors=True)
+    return RunHandle(run_id=spec.run_id, run_dir=str(run_dir))
+
+
+def _stop(processes: list[mp.Process]) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(STOP_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _failure(spec: ParallelSpec, settings: EsperSettings, what: str) -> str:
+    latest = CheckpointStore(settings.runs_dir / spec.run_id / "checkpoints").latest()
+    return (
+        f"data-parallel run {spec.run_id} stopped: {what}. The run stands at its last commit "
+        f"({latest or 'none'}); resume it with `esper run --run-id {spec.run_id} --nproc N` (any N, 1 included)."
+    )
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def _rank_main(
+    rank: int,
+    spec: ParallelSpec,
+    settings: EsperSettings,
+    new: bool,
+    store: str,
+    sink_factory: SinkFactory | None,
+) -> None:
+    """One rank: join the group, build or reopen the run, train it to the end in lockstep."""
+    # The machine's cores are shared among the ranks (what torchrun does with OMP_NUM_THREADS).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.nproc))
+    run_json = json.loads((settings.runs_dir / spec.run_id / "run.json").read_text())
+    config = get_recipe(run_json["recipe"], epochs=run_json["epochs"], device=run_json["device"], seed=run_json["seed"])
+    cuda = resolve_device(config.trainer.device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=spec.nproc,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+    try:
+        group = ProcessGroup()
+        extra = sink_factory(spec.run_id, config.recipe) if sink_factory is not None and group.leader else None
+        if new:
+            session = RunSession.begin(
+                config=config, settings=settings, run_id=spec.run_id, extra_sink=extra, collective=group
+            )
+        else:
+            session = RunSession.open(settings=settings, run_id=spec.run_id, extra_sink=extra, collective=group)
+            session.rewind_partial_epoch()
+        try:
+            _record_launch(session, group, backend="nccl" if cuda else "gloo")
+            while session.epoch < session.config.epochs:
+                epoch = session.epoch
+                packet = session.train_epoch()
+                session.commit(epoch_tag(epoch, "trained"))
+                decide_and_apply(session, packet)
+        finally:
+            session.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _record_launch(session: RunSession, group: ProcessGroup, *, backend: str) -> None:
+    pids = group.gather(os.getpid())
+    if group.leader:
+        record_launch(session, nproc=group.world, backend=backend, pids=pids)
+
+
+def record_launch(session: RunSession, *, nproc: int, backend: str, pids: list[int]) -> None:
+    """Append how this launch trains ``session``'s run to ``launches.json`` (the summary states
+    the last one: a run resumed on another number of processes says so)."""
+    batch = session.config.data.batch_size
+    entry = {
+        "nproc": nproc,
+        "backend": backend,
+        "global_batch": batch,
+        "rank_batch": [len(range(r, batch, nproc)) for r in range(nproc)],
+        "learning_rate": session.config.trainer.lr,
+        "pids": pids,
+        "from_epoch": session.epoch,
+    }
+    path = session.run_dir / LAUNCHES_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([*launches(session.run_dir), entry], indent=2))
+    tmp.replace(path)
+
+
+def launches(run_dir: Path) -> list[dict[str, Any]]:
+    """The launches ``record_launch`` recorded for the run in ``run_dir``, oldest first."""
+    path = run_dir / LAUNCHES_FILE
+    return json.loads(path.read_text()) if path.exists() else []
