@@ -42,6 +42,7 @@ from esper_core.run.build import load_run_data
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.outage import open_registry
+from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunHandle, RunSession, write_run_spec
 from esper_core.run.steps import decide_and_apply
@@ -146,6 +147,7 @@ def launch(spec: ParallelSpec, settings: EsperSettings, *, sink_factory: SinkFac
     else:
         saved = json.loads((run_dir / "run.json").read_text())
         config = get_recipe(saved["recipe"], epochs=saved["epochs"], device=saved["device"], seed=saved["seed"])
+    check_recipe(config)
     check_parallel(config, spec.nproc, train_samples=len(load_run_data(config).train))
     if new:
         write_run_spec(run_dir, recipe=spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)

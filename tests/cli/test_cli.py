@@ -69,6 +69,12 @@ def test_bad_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--recipe", "nope"]) == 2  # refused before Prefect starts
     err = capsys.readouterr().err
     assert "unknown recipe 'nope'" in err and "package.module:function" in err and "Traceback" not in err
+    # seed-reference's batch is 4: eight processes cannot share it (refused before Prefect starts).
+    assert main(["run", "--recipe", "seed-reference", "--nproc", "8"]) == 2
+    assert "batch_size 4 cannot be shared by 8 processes" in capsys.readouterr().err
+    assert main(["run", "--recipe", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe 'nope'" in err and "package.module:function" in err and "Traceback" not in err
 
 
 def test_bench_seed_reference_json(capsys: pytest.CaptureFixture[str]) -> None:

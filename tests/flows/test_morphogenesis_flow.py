@@ -33,6 +33,27 @@ def test_morphogenesis_compiles_trains_and_grows(esper_home: EsperSettings) -> N
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_morphogenesis_trains_one_run_on_two_processes(esper_home: EsperSettings) -> None:
+    from flows.morphogenesis import morphogenesis
+
+    state = morphogenesis(
+        recipe="tests.helpers.user_models:mlp_widen_long",
+        epochs=3,
+        device="cpu",
+        run_id="dp",
+        nproc=2,
+        return_state=True,
+    )
+    summary = state.result()
+    assert (summary.epochs, summary.processes, summary.batch_per_process) == (3, 2, (32, 32))
+    assert summary.seeds == {"fc2+width": "blending (width)"}  # widened after epoch 0, on both ranks
+    session = RunSession.open(settings=esper_home, run_id="dp")
+    assert [c.action for c in session.commands] == ["germinate", "wait", "wait"]
+    session.close()
+    with pytest.raises(ValueError, match="cannot be shared by 65 processes"):
+        morphogenesis(recipe="tests.helpers.user_models:mlp_widen_long", epochs=3, device="cpu", nproc=65)
+
+
 def test_run_artifacts_show_curves_with_seed_events_and_a_seed_table(compiled_home: EsperSettings) -> None:
     from prefect.client.orchestration import get_client
 

@@ -223,12 +223,13 @@ def mlp_grown() -> RunConfig:
 
 def mlp_widen_long() -> RunConfig:
     """``DigitsMLP`` widened at ``fc2`` after epoch 0, for 40 epochs: long enough to stop a run
-    in the middle (no kernel needed)."""
+    in the middle (no kernel needed). Random new units, as in ``mlp_grown``."""
     return RunConfig(
         epochs=40,
         host=ModelSpec(build=DigitsMLP, widen=("fc2",)),
         data=DataSpec(load=digit_vectors, batch_size=64, name="digit-vectors"),
         trainer=_EAGER,
+        kasmina=KasminaConfig(width_init="random"),
         tamiyo=TamiyoConfig(
             policy="scheduled", schedule=(ScheduledGermination(epoch=0, slot="fc2+width", blueprint="width-50"),)
         ),
