@@ -49,7 +49,7 @@ from esper_core.run.steps import decide_and_apply
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import TelemetrySink
 from esper_core.tolaria.checkpoint import CheckpointStore
-from esper_core.tolaria.collective import ProcessGroup
+from esper_core.tolaria.collective import Collective, ProcessGroup, Solo
 from esper_core.tolaria.safety import TrainingHalted
 
 LAUNCHES_FILE = "launches.json"
@@ -218,17 +218,20 @@ def _rank_main(
     run_json = json.loads((settings.runs_dir / spec.run_id / "run.json").read_text())
     config = get_recipe(run_json["recipe"], epochs=run_json["epochs"], device=run_json["device"], seed=run_json["seed"])
     cuda = resolve_device(config.trainer.device).type == "cuda"
+    backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=spec.nproc,
-        timeout=timedelta(seconds=spec.timeout_s),
-    )
+    if spec.nproc > 1:
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=spec.nproc,
+            timeout=timedelta(seconds=spec.timeout_s),
+        )
     try:
-        group = ProcessGroup()
+        # One rank exchanges nothing: the single-process path, in a process of its own.
+        group: Collective = ProcessGroup() if spec.nproc > 1 else Solo()
         extra = sink_factory(spec.run_id, config.recipe) if sink_factory is not None and group.leader else None
         if new:
             session = RunSession.begin(
@@ -238,7 +241,9 @@ def _rank_main(
             session = RunSession.open(settings=settings, run_id=spec.run_id, extra_sink=extra, collective=group)
             session.rewind_partial_epoch()
         try:
-            _record_launch(session, group, backend="nccl" if cuda else "gloo")
+            pids = group.gather(os.getpid())
+            if group.leader:
+                record_launch(session, nproc=group.world, backend=backend if spec.nproc > 1 else "none", pids=pids)
             while session.epoch < session.config.epochs:
                 epoch = session.epoch
                 packet = session.train_epoch()
@@ -247,13 +252,8 @@ def _rank_main(
         finally:
             session.close()
     finally:
-        dist.destroy_process_group()
-
-
-def _record_launch(session: RunSession, group: ProcessGroup, *, backend: str) -> None:
-    pids = group.gather(os.getpid())
-    if group.leader:
-        record_launch(session, nproc=group.world, backend=backend, pids=pids)
+        if spec.nproc > 1:
+            dist.destroy_process_group()
 
 
 def record_launch(session: RunSession, *, nproc: int, backend: str, pids: list[int]) -> None:

@@ -27,6 +27,7 @@ from esper_core.contracts import (
     TelemetryPacket,
     new_id,
 )
+from esper_core.determinism import capture_rng, restore_rng
 from esper_core.interrupts import deferred_interrupts
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.kasmina.loader import LoadedKernel, load_kernel
@@ -117,7 +118,13 @@ class RunSession(SeedCommands):
         self.manager = self.trainer.manager
         self.device = self.trainer.device
         if tamiyo is None:
-            tamiyo = TamiyoService(config.tamiyo, cache_dir=settings.home / "cache" / "inductor")
+            # The other ranks of a data-parallel run never decide: no compile of the policy there.
+            tamiyo_config = config.tamiyo
+            if not leader:
+                tamiyo_config = dataclasses.replace(
+                    tamiyo_config, compile=dataclasses.replace(tamiyo_config.compile, enabled=False)
+                )
+            tamiyo = TamiyoService(tamiyo_config, cache_dir=settings.home / "cache" / "inductor")
         self.tamiyo = tamiyo
         self.profiles = self.plan.profiles
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)
@@ -184,6 +191,9 @@ class RunSession(SeedCommands):
             tamiyo=tamiyo,
             collective=collective,
         )
+        # Every rank goes on from rank 0's random state: building a run may draw differently on
+        # each (a policy compiled on rank 0 only), and the ranks must draw alike from here.
+        restore_rng(session.collective.broadcast(capture_rng()))
         session.commit(START_TAG)
         return session
 

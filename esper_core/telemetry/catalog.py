@@ -126,6 +126,13 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tolaria.graph.stage_copy_ms", _G, "Copy of a batch into the graph's static buffers", "ms"),
     _n("tolaria.graph.replays_total", _C, "CUDA graph replays"),
     _n("tolaria.data.h2d_copy_ms", _G, "Host-to-device batch copies of the last epoch (GPU prefetch stream)", "ms"),
+    _n("tolaria.parallel.processes", _G, "Data-parallel processes training the run (1: one process)"),
+    _n(
+        "tolaria.parallel.exchange_ms",
+        _G,
+        "Time the last epoch's training spent summing gradients over the processes (0 in one process)",
+        "ms",
+    ),
     _n("tolaria.grad_agg.conflict_ratio", _G, "Share of seed gradient pairs in conflict (PCGrad)"),
     _n("tolaria.grad_agg.teacher_share", _G, "Share of the aggregated gradient from the host (teacher)"),
     _n("tolaria.grad_agg.steps", _G, "Steps of the last epoch that aggregated seed gradients"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -79,6 +80,9 @@ class Collective(Protocol):
     def check_identical(self, module: nn.Module, *, where: str) -> None:
         """Raise ``RanksDiverged`` unless every rank's parameters and buffers are bit-identical."""
 
+    def drain_exchange_ms(self) -> float:
+        """Milliseconds spent in ``sum_gradients`` and ``sum_rows`` since the last drain."""
+
 
 class Solo:
     """One process: nothing to exchange."""
@@ -119,6 +123,10 @@ class Solo:
     def check_identical(self, module: nn.Module, *, where: str) -> None:
         """One rank is always identical to itself."""
 
+    def drain_exchange_ms(self) -> float:
+        """Nothing is exchanged."""
+        return 0.0
+
 
 class ProcessGroup:
     """The ranks of an initialised ``torch.distributed`` default group (gloo on CPU, NCCL on CUDA)."""
@@ -131,6 +139,7 @@ class ProcessGroup:
             )
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        self._exchange_s = 0.0
 
     @property
     def leader(self) -> bool:
@@ -144,6 +153,7 @@ class ProcessGroup:
         is skipped on every rank alike (same model, same stages). ``weight`` is this rank's share
         of the global batch, so the result is the gradient a single process would get on it.
         """
+        start = time.perf_counter()
         grads = [p.grad for p in params if p.grad is not None]
         for bucket in _buckets(grads):
             flat = torch.cat([g.reshape(-1) for g in bucket])
@@ -154,11 +164,14 @@ class ProcessGroup:
                 n = g.numel()
                 g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
+        self._exchange_s += time.perf_counter() - start
 
     def sum_rows(self, matrix: torch.Tensor, *, weight: float) -> None:
         """Weighted all-reduce of a (K, N) gradient matrix, in place."""
+        start = time.perf_counter()
         matrix.mul_(weight)
         dist.all_reduce(matrix)
+        self._exchange_s += time.perf_counter() - start
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """All-reduce by sum, in place."""
@@ -214,6 +227,12 @@ class ProcessGroup:
                 f"ranks {odd} hold a different model from rank 0 at {where}; this is a bug in Esper's "
                 "data-parallel path (every rank must take the same steps): report it with the run's telemetry"
             )
+
+    def drain_exchange_ms(self) -> float:
+        """Wall time of the gradient sums since the last drain (gloo's are synchronous; NCCL's
+        count their launch only, the wait lands on the next synchronising call)."""
+        spent, self._exchange_s = self._exchange_s, 0.0
+        return spent * 1e3
 
 
 def state_digest(module: nn.Module) -> str:

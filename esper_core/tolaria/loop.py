@@ -307,6 +307,10 @@ class Trainer:
         engine_metrics, engine_events = self.engine.end_epoch()
         h2d_copy_ms, staging_events = self.batches.drain()
         engine_metrics.append(MetricPoint(name="tolaria.data.h2d_copy_ms", value=h2d_copy_ms, unit="ms"))
+        engine_metrics.append(MetricPoint(name="tolaria.parallel.processes", value=float(self.collective.world)))
+        engine_metrics.append(
+            MetricPoint(name="tolaria.parallel.exchange_ms", value=self.collective.drain_exchange_ms(), unit="ms")
+        )
         engine_events += staging_events
         engine_metrics += [MetricPoint(name=n, value=v) for n, v in self.grad_agg_stats.reduce().items()]
         metrics = self._metrics(packet, train_ms=train_ms, val_ms=val_ms, total_ms=total_ms) + tuple(engine_metrics)

@@ -196,14 +196,15 @@ def test_n_processes_train_the_single_process_run(compiled_home: EsperSettings, 
     summary = finish_run(two)
     shares = {2: (32, 32), 3: (22, 21, 21)}[nproc]
     assert (summary.processes, summary.batch_size, summary.batch_per_process) == (nproc, 64, shares)
-    # Rank 0 alone reported: one training packet per epoch.
+    # Rank 0 alone reported: one training packet per epoch, with the processes and their exchanges.
     packets = [json.loads(line) for line in (two.run_dir / "telemetry.jsonl").read_text().splitlines()]
-    epochs = [
-        p["epoch"]
+    trained = [
+        {m["name"]: m["value"] for m in p["metrics"]}
         for p in packets
         if p["source"] == "tolaria" and any(m["name"] == "tolaria.training.loss" for m in p["metrics"])
     ]
-    assert epochs == list(range(8))
+    assert len(trained) == 8
+    assert all(m["tolaria.parallel.processes"] == nproc and m["tolaria.parallel.exchange_ms"] > 0 for m in trained)
     one.close()
     two.close()
 
