@@ -25,9 +25,11 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
-## run: the main job (morphogenesis flow on digits-mlp, ephemeral Prefect, SQLite, CPU)
+## run: the main job (morphogenesis flow growing the MNIST-1D CNN, ephemeral Prefect, SQLite, CPU);
+## RECIPE=digits-mlp (or any recipe) to grow another, ARGS for more options
+RECIPE ?= mnist1d-cnn-grown
 run: install
-	$(BIN)/esper run $(ARGS)
+	$(BIN)/esper run --recipe $(RECIPE) $(ARGS)
 
 ## test: lint, then the whole suite, slow-marked tests included (what CI runs), one worker per
 ## core up to 4: most slow tests wait on a child process or a server, so two workers on CI's two

@@ -19,6 +19,9 @@ accuracies (whether N processes decided as the first count did).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import gc
 import json
 import os
 import statistics
@@ -32,15 +35,27 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
 
-from esper_core.data import Split, epoch_order
+from esper_core.data import DatasetSplit, Split, epoch_order
+from esper_core.models.mnist1d import MNIST1DCNN
 from esper_core.run.build import load_run_data
-from esper_core.run.config import ModelSpec
+from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.ranks import ParallelSpec, launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
+from esper_core.telemetry import read_jsonl
+
+
+def mnist1d_cnn_wide() -> RunConfig:
+    """``mnist1d-cnn-width`` at 64 channels (8x the recipe's): ~64x the convolutions' work a step
+    for the same gradient-sum latency, where data parallelism can start to pay on a CPU
+    (``--recipe bench.data_parallel:mnist1d_cnn_wide``)."""
+    config = get_recipe("mnist1d-cnn-width")
+    config.host = dataclasses.replace(config.host, build=functools.partial(MNIST1DCNN, channels=64))
+    return config
 
 
 def esper(recipe: str, nproc: int, *, epochs: int, home: Path) -> dict[str, Any]:
@@ -60,6 +75,12 @@ def esper(recipe: str, nproc: int, *, epochs: int, home: Path) -> dict[str, Any]
             "val_accuracy": summary.val_accuracy,
             "test_accuracy": summary.test_accuracy,
             "total_params": summary.total_params,
+            "exchange_ms": [
+                m.value
+                for p in read_jsonl(session.run_dir / "telemetry.jsonl")
+                for m in p.metrics
+                if m.name == "tolaria.parallel.exchange_ms"
+            ],
         }
     finally:
         session.close()
@@ -81,9 +102,11 @@ def _bare_rank(rank: int, recipe: str, nproc: int, epochs: int, tmp: str) -> Non
         config = get_recipe(recipe, epochs=epochs, device="cpu")
         if not isinstance(config.host, ModelSpec):
             raise ValueError(f"bare DDP needs a recipe with its own model (ModelSpec); {recipe} has a built-in host")
-        data = load_run_data(config)
-        if not isinstance(data.train, Split):
-            raise ValueError(f"bare DDP reads in-memory splits; {recipe}'s training data is a Dataset")
+        train = load_run_data(config).train
+        if isinstance(train, DatasetSplit) and isinstance(train.dataset, TensorDataset):
+            train = Split(x=train.dataset.tensors[0], y=train.dataset.tensors[1])
+        if not isinstance(train, Split):
+            raise ValueError(f"bare DDP reads tensors; {recipe}'s training data is a Dataset of another kind")
         torch.manual_seed(config.seed)
         model = DistributedDataParallel(config.host.build())
         trainer = config.trainer
@@ -93,7 +116,7 @@ def _bare_rank(rank: int, recipe: str, nproc: int, epochs: int, tmp: str) -> Non
             opt = torch.optim.SGD(
                 model.parameters(), lr=trainer.lr, momentum=trainer.momentum, weight_decay=trainer.weight_decay
             )
-        x, y, batch = data.train.x, data.train.y, config.data.batch_size
+        x, y, batch = train.x, train.y, config.data.batch_size
         times = []
         for epoch in range(epochs):
             order = epoch_order(len(y), seed=config.data.seed, epoch=epoch)
@@ -106,6 +129,12 @@ def _bare_rank(rank: int, recipe: str, nproc: int, epochs: int, tmp: str) -> Non
             times.append((time.perf_counter() - start) * 1e3)
         if rank == 0:
             Path(tmp, "times.json").write_text(json.dumps(times))
+        # Drop DDP's reducer while the group still works: freed at the frame's end instead, its
+        # process group's destructor joined gloo's worker thread while holding the GIL the worker
+        # needed to free its last allreduce, and the rank hung at exit (seen here once in three).
+        dist.barrier()
+        del model, opt
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
@@ -124,9 +153,11 @@ def run(recipe: str, nprocs: list[int], *, epochs: int, warmup: int = 2) -> dict
                 {
                     "nproc": n,
                     "esper_epoch_ms_p50": round(mine, 2),
+                    "esper_epoch_ms": [round(t, 1) for t in run_n["train_ms"]],
                     "bare_ddp_epoch_ms_p50": round(theirs, 2),
                     "ratio_to_bare_ddp": round(mine / theirs, 3),
                     "esper_samples_per_s": round(samples / mine * 1e3),
+                    "exchange_ms_p50": round(statistics.median(run_n["exchange_ms"][warmup:]), 2),
                     "decisions": run_n["decisions"],
                     "same_decisions_as_first": run_n["decisions"]
                     == (rows[0]["decisions"] if rows else run_n["decisions"]),
@@ -155,9 +186,10 @@ def main() -> None:
     parser.add_argument("--recipe", default="mnist1d-cnn-width")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--warmup", type=int, default=2, help="first epochs left out of the medians")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
-    result = run(args.recipe, args.nproc, epochs=args.epochs)
+    result = run(args.recipe, args.nproc, epochs=args.epochs, warmup=args.warmup)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json is not None:

@@ -11,6 +11,7 @@ from esper_core.run.build import load_run_data
 from esper_core.run.plan import check_recipe
 from esper_core.run.ranks import check_parallel
 from esper_core.run.recipes import RECIPES, get_recipe
+from esper_core.run.reports import frontier_lines
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -47,6 +48,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")
+    if summary.frontier is not None:
+        for line in frontier_lines(summary.frontier):
+            print(f"frontier   {line.removeprefix('- ')}")
     print(f"commands   {summary.commands}")
     mib = summary.checkpoints["bytes"] / 2**20
     print(f"checkpoints {summary.checkpoints['files']} kept, {mib:.1f} MiB")

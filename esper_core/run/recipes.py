@@ -28,7 +28,7 @@ from esper_core.hosts import HostConfig
 from esper_core.models.chars_gpt import CharGPT, next_char_loss
 from esper_core.models.mnist1d import MNIST1DCNN, MNIST1DMLP
 from esper_core.run.config import ModelSpec, RunConfig
-from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tolaria.config import TrainerConfig
 
@@ -151,6 +151,27 @@ def mnist1d_cnn_width() -> RunConfig:
     return _mnist1d("mnist1d-cnn-width", host, ())
 
 
+def mnist1d_cnn_grown() -> RunConfig:
+    """``mnist1d-cnn-width`` grown by the schedule Simic's learned width policy chose: double
+    ``conv1`` after epoch 1, double ``conv3`` after epoch 3 (v4 of the policy in
+    ``baselines/growth/width-learned-cnn``, on every one of its 20 seeds give or take an epoch;
+    it also asked for ``conv2`` in between, which G0 refuses next to a width seed in flight).
+    Each seed is fossilised, so merged, when its probation ends. The main job (``make run``): the
+    run's summary sets the grown network beside the static frontier of the same parameter count.
+    """
+    config = mnist1d_cnn_width()
+    config.recipe = "mnist1d-cnn-grown"
+    config.tamiyo = dataclasses.replace(
+        config.tamiyo,
+        policy="scheduled",
+        schedule=(
+            ScheduledGermination(epoch=1, slot="conv1+width", blueprint="width-100"),
+            ScheduledGermination(epoch=3, slot="conv3+width", blueprint="width-100"),
+        ),
+    )
+    return config
+
+
 def mnist1d_mlp_width() -> RunConfig:
     """``mnist1d-mlp`` grown in width only: both hidden layers may gain units."""
     host = ModelSpec(
@@ -211,6 +232,7 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
     "mnist1d-cnn": mnist1d_cnn,
     "mnist1d-mlp": mnist1d_mlp,
     "mnist1d-cnn-width": mnist1d_cnn_width,
+    "mnist1d-cnn-grown": mnist1d_cnn_grown,
     "mnist1d-mlp-width": mnist1d_mlp_width,
     "seed-reference": seed_reference,
 }
@@ -221,6 +243,7 @@ RecipeName = Literal[
     "digits-cnn",
     "digits-mlp",
     "mnist1d-cnn",
+    "mnist1d-cnn-grown",
     "mnist1d-cnn-width",
     "mnist1d-mlp",
     "mnist1d-mlp-width",

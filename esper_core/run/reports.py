@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_core.contracts import SeedStage
+from esper_core.run.frontier import FRONTIERS
 from esper_core.run.ranks import launches
 from esper_core.run.session import RunSession
 from esper_core.telemetry import read_jsonl, write_baseline
@@ -48,6 +49,9 @@ class RunSummary:
     """Each process's share of every global batch."""
     learning_rate: float = 0.0
     """The recipe's learning rate, which the global batch keeps (no rescaling for processes)."""
+    frontier: dict[str, Any] | None = None
+    """The grown network beside the committed static frontier of its recipe
+    (``StaticFrontier.compare``), for a recipe that has one and a run of its length."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -76,6 +80,7 @@ def finish_run(session: RunSession) -> RunSummary:
         checkpoints={"files": len(session.checkpoints.tags()), "bytes": session.checkpoints.size_bytes()},
         **_decision_latency(Path(session.run_dir) / "telemetry.jsonl"),
         **_sharing(session),
+        frontier=_frontier(session, test.accuracy),
     )
     run_dir = Path(session.run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
@@ -102,6 +107,13 @@ def finish_run(session: RunSession) -> RunSummary:
     return summary
 
 
+def _frontier(session: RunSession, test_accuracy: float) -> dict[str, Any] | None:
+    frontier = FRONTIERS.get(session.config.recipe)
+    if frontier is None or len(session.history) != frontier.epochs:
+        return None
+    return frontier.compare(params=count_parameters(session.trainer.model), test_accuracy=test_accuracy)
+
+
 def _sharing(session: RunSession) -> dict[str, Any]:
     """How the last launch shared the run among processes (one process when never launched parallel)."""
     batch = session.config.data.batch_size
@@ -122,6 +134,24 @@ def _decision_latency(telemetry: Path) -> dict[str, Any]:
     latencies = [m.value for m in metrics if m.name == "tamiyo.decision.latency_ms"]
     timeouts = sum(m.value for m in metrics if m.name == "tolaria.timeout.tamiyo_total")
     return {"tamiyo_decision_max_ms": max(latencies, default=0.0), "tamiyo_timeouts": int(timeouts)}
+
+
+def frontier_lines(f: dict[str, Any]) -> list[str]:
+    """What growth bought, in words: the grown network, the static host of its size, its start."""
+    spread = f"mean of {f['seeds']} seeds; one run's spread is about {f['start_test_accuracy_sd']:.1f} points"
+    if f["static_same_params"] is None:
+        same = f"beyond the committed frontier (widest static host: {f['widest_params']} parameters)"
+    else:
+        same = (
+            f"a static network of the same size trained from scratch reaches {f['static_same_params']:.2f} % "
+            f"({spread}): {f['grown_minus_static']:+.2f} points"
+        )
+    return [
+        f"- grown: {f['grown_test_accuracy']:.2f} % test accuracy with {f['grown_params']} parameters",
+        f"- {same}",
+        f"- its starting size, {f['start_params']} parameters, reaches {f['start_test_accuracy']:.2f} % static",
+        f"- (frontier: `{f['source']}`)",
+    ]
 
 
 def render_report(session: RunSession, summary: RunSummary) -> str:
@@ -160,4 +190,6 @@ def render_report(session: RunSession, summary: RunSummary) -> str:
             f"| {c.epoch} | {c.action} | {c.slot_id or '-'} | {c.blueprint_id or '-'} | {c.issued_by} | {c.reason} |"
         )
     lines += ["", "## Seeds", ""] + [f"- {slot}: {stage}" for slot, stage in summary.seeds.items()]
+    if summary.frontier is not None:
+        lines += ["", "## Against the static frontier", "", *frontier_lines(summary.frontier)]
     return "\n".join(lines) + "\n"
