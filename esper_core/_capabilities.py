@@ -56,13 +56,32 @@ def _log_choice(device: str) -> None:
     log.info("esper device: %s (torch %s)", device, torch.__version__)
 
 
+RECOMPILE_LIMIT = 64
+"""Graphs Dynamo may compile per function before it runs that function eagerly (its default: 8)."""
+
+
 @functools.cache
 def initialise_pytorch_defaults() -> None:
-    """Set float32 matmul precision and TF32 once per process (seed 000, change 3).
+    """Set float32 matmul precision and TF32 once per process (seed 000, change 3), and make
+    compiled code see module hooks.
 
     On CPU the precision setting is harmless; TF32 flags only matter on CUDA, so they are set
     only when a CUDA device is present.
+
+    Dynamo leaves hooks out of a compiled graph's guards by default
+    (``skip_nnmodule_hook_guards``): a hook added after the compile is silently not run. Kasmina
+    grows a layer's width through hooks (``WidthSlot``), so with that default a compiled training
+    step kept running the network as it was before the seed: the seed got no gradient, G1
+    culled it, and width growth never happened (found by counting the step's traces,
+    ``tolaria.compile.traces``). With the guards, a hook added or removed re-traces the step once.
+
+    Each growth event (a seed in, each of its stage changes, its merge) is a new graph for the
+    step, two with an epoch's short last batch, so Dynamo's default limit of 8 graphs per function
+    was reached by the first merge, after which the step silently ran eagerly for the rest of the
+    run. 64 leaves room for a run's growth; past it Dynamo still falls back to eager, correctly.
     """
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch.set_float32_matmul_precision("high")
     if cuda_available():
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -126,6 +126,11 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tolaria.graph.stage_copy_ms", _G, "Copy of a batch into the graph's static buffers", "ms"),
     _n("tolaria.graph.replays_total", _C, "CUDA graph replays"),
     _n("tolaria.data.h2d_copy_ms", _G, "Host-to-device batch copies of the last epoch (GPU prefetch stream)", "ms"),
+    _n(
+        "tolaria.compile.traces",
+        _G,
+        "Graphs the compiled step traced in the last epoch (first compile, then growth events only)",
+    ),
     _n("tolaria.parallel.processes", _G, "Data-parallel processes training the run (1: one process)"),
     _n(
         "tolaria.parallel.exchange_ms",

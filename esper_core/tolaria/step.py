@@ -158,6 +158,7 @@ class StepEngine:
         self._timings: dict[str, list[float]] = {"eager": [], "compiled": []}
         self._events: list[TelemetryEvent] = []
         self._compiled_epoch = False
+        self.backend = TracingBackend(config.compile_backend, mode=config.compile_mode, dynamic=config.compile_dynamic)
         self.compiled_epochs = 0
         self.graphs: GraphRunner | None = None
         self._graph_fallback_shapes: set[tuple] = set()
@@ -341,9 +342,8 @@ class StepEngine:
         cfg = self.config
         start = time.perf_counter()
         try:
-            compiled = torch.compile(
-                self.step_fn, mode=cfg.compile_mode, dynamic=cfg.compile_dynamic, backend=cfg.compile_backend
-            )
+            # The mode travels inside the backend (torch.compile takes a mode for its own inductor only).
+            compiled = torch.compile(self.step_fn, dynamic=cfg.compile_dynamic, backend=self.backend)
             # Compilation happens on the first call: make it now, in the shadow.
             self.zero_grad()
             compiled(x, y)
@@ -447,6 +447,7 @@ class StepEngine:
             MetricPoint(name="tolaria.compile_warmup_remaining", value=float(self.warmup_remaining)),
             MetricPoint(name="tolaria.compile.warmup_ms", value=self.warmup_ms, unit="ms"),
             MetricPoint(name="tolaria.compile.epochs_total", value=1.0 if self._compiled_epoch else 0.0),
+            MetricPoint(name="tolaria.compile.traces", value=float(self.backend.drain())),
         ]
         if graphs is not None:
             metrics += [
@@ -488,6 +489,43 @@ def _first_mismatch(
             diff = "missing" if a is None or b is None else f"max |diff| {float((a - b).abs().max()):.3g}"
             return f"gradient of parameter {i}: {diff}"
     return None
+
+
+class TracingBackend:
+    """The configured ``torch.compile`` backend, counting the graphs it is handed.
+
+    Dynamo calls its backend once per graph it traces: at the first compile, and again whenever a
+    guard fails, e.g. when growth changed a parameter's shape or the model's code path (a seed
+    went in, a width merged). The count per epoch (``tolaria.compile.traces``) shows that a run
+    re-traces at its growth events and not in between; Dynamo's own counters are global to the
+    process, shared with every other compile in it. ``mode`` is applied here, as ``torch.compile``
+    applies it to its inductor backend, because ``torch.compile`` ignores a mode for any other
+    backend, this wrapper included.
+    """
+
+    def __init__(self, backend: str, *, mode: str | None, dynamic: bool | None) -> None:
+        if mode is not None and backend != "inductor":
+            raise ValueError(f"compile_mode {mode!r} needs compile_backend 'inductor', got {backend!r}")
+        self.name = backend
+        self.mode = mode
+        self.dynamic = dynamic
+        self.traces = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        """Compile ``gm`` with the configured backend (and mode), counting it."""
+        self.traces += 1
+        if self.mode is None:
+            return torch._dynamo.lookup_backend(self.name)(gm, example_inputs)
+        # Imported here: inductor's import is heavy, and only a compile with a mode needs it.
+        from torch._inductor import list_mode_options
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, config_patches=list_mode_options(self.mode, self.dynamic))
+
+    def drain(self) -> int:
+        """Graphs traced since the last drain."""
+        traces, self.traces = self.traces, 0
+        return traces
 
 
 def _sync(device: torch.device) -> None:

@@ -234,3 +234,17 @@ def mlp_widen_long() -> RunConfig:
             policy="scheduled", schedule=(ScheduledGermination(epoch=0, slot="fc2+width", blueprint="width-50"),)
         ),
     )
+
+
+def mlp_widen_compiled() -> RunConfig:
+    """``mlp_widen_long`` for 8 epochs with the compiled step (``aot_eager``: no code generation),
+    to count the step's traces across a germination, a blend and a merge."""
+    config = mlp_widen_long()
+    config.epochs = 8
+    config.trainer = TrainerConfig(
+        optimizer="adam",
+        lr=3e-3,
+        val_batch_size=512,
+        step=StepEngineConfig(compile="on", compile_backend="aot_eager", compile_warmup_steps=1),
+    )
+    return config

@@ -202,3 +202,24 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
     assert saved["state_dict"]["features.0.weight"].shape == (12, 1, 3, 3)
     manifest = json.loads((tmp_path / "out" / "export.json").read_text())
     assert manifest["commit"] == "epoch-0005-applied" and manifest["parameters"] == done.parameters
+
+
+def test_the_compiled_step_retraces_at_growth_events_only(esper_home: EsperSettings) -> None:
+    """``tolaria.compile.traces`` per epoch: graphs at the first epoch and after each change of the
+    network (a seed in, its stage, its merge), none in an epoch whose network the last one had."""
+    session = RunSession.create(
+        recipe="tests.helpers.user_models:mlp_widen_compiled", settings=esper_home, device="cpu", run_id="traces"
+    )
+    structures = []  # each epoch's seeds, stages and widths as it starts (what the step's graph depends on)
+    while session.epoch < session.config.epochs:
+        structures.append(session.manager.structure_signature())
+        _step(session)
+    assert session.trainer.engine.use_compiled
+    packets = [json.loads(line) for line in (session.run_dir / "telemetry.jsonl").read_text().splitlines()]
+    traces = [m["value"] for p in packets for m in p["metrics"] if m["name"] == "tolaria.compile.traces"]
+    assert len(traces) == session.config.epochs and traces[0] >= 1
+    steady = [e for e in range(1, len(traces)) if structures[e] == structures[e - 1]]
+    assert steady and all(traces[e] == 0 for e in steady), (traces, structures)
+    assert sum(traces[e] for e in range(1, len(traces)) if e not in steady) >= 1  # growth re-traced
+    assert session.trainer.model.layer_widths[1] == 72  # the seed merged within the run
+    session.close()
