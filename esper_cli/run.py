@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.run.build import load_run_data
 from esper_core.run.plan import check_recipe
-from esper_core.run.ranks import check_parallel
+from esper_core.run.ranks import check_parallel, join_torchrun
 from esper_core.run.recipes import RECIPES, get_recipe
 from esper_core.run.reports import frontier_lines
 
@@ -61,6 +62,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rank(args: argparse.Namespace) -> int:
+    from tasks._runtime import run_sink, settings
+
+    handle = join_torchrun(
+        run_id=args.run_id,
+        recipe=args.recipe,
+        settings=settings(),
+        epochs=args.epochs,
+        device=args.device,
+        seed=args.seed,
+        timeout_s=args.timeout_s,
+        sink_factory=run_sink,
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run {handle.run_id}: trained on {os.environ.get('WORLD_SIZE')} processes; outputs in {handle.run_dir}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``run`` to the top-level subcommands."""
     run = sub.add_parser("run", help="run the morphogenesis flow (compile, train, grow)")
@@ -84,3 +103,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with one GPU each); the recipe's batch is shared among them (default: %(default)s)",
     )
     run.set_defaults(func=_cmd_run)
+
+    rank = sub.add_parser(
+        "rank",
+        help="train a run as one rank of a torchrun group (several machines; one machine: esper run --nproc)",
+        description="Run under torchrun on every node, e.g. `torchrun --nnodes 2 --nproc-per-node 4 "
+        "--rdzv-endpoint HOST:29400 -m esper_cli rank --run-id R --recipe mnist1d-cnn-width`, with the same "
+        "Esper environment and an ESPER_HOME every node sees. Rank 0 creates or resumes the run and writes it.",
+    )
+    rank.add_argument("--run-id", required=True, help="the run; an existing one resumes from its last commit")
+    rank.add_argument(
+        "--recipe", default="digits-mlp", metavar="RECIPE", help="a built-in recipe or package.module:function"
+    )
+    rank.add_argument("--epochs", type=positive, default=None, help="override the recipe's epoch count (a new run)")
+    rank.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="cuda: one GPU per local rank")
+    rank.add_argument("--seed", type=int, default=None, help="override the recipe's random seed (a new run)")
+    rank.add_argument(
+        "--timeout-s", type=float, default=300.0, help="how long a rank waits for the others (default: %(default)s)"
+    )
+    rank.set_defaults(func=_cmd_rank)

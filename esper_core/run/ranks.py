@@ -145,8 +145,7 @@ def launch(spec: ParallelSpec, settings: EsperSettings, *, sink_factory: SinkFac
     if new:
         config = get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
     else:
-        saved = json.loads((run_dir / "run.json").read_text())
-        config = get_recipe(saved["recipe"], epochs=saved["epochs"], device=saved["device"], seed=saved["seed"])
+        config = _saved_config(settings, spec.run_id)
     check_recipe(config)
     check_parallel(config, spec.nproc, train_samples=len(load_run_data(config).train))
     if new:
@@ -212,14 +211,12 @@ def _rank_main(
     store: str,
     sink_factory: SinkFactory | None,
 ) -> None:
-    """One rank: join the group, build or reopen the run, train it to the end in lockstep."""
+    """One rank started by ``launch``: join the group, then ``train_rank``."""
     # The machine's cores are shared among the ranks (what torchrun does with OMP_NUM_THREADS).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.nproc))
-    run_json = json.loads((settings.runs_dir / spec.run_id / "run.json").read_text())
-    config = get_recipe(run_json["recipe"], epochs=run_json["epochs"], device=run_json["device"], seed=run_json["seed"])
-    cuda = resolve_device(config.trainer.device).type == "cuda"
-    backend = "nccl" if cuda else "gloo"
-    if cuda:
+    config = _saved_config(settings, spec.run_id)
+    backend = _backend(config)
+    if backend == "nccl":
         torch.cuda.set_device(rank)
     if spec.nproc > 1:
         dist.init_process_group(
@@ -232,28 +229,121 @@ def _rank_main(
     try:
         # One rank exchanges nothing: the single-process path, in a process of its own.
         group: Collective = ProcessGroup() if spec.nproc > 1 else Solo()
-        extra = sink_factory(spec.run_id, config.recipe) if sink_factory is not None and group.leader else None
-        if new:
-            session = RunSession.begin(
-                config=config, settings=settings, run_id=spec.run_id, extra_sink=extra, collective=group
-            )
-        else:
-            session = RunSession.open(settings=settings, run_id=spec.run_id, extra_sink=extra, collective=group)
-            session.rewind_partial_epoch()
-        try:
-            pids = group.gather(os.getpid())
-            if group.leader:
-                record_launch(session, nproc=group.world, backend=backend if spec.nproc > 1 else "none", pids=pids)
-            while session.epoch < session.config.epochs:
-                epoch = session.epoch
-                packet = session.train_epoch()
-                session.commit(epoch_tag(epoch, "trained"))
-                decide_and_apply(session, packet)
-        finally:
-            session.close()
+        train_rank(
+            group,
+            config,
+            settings=settings,
+            run_id=spec.run_id,
+            new=new,
+            backend=backend if spec.nproc > 1 else "none",
+            sink_factory=sink_factory,
+        )
     finally:
         if spec.nproc > 1:
             dist.destroy_process_group()
+
+
+def join_torchrun(
+    *,
+    run_id: str,
+    recipe: str,
+    settings: EsperSettings,
+    epochs: int | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    timeout_s: float = 300.0,
+    sink_factory: SinkFactory | None = None,
+) -> RunHandle:
+    """Train ``run_id`` as one rank of a group that ``torchrun`` started (one node or several).
+
+    The rank, the world and the rendezvous come from torchrun's environment (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); every node needs the same
+    Esper environment and an ``ESPER_HOME`` they all see (a shared path), since rank 0 writes the
+    run there and the others read it. Rank 0 creates the run (or finds it, and every rank resumes
+    it) and checks it against the world size; a refusal stops every rank with the same message.
+
+    Raises:
+        ValueError: not under torchrun, or the run cannot be shared by the world (every rank).
+    """
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} not set: start `esper rank` with torchrun, e.g. "
+            "`torchrun --standalone --nproc-per-node 2 -m esper_cli rank --run-id R --recipe mnist1d-cnn-width`; "
+            "on one machine `esper run --nproc 2` does it for you"
+        )
+    requested = resolve_device(device or "auto")
+    backend = "nccl" if requested.type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    try:
+        group = ProcessGroup()
+        run_dir = settings.runs_dir / run_id
+        problem, new = None, False
+        if group.leader:
+            new = not (run_dir / "run.json").exists()
+            try:
+                config = (
+                    get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+                    if new
+                    else _saved_config(settings, run_id)
+                )
+                check_recipe(config)
+                check_parallel(config, group.world, train_samples=len(load_run_data(config).train))
+                if new:
+                    write_run_spec(run_dir, recipe=recipe, epochs=epochs, device=device, seed=seed)
+                open_registry(settings).close()
+            except ValueError as e:
+                problem = str(e)
+        problem, new = group.broadcast((problem, new))
+        if problem is not None:
+            raise ValueError(problem)
+        config = _saved_config(settings, run_id)
+        train_rank(group, config, settings=settings, run_id=run_id, new=new, backend=backend, sink_factory=sink_factory)
+    finally:
+        dist.destroy_process_group()
+    return RunHandle(run_id=run_id, run_dir=str(settings.runs_dir / run_id))
+
+
+def train_rank(
+    group: Collective,
+    config: RunConfig,
+    *,
+    settings: EsperSettings,
+    run_id: str,
+    new: bool,
+    backend: str,
+    sink_factory: SinkFactory | None,
+) -> None:
+    """Build (``new``) or reopen the run on this rank and train it to its last epoch in lockstep."""
+    extra = sink_factory(run_id, config.recipe) if sink_factory is not None and group.leader else None
+    if new:
+        session = RunSession.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra, collective=group)
+    else:
+        session = RunSession.open(settings=settings, run_id=run_id, extra_sink=extra, collective=group)
+        session.rewind_partial_epoch()
+    try:
+        pids = group.gather(os.getpid())
+        if group.leader:
+            record_launch(session, nproc=group.world, backend=backend, pids=pids)
+        while session.epoch < session.config.epochs:
+            epoch = session.epoch
+            packet = session.train_epoch()
+            session.commit(epoch_tag(epoch, "trained"))
+            decide_and_apply(session, packet)
+    finally:
+        session.close()
+
+
+def _saved_config(settings: EsperSettings, run_id: str) -> RunConfig:
+    """The configuration ``run.json`` records for ``run_id``."""
+    saved = json.loads((settings.runs_dir / run_id / "run.json").read_text())
+    return get_recipe(saved["recipe"], epochs=saved["epochs"], device=saved["device"], seed=saved["seed"])
+
+
+def _backend(config: RunConfig) -> str:
+    return "nccl" if resolve_device(config.trainer.device).type == "cuda" else "gloo"
 
 
 def record_launch(session: RunSession, *, nproc: int, backend: str, pids: list[int]) -> None:

@@ -269,3 +269,30 @@ def test_a_failing_rank_names_itself_and_the_run_stays_at_its_last_commit(esper_
     assert not (esper_home.runs_dir / "bad").exists()  # refused before anything was written
     with pytest.raises(ParallelRunFailed, match=r"rank \d failed: .*resume it with"):
         launch(ParallelSpec(run_id="timeout", recipe=LONG, nproc=2, timeout_s=1e-3), esper_home)
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_train_a_run(esper_home: EsperSettings) -> None:
+    """``esper rank`` under torchrun (here one node, two processes): rank 0 creates the run, both
+    train it, rank 0 records the launch."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "esper_cli", "rank", "--run-id", "tr", "--recipe", LONG, "--epochs", "3", "--device", "cpu"]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "run tr: trained on 2 processes" in out.stdout
+    session = RunSession.open(settings=esper_home, run_id="tr")
+    assert [p.epoch for p in session.history] == [0, 1, 2]
+    assert session.manager.slots["fc2+width"].stage is not SeedStage.DORMANT  # widened after epoch 0
+    session.close()
+    launches = json.loads((esper_home.runs_dir / "tr" / LAUNCHES_FILE).read_text())
+    assert [(entry["nproc"], entry["backend"]) for entry in launches] == [(2, "gloo")]
+
+
+def test_esper_rank_outside_torchrun_says_how_to_start_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from esper_cli.main import main
+
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        assert key not in os.environ
+    assert main(["rank", "--run-id", "x", "--recipe", LONG]) == 2
+    err = capsys.readouterr().err
+    assert "start `esper rank` with torchrun" in err and "esper run --nproc 2" in err
