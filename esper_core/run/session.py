@@ -32,26 +32,23 @@ from esper_core.interrupts import deferred_interrupts
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.kasmina.loader import LoadedKernel, load_kernel
 from esper_core.run.build import build_trainer, load_run_data
-from esper_core.run.candidates import kernel_candidates, width_candidates
 from esper_core.run.commands import SeedCommands
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
+from esper_core.run.decisions import TamiyoDecisions
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.run.state import RunRecord, RunState
 from esper_core.settings import EsperSettings
-from esper_core.simic.records import CounterfactualOutcome, DecisionRecord, SimicStore
-from esper_core.simic.serving import refresh_policy
-from esper_core.tamiyo.candidates import BlueprintCandidate
-from esper_core.tamiyo.reporting import command_attributes, decision_metrics
-from esper_core.tamiyo.service import Decision, TamiyoService
+from esper_core.simic.records import SimicStore
+from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, NullSink, TelemetrySink
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.collective import Collective, Solo
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
-from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted, call_with_deadline
+from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted
 from esper_core.urza.errors import RegistryError, RegistryUnavailableError
 from esper_core.urza.service import Urza
 
@@ -72,7 +69,7 @@ class RunHandle:
     run_dir: str
 
 
-class RunSession(SeedCommands):
+class RunSession(SeedCommands, TamiyoDecisions):
     """One training run: host, seeds, controller, checkpoints and telemetry."""
 
     def __init__(
@@ -303,125 +300,6 @@ class RunSession(SeedCommands):
             )
         )
         return packet
-
-    def candidates(self) -> list[BlueprintCandidate]:
-        """Blueprints of the recipe with an active artifact for at least one slot profile.
-
-        Looked up once per live session (and again after a germination is rejected): a kernel
-        quarantined in the meantime is still refused when Kasmina loads it.
-        """
-        if self.record.candidates is None:
-            done, found = self.registry.try_call(
-                "look up kernels",
-                lambda: kernel_candidates(plan=self.plan, catalog=self.catalog, urza=self.urza, device=self.device),
-            )
-            if not done:
-                # Registry unreachable: no kernel can be loaded, so no branch seed can germinate;
-                # width seeds need none. Look again next epoch.
-                return width_candidates(self.plan)
-            # Reported with the decision.
-            self.record.lookup_ms = found.lookup_ms
-            self.record.candidates = found.candidates + width_candidates(self.plan)
-        return self.record.candidates or []
-
-    def decide(self) -> AdaptationCommand:
-        """Ask Tamiyo for this epoch's command within its deadline (does not change the run).
-
-        Tamiyo runs on a worker thread against a snapshot of the history; everything recorded
-        here happens on the calling thread, so a late answer can never leak into a commit. A
-        missed deadline or an error yields a conservative WAIT and counts against Tamiyo's
-        circuit breaker; while the breaker is open she is not asked (WAIT, ``circuit_breaker``).
-        The decision is kept for Simic and recorded with the commit that applies it.
-        """
-        if not self.history:
-            raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
-        # Its telemetry waits in the outbox for the next commit: until then the live state is not
-        # the committed one, and a retry that lands here again must restore rather than emit twice.
-        self.record.dirty = True
-        if not self.collective.leader:
-            # Rank 0 decides, from the same packets every rank computed; the others apply its command.
-            return self.collective.broadcast(None)
-        history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
-        epoch = history[-1].epoch
-        # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.
-        if not self.registry.down:
-            refresh_policy(self.tamiyo, self.records, pinned=self.config.tamiyo.policy_version)
-        breaker = self.tamiyo.breaker
-        decision: Decision | None = None
-        metrics = [MetricPoint(name="urza.lookup.latency_ms", value=self.record.lookup_ms, unit="ms")]
-        if not breaker.allow():
-            # The breaker is open after repeated failures: do not ask Tamiyo this epoch.
-            decision = self.tamiyo.fallback_decision(
-                history, run_id=self.run_id, reason=f"circuit breaker open, last failure: {breaker.last_failure}"
-            )
-            command = decision.command
-        else:
-            # The deadline covers the deciding policy only: the GNN's shadow scoring (when the
-            # heuristic decides) runs after it, so its timing can never turn into a WAIT.
-            outcome = call_with_deadline(
-                lambda: self.tamiyo.decide(
-                    history,
-                    candidates,
-                    run_id=self.run_id,
-                    reports=reports,
-                    total_epochs=self.config.epochs,
-                    shadow=False,
-                ),
-                self.config.trainer.safety.tamiyo_deadline_ms,
-            )
-            metrics.append(MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms"))
-            self.timings["decide_ms"].append(outcome.elapsed_ms)
-            if outcome.timed_out or outcome.error is not None or outcome.value is None:
-                breaker.record_failure("timeout" if outcome.timed_out else f"{type(outcome.error).__name__}")
-                command = self.rails.tamiyo_missed(
-                    epoch=epoch, run_id=self.run_id, elapsed_ms=outcome.elapsed_ms, error=outcome.error
-                )
-            else:
-                breaker.record_success()
-                decision = self.tamiyo.add_shadow(outcome.value, history, candidates, total_epochs=self.config.epochs)
-                command = decision.command
-                self.timings["gnn_ms"].append(decision.gnn_latency_ms)
-                metrics += decision_metrics(decision)
-        command = self.rails.filter(command)
-        if decision is not None:
-            task = self.config.task.to_dict() if self.config.task else None
-            record = DecisionRecord.from_decision(
-                decision, history, candidates, total_epochs=self.config.epochs, task=task
-            )
-            self.record.decision_records[command.command_id] = dataclasses.replace(record, command=command)
-        rail_metrics, rail_events = self.rails.drain()
-        self.record.outbox.append(
-            TelemetryPacket(
-                source="tamiyo",
-                run_id=self.run_id,
-                epoch=epoch,
-                metrics=(*metrics, *rail_metrics),
-                events=(
-                    *rail_events,
-                    TelemetryEvent(
-                        name="tamiyo.command",
-                        message=command.reason,
-                        attributes=command_attributes(command, decision, breaker),
-                    ),
-                ),
-            )
-        )
-        return self.collective.broadcast(command)
-
-    def pending_decision(self, command: AdaptationCommand) -> DecisionRecord | None:
-        """The record of ``command`` that the next commit stores, if Tamiyo decided it this step."""
-        return self.record.decision_records.get(command.command_id)
-
-    def attach_counterfactual(self, command: AdaptationCommand, outcome: CounterfactualOutcome) -> None:
-        """Store ``outcome`` with ``command``'s decision (recorded at the commit that applies it).
-
-        Raises:
-            ValueError: ``command`` has no pending decision (see ``pending_decision``).
-        """
-        record = self.pending_decision(command)
-        if record is None:
-            raise ValueError(f"no pending decision {command.command_id}: attach right after decide(), before commit")
-        self.record.decision_records[command.command_id] = dataclasses.replace(record, counterfactual=outcome)
 
     def apply(self, command: AdaptationCommand) -> str:
         """Carry out ``command``; a command that cannot be applied is rejected, not fatal.
