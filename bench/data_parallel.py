@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
+from bench._output import save_json
 from esper_core.data import DatasetSplit, Split, epoch_order
 from esper_core.models.mnist1d import MNIST1DCNN
 from esper_core.run.build import load_run_data
@@ -190,11 +191,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     result = run(args.recipe, args.nproc, epochs=args.epochs, warmup=args.warmup)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    print(save_json(result, args.json))
 
 
 if __name__ == "__main__":

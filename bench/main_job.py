@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from bench._output import save_json
 from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.frontier import FRONTIERS
 from esper_core.run.recipes import get_recipe
@@ -82,11 +83,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     result = run(args.recipe, seeds=args.seeds)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    print(save_json(result, args.json))
 
 
 if __name__ == "__main__":

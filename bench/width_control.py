@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench._output import save_json
 from esper_core.benchmarks.growth import SPLIT_SEED, in_home
 from esper_core.kasmina.width import resize_width, trace_width_site
 from esper_core.run.config import ModelSpec
@@ -92,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         f"static at {widths} ({out['static_shape']['params']} params) {out['static_shape']['test_accuracy_mean']:.2f} %: "
         f"{d['mean']:+.2f} [{d['ci95_low']:+.2f}, {d['ci95_high']:+.2f}] over {d['n']} seeds"
     )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    save_json(out, args.json)
     return 0
 
 

@@ -14,7 +14,6 @@ and their ratio (goal: grown <= 1.05 x static).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bench._output import save_json
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.width import WidthSlot, resize_width
 from esper_core.models.mnist1d import MNIST1DCNN, MNIST1DMLP
@@ -95,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['model']}: static {r['static_epoch_ms_p50']:.1f} ms, grown {r['grown_epoch_ms_p50']:.1f} ms per epoch, "
             f"ratio {r['ratio']:.3f} (goal <= {r['goal_ratio']})"
         )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"bench": "width_speed", "results": results}, indent=2) + "\n")
+    save_json({"bench": "width_speed", "results": results}, args.json)
     return 0
 
 
