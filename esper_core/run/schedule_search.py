@@ -26,8 +26,9 @@ from esper_core.run.plan import RunPlan
 from esper_core.tamiyo.config import ScheduledGermination
 
 Schedule = tuple[ScheduledGermination, ...]
-RunSchedule = Callable[[Schedule, int], EpisodeResult]
-"""``run(schedule, seed)``: one real episode of policy ``scheduled``."""
+RunSchedule = Callable[[Schedule, int], EpisodeResult | Sequence[EpisodeResult]]
+"""``run(schedule, seed)``: one real episode of policy ``scheduled``, or one per task when a
+schedule is searched for several tasks at once (each round then scores it on all of them)."""
 
 GERMINATION_POINTS = (0.05, 0.2, 0.4)
 """Where the family germinates, as fractions of the run: early, at a fifth and at two fifths
@@ -60,7 +61,7 @@ class SearchOutcome:
 
     Attributes:
         best: The schedule that survived every round.
-        ranking: ``(name, mean val accuracy, seeds run)`` of every candidate, best first: the
+        ranking: ``(name, mean val accuracy, episodes run)`` of every candidate, best first: the
             ones that went further rank above the ones discarded earlier.
         episodes: Every episode the search ran, by schedule name.
     """
@@ -109,7 +110,7 @@ def search_schedules(
     Args:
         candidates: The schedules, distinct by name.
         seeds: One round per seed, in order; the winner runs on every one of them.
-        run: Runs one episode.
+        run: Runs one episode, or one per task (all of them count toward the schedule's mean).
         eta: Each round keeps ``ceil(n / eta)`` of ``n``.
 
     Raises:
@@ -132,7 +133,8 @@ def search_schedules(
 
     for round_index, seed in enumerate(seeds):
         for name in alive:
-            episodes[name].append(run(by_name[name], seed))
+            ran = run(by_name[name], seed)
+            episodes[name].extend([ran] if isinstance(ran, EpisodeResult) else ran)
         # Ties go to the smaller schedule (fewer parameters added), then to the earlier candidate.
         alive.sort(key=lambda n: (-score(n), statistics.fmean(r.total_params for r in episodes[n])))
         if round_index == len(seeds) - 1 or len(alive) == 1:
