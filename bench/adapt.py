@@ -25,6 +25,7 @@ decisions change with what it sees.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -51,6 +52,7 @@ from esper_core.run.schedule_search import (
 )
 from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
+from esper_core.simic.record_types import PolicyVersion
 from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.config import ScheduledGermination
 from esper_core.telemetry.paired import paired_difference
@@ -113,8 +115,8 @@ def germinations(settings: EsperSettings, run_id: str) -> Schedule:
 class Episodes:
     """Runs one arm on one task and seed, with a deterministic run id, on one torch thread."""
 
-    def __init__(self, settings: EsperSettings, recipe: str, version: int, *, epochs: int | None) -> None:
-        self.settings, self.recipe, self.version, self.epochs = settings, recipe, version, epochs
+    def __init__(self, settings: EsperSettings, recipe: str, policy: PolicyVersion, *, epochs: int | None) -> None:
+        self.settings, self.recipe, self.policy, self.epochs = settings, recipe, policy, epochs
         self.count = 0
 
     def __call__(self, arm: str, task: Task, seed: int, schedule: Schedule = ()) -> EpisodeResult:
@@ -123,12 +125,14 @@ class Episodes:
             seed=seed,
             policy="scheduled" if schedule else arm,
             epochs=self.epochs,
-            policy_version=self.version if arm == "gnn" else None,
+            policy_version=self.policy.version if arm == "gnn" else None,
             lr_schedule="cosine",
             split_seed=SPLIT_SEED,
             schedule=schedule,
             task=task.for_seed(seed),
         )
+        # The GNN at the size it was stored with (a policy trained by another plan may be smaller).
+        config.tamiyo = dataclasses.replace(config.tamiyo, gnn=self.policy.gnn)
         label = schedule_name(schedule) if schedule else arm
         run_id = fresh_run_id(self.settings, f"adapt-{self.recipe}-{label}-{task.name}-s{seed}")
         self.count += 1
@@ -153,10 +157,11 @@ def run(
     settings = EsperSettings(home=home)
     store = SimicStore.open(home)
     try:
-        store.get_policy(policy_version).require_current_inputs()
+        policy = store.get_policy(policy_version)
+        policy.require_current_inputs()  # a stale version fails here, before any run
     finally:
         store.close()
-    episode = Episodes(settings, recipe, policy_version, epochs=epochs)
+    episode = Episodes(settings, recipe, policy, epochs=epochs)
     selection = list(range(SELECTION_FIRST_SEED, SELECTION_FIRST_SEED + selection_seeds))
     own = episode("gnn", Task(), selection[0])
     replay = germinations(settings, own.run_id)

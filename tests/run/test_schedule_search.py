@@ -69,6 +69,22 @@ def test_ties_go_to_the_smaller_schedule() -> None:
     assert schedule_name(outcome.best) == "s:b@1"
 
 
+def test_a_schedule_searched_over_several_tasks_is_scored_on_all_of_them() -> None:
+    # Two tasks a round: schedule 0 wins task A by 10 and loses task B by 30, so on the mean over
+    # both it must lose, though it would win a search on task A alone.
+    def run(schedule: Schedule, seed: int) -> list[EpisodeResult]:
+        first = schedule[0].epoch == 0
+        return [_result(schedule, seed, 90.0 if first else 80.0), _result(schedule, seed, 40.0 if first else 70.0)]
+
+    outcome = search_schedules(_schedules(2), [0, 1], run, eta=2)
+    assert schedule_name(outcome.best) == "s:b@1"
+    assert [(name, mean, episodes) for name, mean, episodes in outcome.ranking] == [
+        ("s:b@1", pytest.approx(75.0), 4),
+        ("s:b@0", pytest.approx(65.0), 2),
+    ]
+    assert len(outcome.best_episodes) == 4
+
+
 def test_a_search_without_candidates_or_seeds_or_with_bad_settings_is_refused() -> None:
     def run(schedule: Schedule, seed: int) -> EpisodeResult:
         raise AssertionError("no episode may run")
