@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from esper_core.benchmarks.arms import ARMS, GROWING_ARMS
 from esper_core.benchmarks.growth_report import (
     ACCURACY,
@@ -44,6 +42,7 @@ from esper_core.benchmarks.growth_report import (
     summarise_recipe,
 )
 from esper_core.data import load_dataset
+from esper_core.fanout import FanOut, Pool, one_thread
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.kernels import publish_missing_kernels
@@ -200,6 +199,11 @@ class GrowthBenchConfig:
                 )
 
     @property
+    def fan_out(self) -> FanOut:
+        """Where the runs go: ``workers`` local processes, or the cluster at ``dask_address``."""
+        return FanOut(workers=self.workers, address=self.dask_address)
+
+    @property
     def growth_plan(self) -> GrowthPlan:
         """The named plan with this config's overrides."""
         plan = PLANS[self.plan]
@@ -237,34 +241,36 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
     report("compiling kernels", 0, total)
     compile_kernels(settings, config.recipes, config.device)
     compile_s = time.perf_counter() - start
-    version, policy, training_s = None, None, 0.0
-    if "gnn" in config.arms:
-        simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
-        store = SimicStore.open(home)
-        try:
-            trained = time.perf_counter()
-            if config.policy_version is None:
-                report("training the GNN policy (Simic)", 0, total)
-            version = config.policy_version or _train_policy(settings, store, simic, config)
-            training_s = time.perf_counter() - trained
-            policy = store.get_policy(version)
-            policy.require_current_inputs()  # a stale --policy-version fails here, before any run
-        finally:
-            store.close()
-    jobs = [
-        SeedJob(
-            recipe=recipe,
-            seed=seed,
-            home=str(home),
-            version=version,
-            gnn=None if policy is None else policy.gnn,
-            plan=plan,
-            config=config,
-        )
-        for recipe in config.recipes
-        for seed in range(plan.seeds)
-    ]
-    by_job = fan_out(jobs, config, lambda done: report("evaluation runs", done * (total // len(jobs)), total))
+    with config.fan_out.open() as pool:
+        version, policy, training_s = None, None, 0.0
+        if "gnn" in config.arms:
+            simic = dataclasses.replace(get_plan(plan.simic), epochs=plan.epochs, lr_schedule=plan.lr_schedule)
+            store = SimicStore.open(home)
+            try:
+                trained = time.perf_counter()
+                if config.policy_version is None:
+                    report("training the GNN policy (Simic)", 0, total)
+                version = config.policy_version or _train_policy(settings, store, simic, config, pool)
+                training_s = time.perf_counter() - trained
+                policy = store.get_policy(version)
+                policy.require_current_inputs()  # a stale --policy-version fails here, before any run
+            finally:
+                store.close()
+        jobs = [
+            SeedJob(
+                recipe=recipe,
+                seed=seed,
+                home=str(home),
+                version=version,
+                gnn=None if policy is None else policy.gnn,
+                plan=plan,
+                config=config,
+            )
+            for recipe in config.recipes
+            for seed in range(plan.seeds)
+        ]
+        per_job = total // len(jobs)
+        by_job = pool.map(seed_runs, jobs, progress=lambda done: report("evaluation runs", done * per_job, total))
     results: dict[str, Any] = {}
     for recipe in config.recipes:
         arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in _arms(config)}
@@ -324,9 +330,7 @@ def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
     One thread whatever the process has, so a run gives the same numbers in this process, in a
     Dask worker, or on another machine's worker.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         settings = EsperSettings(home=Path(job.home))
         runs: list[tuple[str, float, EpisodeResult]] = []
         gnn: EpisodeResult | None = None
@@ -352,48 +356,11 @@ def seed_runs(job: SeedJob) -> list[tuple[str, float, EpisodeResult]]:
                 none = result
             runs.append((arm, width, result))
         return runs
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _arms(config: GrowthBenchConfig) -> tuple[str, ...]:
     """The arms a benchmark runs, in ``ARMS`` order (``gnn`` before ``random``, whose budget it sets)."""
     return tuple(a for a in ARMS if a == "none" or a in config.arms)
-
-
-def fan_out(
-    jobs: list[SeedJob], config: GrowthBenchConfig, progress: Callable[[int], None]
-) -> list[list[tuple[str, float, EpisodeResult]]]:
-    """``seed_runs`` of every job, in the jobs' order: here one after another (``workers=0``), or
-    on Dask (``config.dask_address``, else a ``LocalCluster`` of ``config.workers`` processes
-    with one thread each). ``progress`` hears how many jobs are done."""
-    if config.workers == 0 and config.dask_address is None:
-        out = []
-        for job in jobs:
-            out.append(seed_runs(job))
-            progress(len(out))
-        return out
-    # Imported here: only a fanned-out benchmark pays for Dask's import (~0.5 s).
-    from distributed import Client, LocalCluster, as_completed
-
-    with contextlib.ExitStack() as stack:
-        if config.dask_address is not None:
-            client = stack.enter_context(Client(config.dask_address))
-        else:
-            cluster = stack.enter_context(
-                LocalCluster(
-                    n_workers=config.workers,
-                    threads_per_worker=1,
-                    processes=True,
-                    host="127.0.0.1",
-                    dashboard_address="127.0.0.1:0",
-                )
-            )
-            client = stack.enter_context(Client(cluster))
-        futures = client.map(seed_runs, jobs, pure=False)
-        for done, _ in enumerate(as_completed(futures), start=1):
-            progress(done)
-        return client.gather(futures)
 
 
 def _arm_config(
@@ -425,12 +392,15 @@ def compile_kernels(settings: EsperSettings, recipes: tuple[str, ...], device: s
     publish_missing_kernels(settings, [get_recipe(name) for name in recipes], device=device)
 
 
-def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig) -> int:
-    """Simic's procedure (what the train_policy flow chains), on every recipe together."""
+def _train_policy(
+    settings: EsperSettings, store: SimicStore, plan: TrainingPlan, config: GrowthBenchConfig, pool: Pool
+) -> int:
+    """Simic's procedure (what the train_policy flow chains), on every recipe together; its
+    episodes (a search round's candidates, a PPO iteration's rollouts) spread over ``pool``."""
     demos = [
         r.run_id
         for recipe in config.recipes
-        for r in collect_demonstrations(settings, recipe=recipe, plan=plan, device=config.device)
+        for r in collect_demonstrations(settings, recipe=recipe, plan=plan, device=config.device, pool=pool)
     ]
     version = train_imitation(store, demos, plan).version
     for iteration in range(plan.iterations):
@@ -446,6 +416,7 @@ def _train_policy(settings: EsperSettings, store: SimicStore, plan: TrainingPlan
                 explore=True,
                 policy_version=version,
                 device=config.device,
+                pool=pool,
             )
         ]
         version = train_ppo(

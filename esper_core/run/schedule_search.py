@@ -15,11 +15,13 @@ search chooses what a policy learns, and the test split is what the policy is ju
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from esper_core.fanout import LOCAL, Pool
 from esper_core.run.config import RunConfig
 from esper_core.run.episodes import EpisodeResult
 from esper_core.run.plan import RunPlan
@@ -97,13 +99,17 @@ def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...])
     return singles + together
 
 
+def _run_one(run: RunSchedule, seed: int, schedule: Schedule) -> EpisodeResult | Sequence[EpisodeResult]:
+    return run(schedule, seed)
+
+
 def schedule_name(schedule: Schedule) -> str:
     """``act2:seq_conv_residual@3+act3:seq_conv_residual@4``."""
     return "+".join(f"{g.slot}:{g.blueprint}@{g.epoch}" for g in schedule)
 
 
 def search_schedules(
-    candidates: Sequence[Schedule], seeds: Sequence[int], run: RunSchedule, *, eta: int
+    candidates: Sequence[Schedule], seeds: Sequence[int], run: RunSchedule, *, eta: int, pool: Pool = LOCAL
 ) -> SearchOutcome:
     """Successive halving of ``candidates`` over ``seeds`` (see the module docstring).
 
@@ -112,6 +118,8 @@ def search_schedules(
         seeds: One round per seed, in order; the winner runs on every one of them.
         run: Runs one episode, or one per task (all of them count toward the schedule's mean).
         eta: Each round keeps ``ceil(n / eta)`` of ``n``.
+        pool: Where a round's episodes run (``esper_core.fanout``): the candidates of a round are
+            independent, so they may spread over workers; ``run`` then travels to them.
 
     Raises:
         ValueError: No candidates or seeds, or two candidates with one name.
@@ -132,9 +140,9 @@ def search_schedules(
         return statistics.fmean(r.val_accuracy for r in episodes[name])
 
     for round_index, seed in enumerate(seeds):
-        for name in alive:
-            ran = run(by_name[name], seed)
-            episodes[name].extend([ran] if isinstance(ran, EpisodeResult) else ran)
+        ran = pool.map(functools.partial(_run_one, run, seed), [by_name[name] for name in alive])
+        for name, results in zip(alive, ran, strict=True):
+            episodes[name].extend([results] if isinstance(results, EpisodeResult) else results)
         # Ties go to the smaller schedule (fewer parameters added), then to the earlier candidate.
         alive.sort(key=lambda n: (-score(n), statistics.fmean(r.total_params for r in episodes[n])))
         if round_index == len(seeds) - 1 or len(alive) == 1:

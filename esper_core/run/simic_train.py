@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from esper_core.contracts import new_id
+from esper_core.fanout import LOCAL, Pool, one_thread
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig
@@ -36,6 +37,7 @@ from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
 from esper_core.simic.learn import SimicConfig, imitate, ppo_update
 from esper_core.simic.records import DecisionRecord, PolicyVersion, SimicStore
+from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
 
@@ -182,6 +184,7 @@ def collect_episodes(
     device: str = "cpu",
     label: str = "simic",
     schedule: Schedule = (),
+    pool: Pool = LOCAL,
 ) -> list[EpisodeResult]:
     """Run one episode per seed with ``policy`` deciding (their records land in the registry).
 
@@ -199,9 +202,11 @@ def collect_episodes(
         device: Where to train.
         label: Prefix of the run ids.
         schedule: The germinations policy ``scheduled`` follows.
+        pool: Where the episodes run (``esper_core.fanout``): here in order, or spread over
+            Dask workers, with the same results.
 
     Returns:
-        The episodes' results.
+        The episodes' results, in the seeds' order.
 
     Raises:
         ValueError: A variation the recipe cannot take (``TaskVariation.check``), before any episode.
@@ -232,37 +237,75 @@ def collect_episodes(
     tamiyo_config = dataclasses.replace(configs[0].tamiyo, gnn=plan.gnn)
     for config in configs:
         config.tamiyo = tamiyo_config
-    service = TamiyoService(tamiyo_config, model=TamiyoGNN(plan.gnn))
     # Only the GNN's rollouts are forked: they are what PPO learns from.
     forks = plan.forks if policy == "gnn" else None
+    jobs = [_Episode(config=c, settings=settings, run_id=_run_id(settings, label, c), forks=forks) for c in configs]
+    if pool.local:
+        # One Tamiyo for every episode here: its network is built once, not per episode.
+        service = _tamiyo(tamiyo_config)
+        try:
+            # One torch thread, as on a worker: an episode's numbers do not depend on where it ran.
+            with one_thread():
+                return [job.run(service) for job in jobs]
+        finally:
+            service.close()
+    return pool.map(_run_episode_job, jobs)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Episode:
+    """One episode of ``collect_episodes``, as it travels to a worker."""
+
+    config: RunConfig
+    settings: EsperSettings
+    run_id: str
+    forks: CounterfactualConfig | None
+
+    def run(self, service: TamiyoService) -> EpisodeResult:
+        return run_episode(
+            self.config, settings=self.settings, tamiyo=service, run_id=self.run_id, counterfactual=self.forks
+        )
+
+
+def _run_episode_job(job: _Episode) -> EpisodeResult:
+    """A worker's episode, with a Tamiyo of its own (a service holds threads: it does not travel)."""
+    service = _tamiyo(job.config.tamiyo)
     try:
-        return [
-            run_episode(
-                config, settings=settings, tamiyo=service, run_id=_run_id(settings, label, config), counterfactual=forks
-            )
-            for config in configs
-        ]
+        return job.run(service)
     finally:
         service.close()
 
 
+def _tamiyo(config: TamiyoConfig) -> TamiyoService:
+    """A Tamiyo for episodes. Its network starts from fixed random weights: a policy version
+    replaces them when the GNN decides, but the other policies' records keep what the untrained
+    network said (its value estimate), which must not depend on where the episode ran."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = TamiyoGNN(config.gnn)
+    return TamiyoService(config, model=model)
+
+
 def collect_demonstrations(
-    settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu"
+    settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu", pool: Pool = LOCAL
 ) -> list[EpisodeResult]:
     """The episodes imitation learns from, on ``plan.seeds("demonstrations")``.
 
     The heuristic's episodes, or, when the plan searches (``TrainingPlan.search``), the episodes
     of the best fixed schedule its search finds on those seeds (every candidate's episodes stay in
-    the registry; only the winner's are returned).
+    the registry; only the winner's are returned). ``pool`` spreads the episodes (a search's
+    candidates of one round) over workers.
     """
     seeds = plan.seeds("demonstrations")
     if plan.search is None:
-        return collect_episodes(settings, recipe=recipe, seeds=seeds, policy="heuristic", plan=plan, device=device)
-    return search_demonstrations(settings, recipe=recipe, plan=plan, device=device).best_episodes
+        return collect_episodes(
+            settings, recipe=recipe, seeds=seeds, policy="heuristic", plan=plan, device=device, pool=pool
+        )
+    return search_demonstrations(settings, recipe=recipe, plan=plan, device=device, pool=pool).best_episodes
 
 
 def search_demonstrations(
-    settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu"
+    settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu", pool: Pool = LOCAL
 ) -> SearchOutcome:
     """Search ``recipe``'s fixed schedules on the demonstration seeds (``plan.search`` must be set).
 
@@ -289,7 +332,7 @@ def search_demonstrations(
         )
         return result
 
-    return search_schedules(candidates, plan.seeds("demonstrations"), run, eta=plan.search.eta)
+    return search_schedules(candidates, plan.seeds("demonstrations"), run, eta=plan.search.eta, pool=pool)
 
 
 def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan) -> PolicyVersion:

@@ -50,7 +50,9 @@ def test_a_policy_on_varied_tasks_is_paired_with_the_best_fixed_schedule_and_its
     finally:
         store.close()
     tasks = (Task(width=0.5), Task(train_fraction=0.5))
-    result = run(RECIPE, home=esper_home.home, policy_version=version, seeds=2, selection_seeds=1, tasks=tasks, epochs=4)
+    result = run(
+        RECIPE, home=esper_home.home, policy_version=version, seeds=2, selection_seeds=1, tasks=tasks, epochs=4
+    )
 
     assert result["seeds"] == [0, 1] and result["selection_seeds"] == [3000]
     assert set(result["tasks"]) == {"width=0.5,train_fraction=1", "width=1,train_fraction=0.5"}
