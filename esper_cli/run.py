@@ -8,22 +8,18 @@ import os
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.run.build import load_run_data
-from esper_core.run.plan import check_recipe
-from esper_core.run.ranks import check_parallel, join_torchrun
-from esper_core.run.recipes import RECIPES, get_recipe
+from esper_core.run.ranks import join_torchrun
+from esper_core.run.recipes import RECIPES
 from esper_core.run.reports import frontier_lines
+from esper_core.run.spec import plan_spec
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
-    # take, a blueprint that fits no slot) fails here, before Prefect starts a server or a flow
-    # run, with the message that says what was expected.
-    config = get_recipe(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed)
-    check_recipe(config)
-    if args.nproc > 1:
-        # Before Prefect starts too: a batch the processes cannot share, or too few GPUs.
-        check_parallel(config, args.nproc, train_samples=len(load_run_data(config).train))
+    # take, a blueprint that fits no slot) or a batch the processes cannot share fails here,
+    # before Prefect starts a server or a flow run, with the message that says what was expected.
+    # The plan stays in this process: the flow's first task finds it instead of planning again.
+    plan_spec(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id, nproc=args.nproc)
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 from prefect import flow
 
 from esper_core._capabilities import Device
-from esper_core.run.build import load_run_data
-from esper_core.run.plan import check_recipe
-from esper_core.run.ranks import check_parallel
-from esper_core.run.recipes import RecipeRef, get_recipe
+from esper_core.run.recipes import RecipeRef
 from esper_core.run.reports import RunSummary
 from flows.compile_catalog import compile_catalog
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
+from tasks.plan import plan_run_spec
 from tasks.train import finish, grow, grow_parallel, kernels_ready, start_run
 
 
@@ -43,19 +41,17 @@ def morphogenesis(
     enough that Prefect's ~5 ms a task run is lost in the work, short enough that a long run shows
     its progress task by task.
     """
-    # A bad recipe (unknown name, bad import path, wrong return type, a blueprint that fits no
-    # slot) fails the run here, before any task, with the message that says what was expected.
-    config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
-    check_recipe(config)
-    if nproc != 1:
-        check_parallel(config, nproc, train_samples=len(load_run_data(config).train))
+    # Planned once, first: a bad recipe (unknown name, bad import path, wrong return type, a
+    # blueprint that fits no slot) fails the run here, before any work, with the message that says
+    # what was expected. Every later task receives the spec.
+    spec = plan_run_spec(recipe, epochs, device, seed, run_id, nproc)
     task_seconds = settings().grow_task_seconds
-    if not kernels_ready(recipe, device):
-        compile_catalog(recipe=recipe, device=device)
-    if nproc > 1:
-        handle = grow_parallel(recipe, epochs, device, seed, run_id, nproc)
+    if not kernels_ready(spec):
+        compile_catalog(recipe=spec.recipe, device=device, approve=list(spec.approved) or None)
+    if spec.nproc > 1:
+        handle = grow_parallel(spec)
     else:
-        start = start_run(recipe, epochs, device, seed, run_id)
+        start = start_run(spec)
         handle = start.handle
         epoch = start.next_epoch
         while epoch < start.epochs:

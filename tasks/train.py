@@ -26,14 +26,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
-from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import find_published
 from esper_core.run.commits import START_TAG, epochs_applied
-from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape
 from esper_core.run.ranks import ParallelSpec, launch, record_launch
-from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import RunHandle, RunSession
+from esper_core.run.spec import RunSpec, take_plan
 from esper_core.run.steps import EpochReport, grow_epoch
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
@@ -82,39 +80,30 @@ def flow_run_id_default() -> str | None:
 
 # NO_CACHE: the registry changes under us (another worker may publish or retire kernels).
 @task(name="kernels-ready", retries=1, cache_policy=NO_CACHE)
-def kernels_ready(recipe: str, device: str) -> bool:
-    """Whether Urza holds an active kernel here for every (blueprint, slot profile) of ``recipe``.
+def kernels_ready(spec: RunSpec) -> bool:
+    """Whether Urza holds an active kernel here for every job of ``spec``: each (blueprint, slot
+    profile) the session may germinate, the recipe's approved blueprints included.
 
     When it does, the morphogenesis flow skips its ``compile_catalog`` subflow, which would only
     confirm what is published at the cost of a whole flow run (~1-5 s of Prefect overhead here).
     """
-    config = get_recipe(recipe)
-    jobs = plan_compile_jobs(config, feature_shape=recipe_feature_shape(recipe), catalog=default_catalog())
     s = settings()
     urza = Urza.open(s.home, s.registry_db_url)
     try:
-        return all(find_published(urza, job, resolve_device(device)) is not None for job in jobs)
+        return all(find_published(urza, job, resolve_device(spec.device)) is not None for job in spec.jobs)
     finally:
         urza.close()
 
 
 @task(name="start-run", retries=1, cache_policy=NO_CACHE)
-def start_run(recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None) -> RunStart:
-    """Create the run (or reopen it) and report which epoch comes next.
+def start_run(spec: RunSpec) -> RunStart:
+    """Create the run (or reopen it) from ``spec`` and report which epoch comes next.
 
-    Without ``run_id`` the run is named after the flow run (``flow_run_id_default``), so a flow
-    run executed again after a crash continues its own run.
+    Without ``spec.run_id`` the run is named after the flow run (``flow_run_id_default``), so a
+    flow run executed again after a crash continues its own run.
     """
-    run_id = run_id or flow_run_id_default()
-    session = RunSession.create(
-        recipe=recipe,
-        settings=settings(),
-        epochs=epochs,
-        device=device,
-        seed=seed,
-        run_id=run_id,
-        extra_sink=prometheus(),
-    )
+    run_id = spec.run_id or flow_run_id_default()
+    session = RunSession.from_spec(spec, settings=settings(), run_id=run_id, extra_sink=prometheus())
     remember(session)
     record_launch(session, nproc=1, backend="none", pids=[os.getpid()])
     if session.epoch > 0:
@@ -214,21 +203,21 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
     timeout_seconds=time_limit("train"),
     **limited("train"),
 )
-def grow_parallel(
-    recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None, nproc: int
-) -> RunHandle:
-    """Train the whole run on ``nproc`` data-parallel processes (``esper_core.run.ranks``).
+def grow_parallel(spec: RunSpec) -> RunHandle:
+    """Train the whole run on ``spec.nproc`` data-parallel processes (``esper_core.run.ranks``).
 
-    Without ``run_id`` the run is named after the flow run, as ``start_run`` names it. A retry (a
-    rank died, the machine ran out of memory) launches the ranks again, and they resume from the
+    Without ``spec.run_id`` the run is named after the flow run, as ``start_run`` names it. A retry
+    (a rank died, the machine ran out of memory) launches the ranks again, and they resume from the
     run's last commit; so does a later ``esper run --run-id ... --nproc N`` with any N.
     """
-    run_id = run_id or flow_run_id_default()
+    run_id = spec.run_id or flow_run_id_default()
     if run_id is None:
-        raise ValueError("grow_parallel runs inside the morphogenesis flow, or needs a run_id")
-    spec = ParallelSpec(run_id=run_id, recipe=recipe, nproc=nproc, epochs=epochs, device=device, seed=seed)
-    get_run_logger().info("training run %s on %d data-parallel processes", run_id, nproc)
-    return launch(spec, settings(), sink_factory=run_sink)
+        raise ValueError("grow_parallel runs inside the morphogenesis flow, or needs a spec with a run_id")
+    launch_spec = ParallelSpec(
+        run_id=run_id, recipe=spec.recipe, nproc=spec.nproc, epochs=spec.epochs, device=spec.device, seed=spec.seed
+    )
+    get_run_logger().info("training run %s on %d data-parallel processes", run_id, spec.nproc)
+    return launch(launch_spec, settings(), sink_factory=run_sink, planned=take_plan(spec))
 
 
 def history_rows(session: RunSession) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The run layer, and Esper's public API for growing your own model.
 
 One place composes a run from the subsystems: ``config`` (what a run is), ``recipes`` (built-in
-and import-path recipes), ``plan`` (shapes, slots and kernels, computed once), ``build`` (data,
-host, seed manager, trainer), ``session`` (the committed steps a Prefect task retries exactly).
+and import-path recipes), ``plan`` (shapes, slots and kernels), ``spec`` (a run resolved and
+planned once, what the flow's tasks receive), ``build`` (data, host, seed manager, trainer),
+``session`` (the committed steps a Prefect task retries exactly).
 
 Growing your own model takes a recipe function returning a ``RunConfig``::
 

@@ -4,7 +4,7 @@ Planning needs no weights: the host is built on the meta device (a user's model 
 slots' shapes come from a dry forward. The plan is handed to compilation (which kernels to build),
 to the session (each blueprint's parameter cost and capacity at each slot profile, for Tamiyo's
 candidates) and to readiness checks (are all kernels published?), so a run loads its data and probes its
-model once.
+model once: ``esper_core.run.spec`` makes it once per run and hands it on.
 """
 
 from __future__ import annotations
@@ -132,8 +132,9 @@ def _capacity(catalog: KarnCatalog, blueprint_id: str, profile: str) -> SeedCapa
 def recipe_feature_shape(recipe: str) -> tuple[int, ...]:
     """Shape of one input sample of ``recipe``'s data, loaded once per process and recipe.
 
-    The compile planning and the readiness check of one flow run both need it; neither should
-    load the data set again (the shape does not depend on the seed or any override).
+    Planning without a run (``check_recipe``, a catalogue compile) needs it, the same recipe
+    often more than once a process; none should load the data set again (the shape does not
+    depend on the seed or any override).
     """
     return load_dataset(get_recipe(recipe).data).feature_shape
 
@@ -301,10 +302,11 @@ def _check_schedule_fits(config: RunConfig, fits: Mapping[str, tuple[str, ...]])
 def check_recipe(config: RunConfig, *, catalog: KarnCatalog | None = None) -> RunPlan:
     """Plan ``config`` (a recipe resolved by ``get_recipe``) before any flow run starts.
 
-    ``esper run``, ``esper recipes show`` and the flow's parameter check call it so that a slot
-    the model cannot take, or a listed blueprint that fits none of the slots, is refused with its
-    fix before Prefect starts anything. The host is built on the meta device; the data is loaded
-    once per process for its shape (``recipe_feature_shape``).
+    ``esper recipes show`` and the data-parallel launchers call it so that a slot the model
+    cannot take, or a listed blueprint that fits none of the slots, is refused with its fix before
+    anything starts (a run's ``esper_core.run.spec.plan_spec`` makes the same checks through
+    ``plan_run``). The host is built on the meta device; the data is loaded once per process for
+    its shape (``recipe_feature_shape``).
 
     Returns:
         The compile plan: per slot, its profile and the blueprints that fit it.

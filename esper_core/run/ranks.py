@@ -45,6 +45,7 @@ from esper_core.run.outage import open_registry
 from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunHandle, RunSession, write_run_spec
+from esper_core.run.spec import PlannedRun, check_parallel
 from esper_core.run.steps import decide_and_apply
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import TelemetrySink
@@ -99,40 +100,18 @@ class ParallelSpec:
             raise ValueError("a data-parallel run needs a run_id (its ranks meet on it)")
 
 
-def check_parallel(config: RunConfig, nproc: int, *, train_samples: int) -> None:
-    """Refuse a run that ``nproc`` ranks cannot share, with what to change.
-
-    Every rank must get at least one sample of every global batch (a rank with none would have no
-    loss to differentiate), and on CUDA each rank needs a GPU of its own.
-
-    Raises:
-        ValueError: ``nproc`` < 1, or the batch, the last batch or the GPUs do not go round.
-    """
-    if nproc < 1:
-        raise ValueError(f"nproc must be >= 1 (processes training the run together), got {nproc}")
-    batch = config.data.batch_size
-    if batch < nproc:
-        raise ValueError(
-            f"batch_size {batch} cannot be shared by {nproc} processes (each needs at least one sample of "
-            f"every batch): use --nproc {batch} or fewer, or a recipe with a larger batch"
-        )
-    last = train_samples % batch
-    if 0 < last < nproc:
-        raise ValueError(
-            f"the last batch of each epoch holds {last} of {train_samples} training samples, fewer than "
-            f"--nproc {nproc} (each process needs at least one): use --nproc {last} or fewer, or a batch size "
-            f"that leaves a last batch of 0 or at least {nproc}"
-        )
-    device = resolve_device(config.trainer.device)
-    if device.type == "cuda" and torch.cuda.device_count() < nproc:
-        raise ValueError(
-            f"--nproc {nproc} on CUDA needs one GPU per process, but {torch.cuda.device_count()} are visible: "
-            "use fewer processes, or --device cpu"
-        )
-
-
-def launch(spec: ParallelSpec, settings: EsperSettings, *, sink_factory: SinkFactory | None = None) -> RunHandle:
+def launch(
+    spec: ParallelSpec,
+    settings: EsperSettings,
+    *,
+    sink_factory: SinkFactory | None = None,
+    planned: PlannedRun | None = None,
+) -> RunHandle:
     """Train ``spec``'s run to its last epoch on ``spec.nproc`` processes (a new run, or a resume).
+
+    ``planned``: the run as ``esper_core.run.spec.plan_spec`` resolved, planned and checked it for
+    these processes in this one (the morphogenesis flow's), used for a new run instead of resolving
+    it again here; each rank still resolves it in its own process.
 
     Raises:
         ValueError: the run cannot be shared by ``spec.nproc`` ranks (``check_parallel``), or the
@@ -142,12 +121,17 @@ def launch(spec: ParallelSpec, settings: EsperSettings, *, sink_factory: SinkFac
     """
     run_dir = settings.runs_dir / spec.run_id
     new = not (run_dir / "run.json").exists()
-    if new:
-        config = get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+    if new and planned is not None:
+        config, train_samples = planned.config, len(planned.data.train)  # plan_spec checked the recipe
     else:
-        config = _saved_config(settings, spec.run_id)
-    check_recipe(config)
-    check_parallel(config, spec.nproc, train_samples=len(load_run_data(config).train))
+        config = (
+            get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+            if new
+            else _saved_config(settings, spec.run_id)
+        )
+        check_recipe(config)
+        train_samples = len(load_run_data(config).train)
+    check_parallel(config, spec.nproc, train_samples=train_samples)
     if new:
         write_run_spec(run_dir, recipe=spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
     # The registry's schema exists before N processes open it at once.

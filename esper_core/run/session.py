@@ -39,6 +39,7 @@ from esper_core.run.decisions import TamiyoDecisions
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.spec import PlannedRun, RunSpec, resolve, take_plan
 from esper_core.run.state import RunRecord, RunState
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -59,6 +60,11 @@ def write_run_spec(run_dir: Path, *, recipe: str, epochs: int | None, device: st
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = {"run_id": run_dir.name, "recipe": recipe, "epochs": epochs, "device": device, "seed": seed}
     (run_dir / "run.json").write_text(json.dumps(spec, indent=2))
+
+
+def new_run_id() -> str:
+    """A fresh run id: the time it starts and a random suffix, e.g. ``20261125-093012-3fa2b1``."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{new_id()[:6]}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +89,7 @@ class RunSession(SeedCommands, TamiyoDecisions):
         extra_sink: TelemetrySink | None = None,
         tamiyo: TamiyoService | None = None,
         collective: Collective | None = None,
+        planned: PlannedRun | None = None,
     ) -> None:
         """``tamiyo``: a running Tamiyo to decide with (e.g. one shared by many runs of a
         benchmark, already compiled); default: a new one from ``config.tamiyo``.
@@ -90,7 +97,11 @@ class RunSession(SeedCommands, TamiyoDecisions):
         ``collective``: this process's place among the ranks of a data-parallel run
         (``esper_core.run.ranks`` launches them). Every rank trains and applies every command;
         rank 0 alone decides (and sends the command to the others), writes checkpoints,
-        telemetry and Simic's records. Default: a single process."""
+        telemetry and Simic's records. Default: a single process.
+
+        ``planned``: ``config`` as already planned in this process (``esper_core.run.spec``):
+        its plan and data are used instead of planning and loading them again."""
+        assert planned is None or planned.config is config, "planned must be the plan of config"
         self.config = config
         self.collective: Collective = collective or Solo()
         leader = self.collective.leader
@@ -99,8 +110,11 @@ class RunSession(SeedCommands, TamiyoDecisions):
         self.run_dir = settings.runs_dir / run_id
         self.urza = urza
         self.catalog = catalog or default_catalog()
-        data = load_run_data(config)
-        self.plan: RunPlan = plan_run(config, catalog=self.catalog, data=data, approved=config.approved_blueprints)
+        if planned is None:
+            data = load_run_data(config)
+            self.plan: RunPlan = plan_run(config, catalog=self.catalog, data=data, approved=config.approved_blueprints)
+        else:
+            data, self.plan = planned.data, planned.plan
         # Field reports and decisions for Simic, in the registry database (None without SQL).
         self.records = SimicStore.for_urza(urza)
         self.trainer = build_trainer(
@@ -156,15 +170,45 @@ class RunSession(SeedCommands, TamiyoDecisions):
         """Start a new run (or reopen ``run_id`` if it already exists) and commit its start.
 
         One process; a data-parallel run starts through ``esper_core.run.ranks.launch``."""
-        run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{new_id()[:6]}"
-        run_dir = settings.runs_dir / run_id
-        if (run_dir / "run.json").exists():
-            session = cls.open(settings=settings, run_id=run_id, extra_sink=extra_sink)
-            session.rewind_partial_epoch()
-            return session
+        run_id = run_id or new_run_id()
+        if (settings.runs_dir / run_id / "run.json").exists():
+            return cls._reopen(settings=settings, run_id=run_id, extra_sink=extra_sink)
         config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
-        write_run_spec(run_dir, recipe=recipe, epochs=epochs, device=device, seed=seed)
+        write_run_spec(settings.runs_dir / run_id, recipe=recipe, epochs=epochs, device=device, seed=seed)
         return cls.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra_sink)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: RunSpec,
+        *,
+        settings: EsperSettings,
+        run_id: str | None = None,
+        extra_sink: TelemetrySink | None = None,
+    ) -> RunSession:
+        """Start ``spec``'s run as ``run_id`` (default: ``spec.run_id``, else a new id), or reopen
+        it if it exists, and commit its start.
+
+        In the process that planned ``spec`` (``plan_spec``) the session takes that plan's
+        configuration, plan and data; elsewhere (a flow run retried in a new process) it resolves
+        the recipe again from the spec. An existing run reopens from its own ``run.json``."""
+        planned = take_plan(spec)
+        run_id = run_id or spec.run_id or new_run_id()
+        if (settings.runs_dir / run_id / "run.json").exists():
+            return cls._reopen(settings=settings, run_id=run_id, extra_sink=extra_sink)
+        planned = planned or resolve(spec)
+        write_run_spec(
+            settings.runs_dir / run_id, recipe=spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed
+        )
+        return cls.begin(
+            config=planned.config, settings=settings, run_id=run_id, extra_sink=extra_sink, planned=planned
+        )
+
+    @classmethod
+    def _reopen(cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None) -> RunSession:
+        session = cls.open(settings=settings, run_id=run_id, extra_sink=extra_sink)
+        session.rewind_partial_epoch()
+        return session
 
     @classmethod
     def begin(
@@ -176,9 +220,11 @@ class RunSession(SeedCommands, TamiyoDecisions):
         extra_sink: TelemetrySink | None = None,
         tamiyo: TamiyoService | None = None,
         collective: Collective | None = None,
+        planned: PlannedRun | None = None,
     ) -> RunSession:
         """A new run of ``config`` on the settings' registry, with its start committed (every
-        rank of a data-parallel run calls it: they build the same model from the same seed)."""
+        rank of a data-parallel run calls it: they build the same model from the same seed).
+        ``planned``: ``config``'s plan and data, when already made in this process."""
         session = cls(
             config=config,
             settings=settings,
@@ -187,6 +233,7 @@ class RunSession(SeedCommands, TamiyoDecisions):
             extra_sink=extra_sink,
             tamiyo=tamiyo,
             collective=collective,
+            planned=planned,
         )
         # Every rank goes on from rank 0's random state: building a run may draw differently on
         # each (a policy compiled on rank 0 only), and the ranks must draw alike from here.

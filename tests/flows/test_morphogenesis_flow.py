@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -31,6 +34,36 @@ def test_morphogenesis_compiles_trains_and_grows(esper_home: EsperSettings) -> N
     assert artifacts and all(a.kind is ArtifactKind.EXPORTED for a in artifacts), [a.fallback_reason for a in artifacts]
     assert json.loads((run_dir / "summary.json").read_text())["run_id"] == "flow"
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_run_resolves_its_recipe_and_plans_its_host_once(
+    esper_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import esper_core.run.plan as plan_module
+    import esper_core.run.recipes as recipes_module
+    import esper_core.run.spec as spec_module
+    from flows.morphogenesis import morphogenesis
+
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(recipes_module, "load_recipe", counted("resolve", recipes_module.load_recipe))
+    monkeypatch.setattr(plan_module, "meta_host", counted("meta_host", plan_module.meta_host))
+    monkeypatch.setattr(spec_module, "_plans", {})
+    # An empty registry: the readiness check, the compile subflow and the session all run.
+    summary = morphogenesis(recipe="seed-reference", epochs=1, device="cpu", seed=0, run_id="once")
+    assert summary.epochs == 1
+    urza = Urza.open(esper_home.home)
+    assert urza.store.list_artifacts(), "the compile subflow never ran"
+    urza.close()
+    assert calls == {"resolve": 1, "meta_host": 1}
+    assert spec_module._plans == {}, "the session did not take the plan"
 
 
 def test_morphogenesis_trains_one_run_on_two_processes(esper_home: EsperSettings) -> None:

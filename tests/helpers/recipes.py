@@ -13,3 +13,12 @@ def eager_recipe(name: str, **overrides: object) -> RunConfig:
     config = get_recipe(name, **overrides)  # type: ignore[arg-type]
     config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, compile="off"))
     return config
+
+
+def seed_reference_approving() -> RunConfig:
+    """``seed-reference`` that lists and approves the experimental ``norm_gate`` beside its safe
+    ``lowrank_adapter`` (found by import path: ``tests.helpers.recipes:seed_reference_approving``)."""
+    config = get_recipe("seed-reference")
+    config.blueprints = ("lowrank_adapter", "norm_gate")
+    config.approved_blueprints = ("norm_gate",)
+    return config

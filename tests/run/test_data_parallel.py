@@ -24,10 +24,11 @@ import torch.multiprocessing as mp
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage
 from esper_core.data import DatasetSplit, Split
 from esper_core.run.commits import epoch_tag, epochs_applied
-from esper_core.run.ranks import LAUNCHES_FILE, ParallelRunFailed, ParallelSpec, check_parallel, launch
+from esper_core.run.ranks import LAUNCHES_FILE, ParallelRunFailed, ParallelSpec, launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run
 from esper_core.run.session import RunSession
+from esper_core.run.spec import check_parallel
 from esper_core.run.steps import grow_epoch
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.checkpoint import CheckpointStore

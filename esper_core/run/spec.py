@@ -1,0 +1,236 @@
+"""A run planned once: the request and what its plan decided, as one small serialisable value.
+
+``plan_spec`` resolves the recipe, loads its data and plans it (``plan_run``: the meta-host dry
+forward, the kernels, their costs) once, and returns a ``RunSpec`` that the morphogenesis flow
+hands to each task: the readiness check and the compile read its jobs, the session starts from
+it. A ``RunConfig`` cannot travel that way (a user's recipe holds callables such as
+``ModelSpec.build``), so the spec names the recipe and its overrides, and the resolved
+configuration, plan and data stay behind in the process that planned them (``take_plan``).
+
+That per-process memo is why a run resolves its recipe once: ``esper run`` plans before Prefect
+starts (to refuse bad input without a server) and the flow's first task, in the same process,
+finds that plan; the flow's tasks run in its process too. A retried or resumed flow run in another
+process finds nothing and resolves again from the spec (``resolve``), as a data-parallel rank does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from esper_core._capabilities import DEVICE_CHOICES, resolve_device
+from esper_core.data import Dataset
+from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.pipeline import CompileJob
+from esper_core.run.build import load_run_data
+from esper_core.run.config import RunConfig
+from esper_core.run.plan import RunPlan, plan_compile_jobs, plan_run, recipe_feature_shape
+from esper_core.run.recipes import get_recipe
+from esper_core.tezzeret.config import Backend
+
+KEEP_PLANS = 4
+"""Plans a process keeps for the tasks that follow (each holds its run's data): a plan nobody
+takes (a flow that failed before its session started) gives way to newer ones."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    """One run as requested and planned: what the morphogenesis flow's tasks receive.
+
+    Attributes:
+        recipe: A built-in recipe or ``package.module:function``.
+        epochs: Override of the recipe's epoch count (None: the recipe's).
+        device: ``auto``, ``cpu`` or ``cuda``, as requested (each process resolves it).
+        seed: Override of the recipe's seed (None: the recipe's).
+        run_id: The run to create or resume (None: named by whoever starts it).
+        nproc: Data-parallel processes training the run.
+        approved: The recipe's approved experimental / high-risk blueprints (what its compile
+            approves, and what its session may germinate).
+        jobs: Every (blueprint, slot profile) kernel the run may germinate, approved ones
+            included: what the readiness check looks up and the compile builds.
+    """
+
+    recipe: str
+    epochs: int | None = None
+    device: str = "auto"
+    seed: int | None = None
+    run_id: str | None = None
+    nproc: int = 1
+    approved: tuple[str, ...] = ()
+    jobs: tuple[CompileJob, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1 (or None for the recipe's), got {self.epochs}")
+        if self.device not in DEVICE_CHOICES:
+            raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {self.device!r}")
+        if self.nproc < 1:
+            raise ValueError(f"nproc must be >= 1 (processes training the run together), got {self.nproc}")
+
+    @property
+    def key(self) -> tuple[str, int | None, str, int | None]:
+        """What decides the resolved configuration (run id and process count do not)."""
+        return (self.recipe, self.epochs, self.device, self.seed)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannedRun:
+    """A spec's recipe resolved and planned in this process. Not serialisable: the configuration
+    may hold a user's callables and the data its tensors.
+
+    Attributes:
+        config: The recipe with the spec's overrides (``get_recipe``).
+        plan: Its plan (``plan_run``).
+        data: Its data (``load_run_data``), from which the plan took its shapes.
+    """
+
+    config: RunConfig
+    plan: RunPlan
+    data: Dataset
+
+
+_plans: dict[tuple[str, int | None, str, int | None], PlannedRun] = {}
+_lock = threading.Lock()
+
+
+def plan_spec(
+    recipe: str,
+    *,
+    epochs: int | None = None,
+    device: str = "auto",
+    seed: int | None = None,
+    run_id: str | None = None,
+    nproc: int = 1,
+) -> RunSpec:
+    """Resolve ``recipe`` with its overrides, plan it, and check it for ``nproc`` processes.
+
+    Resolved and planned once per process: a second call for the same recipe and overrides (the
+    flow's first task after ``esper run`` checked the same request) reuses the first plan.
+
+    Args:
+        recipe: A built-in recipe or ``package.module:function``.
+        epochs: Override the recipe's epoch count.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        seed: Override the recipe's seed.
+        run_id: The run to create or resume.
+        nproc: Data-parallel processes training the run together.
+
+    Returns:
+        The spec; its configuration, plan and data wait in this process for ``take_plan``.
+
+    Raises:
+        ValueError: an unknown or unloadable recipe, a bad override, a slot the model cannot
+            take, a blueprint that fits no slot (each message names the fix; see ``plan_run``),
+            or a run ``nproc`` processes cannot share (``check_parallel``).
+        ApprovalRequiredError: a listed non-safe blueprint the recipe does not approve.
+    """
+    spec = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=nproc)
+    with _lock:
+        planned = _plans.get(spec.key)
+    fresh = planned is None
+    planned = planned or resolve(spec)
+    if nproc != 1:
+        check_parallel(planned.config, nproc, train_samples=len(planned.data.train))
+    if fresh:
+        _remember(spec, planned)
+    return dataclasses.replace(spec, approved=planned.config.approved_blueprints, jobs=planned.plan.jobs)
+
+
+def resolve(spec: RunSpec, *, catalog: KarnCatalog | None = None) -> PlannedRun:
+    """Resolve ``spec``'s recipe, load its data and plan it, now (nothing is remembered).
+
+    Raises:
+        ValueError, ApprovalRequiredError: as ``plan_spec``.
+    """
+    config = get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+    data = load_run_data(config)
+    plan = plan_run(config, catalog=catalog or default_catalog(), data=data, approved=config.approved_blueprints)
+    return PlannedRun(config=config, plan=plan, data=data)
+
+
+def take_plan(spec: RunSpec) -> PlannedRun | None:
+    """The configuration, plan and data ``plan_spec`` made for ``spec`` in this process, handed
+    over once (a session owns them from then on); None in another process or once taken."""
+    with _lock:
+        return _plans.pop(spec.key, None)
+
+
+def _remember(spec: RunSpec, planned: PlannedRun) -> None:
+    with _lock:
+        _plans[spec.key] = planned
+        while len(_plans) > KEEP_PLANS:
+            _plans.pop(next(iter(_plans)))
+
+
+def compile_jobs(
+    recipe: str,
+    *,
+    blueprints: Sequence[str] | None = None,
+    backend: Backend | str = Backend.EXPORT,
+    approved: Collection[str] = (),
+    catalog: KarnCatalog | None = None,
+) -> list[CompileJob]:
+    """The compile jobs of ``recipe`` (optionally narrowed to ``blueprints``), for the compile flow.
+
+    When a run of ``recipe`` with the same approvals was planned in this process and nothing is
+    narrowed (the morphogenesis flow's compile), its jobs: the overrides of a run (epochs,
+    device, seed) never change a slot's shape. Else the recipe is resolved and planned here.
+
+    Raises:
+        ValueError, ApprovalRequiredError: as ``plan_run``.
+    """
+    if not blueprints and Backend(backend) is Backend.EXPORT:
+        with _lock:
+            planned = [
+                p
+                for p in _plans.values()
+                if p.config.recipe == recipe and set(p.config.approved_blueprints) == set(approved)
+            ]
+        if planned:
+            return list(planned[-1].plan.jobs)
+    config = get_recipe(recipe)
+    if blueprints:
+        config.blueprints = tuple(blueprints)
+    return plan_compile_jobs(
+        config,
+        feature_shape=recipe_feature_shape(recipe),
+        catalog=catalog or default_catalog(),
+        backend=backend,
+        approved=tuple(approved),
+    )
+
+
+def check_parallel(config: RunConfig, nproc: int, *, train_samples: int) -> None:
+    """Refuse a run that ``nproc`` ranks cannot share, with what to change.
+
+    Every rank must get at least one sample of every global batch (a rank with none would have no
+    loss to differentiate), and on CUDA each rank needs a GPU of its own.
+
+    Raises:
+        ValueError: ``nproc`` < 1, or the batch, the last batch or the GPUs do not go round.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1 (processes training the run together), got {nproc}")
+    batch = config.data.batch_size
+    if batch < nproc:
+        raise ValueError(
+            f"batch_size {batch} cannot be shared by {nproc} processes (each needs at least one sample of "
+            f"every batch): use --nproc {batch} or fewer, or a recipe with a larger batch"
+        )
+    last = train_samples % batch
+    if 0 < last < nproc:
+        raise ValueError(
+            f"the last batch of each epoch holds {last} of {train_samples} training samples, fewer than "
+            f"--nproc {nproc} (each process needs at least one): use --nproc {last} or fewer, or a batch size "
+            f"that leaves a last batch of 0 or at least {nproc}"
+        )
+    device = resolve_device(config.trainer.device)
+    if device.type == "cuda" and torch.cuda.device_count() < nproc:
+        raise ValueError(
+            f"--nproc {nproc} on CUDA needs one GPU per process, but {torch.cuda.device_count()} are visible: "
+            "use fewer processes, or --device cpu"
+        )

@@ -1,0 +1,111 @@
+"""A run planned once: the spec is small and serialisable, and a process resolves and plans it once."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import esper_core.run.plan as plan_module
+import esper_core.run.recipes as recipes_module
+import esper_core.run.spec as spec_module
+from esper_core.run.commits import START_TAG
+from esper_core.run.session import RunSession
+from esper_core.run.spec import RunSpec, compile_jobs, plan_spec, resolve, take_plan
+from esper_core.settings import EsperSettings
+
+APPROVING = "tests.helpers.recipes:seed_reference_approving"
+MISFIT = "tests.helpers.user_models:cnn_with_a_misfit"
+
+
+@pytest.fixture(autouse=True)
+def own_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no plan in the process."""
+    monkeypatch.setattr(spec_module, "_plans", {})
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Recipe resolutions (``load_recipe``) and meta-host plans (``meta_host``) made from here on."""
+    counts: Counter[str] = Counter()
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(recipes_module, "load_recipe", counted("resolve", recipes_module.load_recipe))
+    monkeypatch.setattr(plan_module, "meta_host", counted("meta_host", plan_module.meta_host))
+    return counts
+
+
+def test_the_spec_is_serialisable() -> None:
+    spec = plan_spec(APPROVING, epochs=2, device="cpu", seed=3, run_id="r")
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    as_json = json.loads(json.dumps(dataclasses.asdict(spec)))
+    assert as_json["recipe"] == APPROVING and as_json["jobs"][0]["blueprint_id"] == "lowrank_adapter"
+
+
+def test_a_process_resolves_and_plans_a_request_once(calls: Counter[str]) -> None:
+    first = plan_spec("seed-reference", epochs=2, device="cpu")
+    again = plan_spec("seed-reference", epochs=2, device="cpu", run_id="named")  # esper run, then the flow
+    assert again == dataclasses.replace(first, run_id="named")
+    assert calls == {"resolve": 1, "meta_host": 1}
+    planned = take_plan(again)
+    assert planned is not None and planned.config.epochs == 2 and planned.plan.jobs == first.jobs
+    assert take_plan(again) is None  # handed over once: a session owns it
+    assert compile_jobs("seed-reference") == list(first.jobs)  # once taken, a compile plans afresh
+    assert calls["meta_host"] == 2
+
+
+def test_the_compile_of_a_planned_run_reuses_its_jobs(calls: Counter[str]) -> None:
+    spec = plan_spec(APPROVING, device="cpu")
+    assert compile_jobs(APPROVING, approved=["norm_gate"]) == list(spec.jobs)
+    assert calls["meta_host"] == 1
+    # Narrowed, or with other approvals, it is another plan.
+    assert [j.blueprint_id for j in compile_jobs(APPROVING, blueprints=["lowrank_adapter"])] == ["lowrank_adapter"]
+    assert calls["meta_host"] == 2
+
+
+def test_the_jobs_include_the_recipes_approved_blueprints() -> None:
+    spec = plan_spec(APPROVING, device="cpu")
+    assert spec.approved == ("norm_gate",)
+    assert [(j.blueprint_id, j.approved) for j in spec.jobs] == [("lowrank_adapter", False), ("norm_gate", True)]
+    # What the session plans, in a process that did not plan the spec.
+    assert resolve(spec).plan.jobs == spec.jobs
+
+
+def test_bad_input_is_refused_before_any_work_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match="unknown recipe 'nope'"):
+        plan_spec("nope")
+    with pytest.raises(ValueError, match=r"lists \['residual_mlp'\], which fit none of its slots"):
+        plan_spec(MISFIT)
+    with pytest.raises(ValueError, match="batch_size 4 cannot be shared by 8 processes"):
+        plan_spec("seed-reference", nproc=8)
+    with pytest.raises(ValueError, match="nproc must be >= 1"):
+        RunSpec(recipe="seed-reference", nproc=0)
+    with pytest.raises(ValueError, match="device must be one of"):
+        RunSpec(recipe="seed-reference", device="tpu")
+
+
+@pytest.mark.slow
+def test_a_session_starts_from_a_spec_planned_in_another_process(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = plan_spec("seed-reference", epochs=2, device="cpu", run_id="elsewhere")
+    monkeypatch.setattr(spec_module, "_plans", {})  # a flow run retried in a new process
+    session = RunSession.from_spec(spec, settings=compiled_home)
+    assert (session.run_id, session.config.epochs, session.plan.jobs) == ("elsewhere", 2, spec.jobs)
+    session.close()
+    # Reopened from its run.json; the plan made for it here is dropped, not kept for nobody.
+    again = plan_spec("seed-reference", epochs=2, device="cpu", run_id="elsewhere")
+    reopened = RunSession.from_spec(again, settings=compiled_home)
+    assert reopened.committed_tag == START_TAG and take_plan(again) is None
+    reopened.close()
