@@ -54,13 +54,14 @@ XDict = dict[NodeType, Tensor]
 EdgeDict = dict[EdgeType, Tensor]
 _RECOMPILE_MESSAGE = "Detected recompile"  # the RuntimeError text of the fail_on_recompile stance
 
-LOADING_SWITCH_INTERVAL_S = 1e-4
+LOADING_SWITCH_INTERVAL_S = 2e-5
 """The interpreter's thread switch interval while this process compiles against the hot cache.
 
 Dynamo and Inductor run in Python on the background thread; each torch op of an eager decision
 releases the GIL and then waits for it for up to the switch interval (5 ms by default), so a
-~200-op decision took up to 1 s while loading. At 0.1 ms the decision waits ~20 ms at most and
-the load itself is barely slower. Process-wide, so it is set only while loading (``_yielding``).
+~200-op decision took up to 1 s while loading. At 0.1 ms the worst decision during a load was
+still 43-69 ms on a quiet 2-core machine; at 0.02 ms it is 21-24 ms and the load takes the same
+~2.7-3.0 s (``esper bench policy``). Process-wide, so it is set only while loading (``_yielding``).
 """
 _yield_lock = threading.Lock()
 _yield_depth = 0
