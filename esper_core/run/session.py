@@ -40,7 +40,7 @@ from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.run.spec import PlannedRun, RunSpec, resolve, take_plan
-from esper_core.run.state import RunRecord, RunState
+from esper_core.run.state import RunRecord, RunState, Unsent
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.service import TamiyoService
@@ -456,13 +456,16 @@ class RunSession(SeedCommands, TamiyoDecisions):
         with deferred_interrupts():
             self.state.commit(tag)
             self.checkpoints.prune(best=self.record.best_tag(), order=tag_order)
-            for packet in self.record.outbox:
-                self.sink.emit(packet)
-            if self.record.report_outbox:
-                with open(self.run_dir / "field_reports.jsonl", "a", encoding="utf-8") as f:
-                    f.writelines(r.to_json() + "\n" for r in self.record.report_outbox)
+            self._send(Unsent(packets=tuple(self.record.outbox), reports=tuple(self.record.report_outbox)))
             self.record.outbox.clear()
             self.record.report_outbox.clear()
+
+    def _send(self, unsent: Unsent) -> None:
+        for packet in unsent.packets:
+            self.sink.emit(packet)
+        if unsent.reports:
+            with open(self.run_dir / "field_reports.jsonl", "a", encoding="utf-8") as f:
+                f.writelines(r.to_json() + "\n" for r in unsent.reports)
 
     def _record_for_simic(self, *, final: bool) -> None:
         applied = {c.command_id for c in self.commands}
@@ -478,7 +481,10 @@ class RunSession(SeedCommands, TamiyoDecisions):
         tag = tag or self.checkpoints.latest()
         if tag is None:
             raise CheckpointNotFoundError(f"run {self.run_id} has no commit to restore under {self.checkpoints.root}")
-        self.state.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
+        unsent = self.state.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
+        if self.collective.leader:
+            # A process killed right after the commit never sent its telemetry: send it now.
+            self._send(unsent.missing_from(self.run_dir))
 
     def _rollback(self, *, why: str) -> None:
         """Back to the last commit after a failure; the live escalation state is kept."""

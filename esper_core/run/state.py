@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from esper_core.contracts import (
@@ -35,6 +36,7 @@ from esper_core.run.commits import epoch_tag, epochs_applied
 from esper_core.run.field_reports import Pending, judge_pending
 from esper_core.simic.records import DecisionRecord
 from esper_core.tamiyo.candidates import BlueprintCandidate
+from esper_core.telemetry.sinks import read_jsonl
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.rails import SafetyRails
 
@@ -146,8 +148,49 @@ def _split(cls: type) -> tuple[tuple[Field, ...], tuple[Field, ...]]:
 
 
 _KEPT, _LIVE = _split(RunRecord)
-CHECKPOINT_KEYS = frozenset({"trainer", "emergency", *(f.name for f in _KEPT)})
+UNSENT = "unsent"
+"""The checkpoint key of the step's telemetry and field reports, sent right after the commit.
+
+A process killed between the commit and the send (SIGKILL cannot be deferred) would lose them
+for good: a resume starts after the commit. The checkpoint therefore carries them, and a restore
+hands them back so the session sends whatever its files lack (``RunSession.restore``).
+Checkpoints written before this key existed load with nothing unsent."""
+CHECKPOINT_KEYS = frozenset({"trainer", "emergency", UNSENT, *(f.name for f in _KEPT)})
 """The top-level keys of a commit's checkpoint (changing them needs a loader for the old ones)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unsent:
+    """A commit's telemetry and field reports, as its checkpoint carries them."""
+
+    packets: tuple[TelemetryPacket, ...] = ()
+    reports: tuple[FieldReport, ...] = ()
+
+    def encode(self) -> dict[str, list[str]]:
+        return {"packets": [p.to_json() for p in self.packets], "reports": [r.to_json() for r in self.reports]}
+
+    def missing_from(self, run_dir: Path) -> Unsent:
+        """What of this a run folder's ``telemetry.jsonl`` and ``field_reports.jsonl`` lack (by id)."""
+        if not self.packets and not self.reports:
+            return self
+        telemetry, reports = run_dir / "telemetry.jsonl", run_dir / "field_reports.jsonl"
+        sent = {p.packet_id for p in read_jsonl(telemetry)} if telemetry.exists() else set()
+        # Complete lines only: a kill in the middle of an append leaves a last one without "\n".
+        lines = reports.read_text(encoding="utf-8").split("\n")[:-1] if reports.exists() else []
+        written = {FieldReport.from_json(line).report_id for line in lines if line}
+        return Unsent(
+            packets=tuple(p for p in self.packets if p.packet_id not in sent),
+            reports=tuple(r for r in self.reports if r.report_id not in written),
+        )
+
+    @classmethod
+    def decode(cls, state: dict[str, list[str]] | None) -> Unsent:
+        if state is None:
+            return cls()
+        return cls(
+            packets=tuple(TelemetryPacket.from_json(p) for p in state["packets"]),
+            reports=tuple(FieldReport.from_json(r) for r in state["reports"]),
+        )
 
 
 class RunState:
@@ -196,19 +239,26 @@ class RunState:
     # ------------------------------------------------------------------ commits
 
     def commit(self, tag: str) -> None:
-        """Checkpoint the state under ``tag`` (on disk, and in memory for a fast rollback)."""
-        self.rails.tiers.commit(tag, self.state_dict())
+        """Checkpoint the state under ``tag`` (on disk, and in memory for a fast rollback), with
+        the step's telemetry and field reports that are sent after it (``UNSENT``)."""
+        unsent = Unsent(packets=tuple(self.record.outbox), reports=tuple(self.record.report_outbox))
+        self.rails.tiers.commit(tag, {**self.state_dict(), UNSENT: unsent.encode()})
         self.record.committed_tag = tag
         self.record.dirty = False
 
-    def restore(self, tag: str, *, deadline_ms: float) -> None:
+    def restore(self, tag: str, *, deadline_ms: float) -> Unsent:
         """Return to commit ``tag``, escalation included; the abandoned step's unsent telemetry
-        and field reports are dropped (its retry makes them again)."""
-        self._load_commit(tag, deadline_ms=deadline_ms, why="restore", keep_escalation=False)
+        and field reports are dropped (its retry makes them again).
+
+        Returns:
+            What the commit itself was to send after it (the caller sends what is missing).
+        """
+        state = self._load_commit(tag, deadline_ms=deadline_ms, why="restore", keep_escalation=False)
         self.record.outbox.clear()
         self.record.report_outbox.clear()
         self.record.committed_tag = tag
         self.record.dirty = False
+        return Unsent.decode(state.get(UNSENT))
 
     def rollback(self, *, deadline_ms: float, why: str) -> None:
         """Back to the last commit in the middle of a step after a failure: the step's telemetry
@@ -216,8 +266,9 @@ class RunState:
         assert self.record.committed_tag is not None, "a run always has a commit (start) before it trains"
         self._load_commit(self.record.committed_tag, deadline_ms=deadline_ms, why=why, keep_escalation=True)
 
-    def _load_commit(self, tag: str, *, deadline_ms: float, why: str, keep_escalation: bool) -> None:
+    def _load_commit(self, tag: str, *, deadline_ms: float, why: str, keep_escalation: bool) -> dict[str, Any]:
         # Through the rollback tiers (memory, then disk); the restore is a rails event.
         state, report = self.rails.tiers.restore(tag, deadline_ms=deadline_ms)
         self.load_state_dict(state, keep_escalation=keep_escalation)
         self.rails.restored(report, why=why)
+        return state

@@ -146,7 +146,7 @@ def _session(settings: EsperSettings, run_id: str) -> RunSession:
 def test_a_sessions_checkpoint_has_the_layout_earlier_versions_wrote(compiled_home: EsperSettings) -> None:
     # Checkpoints of runs started before the run state existed load as they are: same keys, and
     # nothing only a live process holds (events, counters, outboxes) ever reaches the disk.
-    assert {"trainer", "history", "commands", "reports", "pending", "timings", "emergency"} == CHECKPOINT_KEYS
+    assert {"trainer", "history", "commands", "reports", "pending", "timings", "emergency", "unsent"} == CHECKPOINT_KEYS
     session = _session(compiled_home, "layout")
     try:
         session.commit(START_TAG)
