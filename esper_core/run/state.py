@@ -6,14 +6,16 @@ layer widths, precision, step engine, RNG, epoch) and the safety rails. Its ``st
 checkpoint; ``state_dict(in_memory=True)`` adds what only the live process holds and a checkpoint
 must never store: telemetry and field reports not sent yet, decisions waiting for their commit,
 the rails' counters and events, the seed manager's undrained events, the commit bookkeeping.
+(A commit writes the telemetry and reports it is about to send beside the state, under
+``UNSENT``, for a process killed before it sends them; loading never puts them back.)
 ``load_state_dict`` takes either back, so commit, resume, rollback and the fork share one path.
 
 Every field of ``RunRecord`` says which of the two it belongs to (``_kept`` with its codec, or
 ``_live``), and ``state_dict`` and ``load_state_dict`` walk the fields: a new field travels with
 commits and forks alike, and a field that says neither fails at import.
 
-The checkpoint's layout (``CHECKPOINT_KEYS``) is the one commits had before this module, so runs
-checkpointed by earlier versions resume as they are.
+The checkpoint's layout (``CHECKPOINT_KEYS``) is the one commits had before this module plus
+``UNSENT``, which a load does without, so runs checkpointed by earlier versions resume as they are.
 """
 
 from __future__ import annotations
