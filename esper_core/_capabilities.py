@@ -6,8 +6,10 @@ and the resolved choice is logged once at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 from typing import Literal, get_args
 
 import torch
@@ -87,3 +89,14 @@ def initialise_pytorch_defaults() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     log.info("matmul precision 'high'; TF32 %s", "on" if cuda_available() else "n/a (no CUDA)")
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one torch intra-op thread, then restore the process's setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -16,21 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
+from esper_core._capabilities import one_thread
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the block on one torch thread, restoring the thread count afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _on_one_thread(fn: Callable[[T], R], item: T) -> R:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from esper_core._capabilities import one_thread
 from esper_core.benchmarks.arms import ARMS, GROWING_ARMS
 from esper_core.benchmarks.growth_report import (
     ACCURACY,
@@ -42,7 +43,7 @@ from esper_core.benchmarks.growth_report import (
     summarise_recipe,
 )
 from esper_core.data import load_dataset
-from esper_core.fanout import FanOut, Pool, one_thread
+from esper_core.fanout import FanOut, Pool
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.kernels import publish_missing_kernels

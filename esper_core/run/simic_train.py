@@ -15,8 +15,9 @@ from typing import Literal
 
 import torch
 
+from esper_core._capabilities import one_thread
 from esper_core.contracts import new_id
-from esper_core.fanout import LOCAL, Pool, one_thread
+from esper_core.fanout import LOCAL, Pool
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.config import RunConfig
 from esper_core.run.counterfactual import CounterfactualConfig

@@ -29,8 +29,7 @@ is implemented here from the paper.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +37,7 @@ from torch import nn
 from torch.func import grad, jacfwd, jacrev
 from torch.nn import functional as F
 
+from esper_core._capabilities import one_thread
 from esper_core.kasmina.width.seed import _RELUS, WidthSeed, _apply
 from esper_core.kasmina.width.trace import WidthSite
 
@@ -125,25 +125,11 @@ def init_width_seed_(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]
         return {"init_energy": 0.0}
     if not batches:
         raise ValueError(f"width init {method!r} reads the host's gradients: give it at least one batch")
-    with _one_thread():
+    # One thread: the data-aware inits are many small kernels whose fork-join costs more than it buys
+    # (on a busy 2-core machine a TINY init took 0.8 s on one thread, 12 s on two, past Kasmina's
+    # 10 s command deadline).
+    with one_thread():
         return _data_aware(seed, method, batches)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run the block on one intra-op thread, then restore the process's setting.
-
-    The data-aware inits are many small kernels (vmapped Jacobians of a batch, matrices of a few
-    hundred entries a side), whose fork-join costs more than it buys: on a 2-core machine busy with
-    other work, a TINY init that takes 0.8 s on one thread took 12 s on two, past Kasmina's
-    10 s command deadline.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _data_aware(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]) -> dict[str, float]:
