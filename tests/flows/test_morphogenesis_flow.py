@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -15,6 +12,7 @@ from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 from esper_core.urza.service import Urza
+from tests.helpers.planning import count_planning
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -39,23 +37,10 @@ def test_morphogenesis_compiles_trains_and_grows(esper_home: EsperSettings) -> N
 def test_a_run_resolves_its_recipe_and_plans_its_host_once(
     esper_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import esper_core.run.plan as plan_module
-    import esper_core.run.recipes as recipes_module
     import esper_core.run.spec as spec_module
     from flows.morphogenesis import morphogenesis
 
-    calls: Counter[str] = Counter()
-
-    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(recipes_module, "load_recipe", counted("resolve", recipes_module.load_recipe))
-    monkeypatch.setattr(plan_module, "meta_host", counted("meta_host", plan_module.meta_host))
-    monkeypatch.setattr(spec_module, "_plans", {})
+    calls = count_planning(monkeypatch)
     # An empty registry: the readiness check, the compile subflow and the session all run.
     summary = morphogenesis(recipe="seed-reference", epochs=1, device="cpu", seed=0, run_id="once")
     assert summary.epochs == 1

@@ -6,18 +6,15 @@ import dataclasses
 import json
 import pickle
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-import esper_core.run.plan as plan_module
-import esper_core.run.recipes as recipes_module
 import esper_core.run.spec as spec_module
 from esper_core.run.commits import START_TAG
 from esper_core.run.session import RunSession
 from esper_core.run.spec import RunSpec, compile_jobs, plan_spec, resolve, take_plan
 from esper_core.settings import EsperSettings
+from tests.helpers.planning import count_planning
 
 APPROVING = "tests.helpers.recipes:seed_reference_approving"
 MISFIT = "tests.helpers.user_models:cnn_with_a_misfit"
@@ -32,18 +29,7 @@ def own_plans(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Recipe resolutions (``load_recipe``) and meta-host plans (``meta_host``) made from here on."""
-    counts: Counter[str] = Counter()
-
-    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(recipes_module, "load_recipe", counted("resolve", recipes_module.load_recipe))
-    monkeypatch.setattr(plan_module, "meta_host", counted("meta_host", plan_module.meta_host))
-    return counts
+    return count_planning(monkeypatch)
 
 
 def test_the_spec_is_serialisable() -> None:
