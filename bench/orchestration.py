@@ -9,12 +9,14 @@ What counts:
   reported apart as ``server_startup_s``.
 - **Esper's work**: the wall time during which a task body ran (the library calls: compile or
   look up kernels, train, decide, apply, finish, render the plot), measured by wrapping each
-  task's function, minus the Prefect calls made inside a task body: the artifact API calls and
-  the run logger's records (their Prefect handlers: API log queue and console). Task bodies
+  task's function, minus the Prefect calls a task body waits for: its artifact uploads (which
+  run on a background thread while the task draws its curves, so what counts is the wait for
+  them, ``tasks.artifacts.await_uploads``) and the run logger's records (their Prefect handlers: API log queue and console). Task bodies
   running side by side (the cold run's compiles) count once.
 - **Prefect's fixed cost of a flow run** (``prefect_fixed_cost_s``) = wall - work of a warm
   run: creating the flow run and its states (the empty-flow floor, ``empty_flow_s``), the task
-  runs (~5 ms and three events each), the artifact API calls (``artifacts_s``), the log records,
+  runs (~5 ms and three events each), the wait for the artifact uploads (``artifacts_s``; the
+  uploads' own time on their thread is ``artifact_uploads_s``), the log records,
   logging; plus the ``compile_catalog`` subflow on a cold registry only. ``prefect_overhead_share``
   is that cost as a share of the wall. The part that grows with the run is the log records
   (one per epoch): ``prefect_per_epoch_ms``; the task runs do not grow with it, since a ``grow``
@@ -52,6 +54,7 @@ from typing import Any
 
 _TASK_MODULES = ("tasks.plan", "tasks.compile", "tasks.train", "tasks.artifacts")
 _ARTIFACT_CALLS = ("create_table_artifact", "create_markdown_artifact", "create_image_artifact")
+_ARTIFACT_WAIT = "await_uploads"
 _PREFECT_SPANS = ("prefect:artifacts", "prefect:logs")
 
 
@@ -178,9 +181,12 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
                 patched.append((value, "fn", value.fn))
                 value.fn = clock.wrap(f"task:{value.name}", value.fn)
         if module_name == "tasks.artifacts":
+            # The task waits in await_uploads; the API calls themselves run beside its work.
+            patched.append((module, _ARTIFACT_WAIT, getattr(module, _ARTIFACT_WAIT)))
+            setattr(module, _ARTIFACT_WAIT, clock.wrap("prefect:artifacts", getattr(module, _ARTIFACT_WAIT)))
             for call in _ARTIFACT_CALLS:
                 patched.append((module, call, getattr(module, call)))
-                setattr(module, call, clock.wrap("prefect:artifacts", getattr(module, call)))
+                setattr(module, call, clock.wrap("prefect:artifact-uploads", getattr(module, call)))
     try:
         yield
     finally:
@@ -226,6 +232,7 @@ def _measure(clock: _Clock, flow: Callable[..., Any], config: OrchestrationConfi
         "tasks": tasks,
         "epochs": summary.epochs,
         "artifacts_s": clock.prefect_in_tasks_s("prefect:artifacts"),
+        "artifact_uploads_s": covered(clock.intervals.get("prefect:artifact-uploads", [])),
         "logs_s": clock.prefect_in_tasks_s("prefect:logs"),
         "work_by_task_s": {k.removeprefix("task:"): round(v, 4) for k, v in sorted(clock.seconds.items())},
     }
@@ -286,6 +293,7 @@ def run(config: OrchestrationConfig) -> dict[str, Any]:
             "esper_work_s": round(typical["esper_work_s"], 3),
             "overhead_s": round(typical["overhead_s"], 3),
             "artifacts_s": round(typical["artifacts_s"], 3),
+            "artifact_uploads_s": round(typical["artifact_uploads_s"], 3),
             "logs_s": round(typical["logs_s"], 4),
             "epochs": typical["epochs"],
             "tasks": typical["tasks"],

@@ -4,10 +4,19 @@ Plots are PNGs embedded as ``data:`` URIs in an image artifact, so the UI shows 
 file server; the same PNG is also written next to the run's or the sweep's other outputs. A run's
 markdown report names its curves artifact rather than embedding the PNG a second time: each
 upload of it cost a run ~15 ms of Prefect API time (``esper bench orchestration``).
+
+A run's four artifacts go up on one background thread (``_uploads``) while the task renders its
+curves: each API call is a round trip to the Prefect server (~17 ms here), time the task can
+spend drawing instead of waiting. The task still waits for every upload before it returns, so
+a failed upload fails the task (and its retry publishes them all again).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +83,27 @@ def seed_table(summary: RunSummary, epochs: list[dict[str, Any]]) -> list[dict[s
     ]
 
 
+def await_uploads(uploads: list[Future[Any]]) -> None:
+    """Wait for every background upload; the first failure is raised here, in the task."""
+    for upload in uploads:
+        upload.result()
+
+
+@contextlib.contextmanager
+def _uploads() -> Iterator[Callable[..., None]]:
+    """``upload(create, **kwargs)`` runs a ``create_*_artifact`` call on a background thread, in
+    a copy of the caller's context (Prefect finds the task run, and so the flow run, the artifact
+    belongs to there). Calls go up in order on one thread; the block waits for them all."""
+    uploads: list[Future[Any]] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="artifact-upload") as pool:
+
+        def upload(create: Callable[..., Any], **kwargs: Any) -> None:
+            uploads.append(pool.submit(contextvars.copy_context().run, create, **kwargs))
+
+        yield upload
+        await_uploads(uploads)
+
+
 # NO_CACHE: artifacts describe this run; a cached no-op would leave the UI without them.
 @task(name="publish-run-artifacts", cache_policy=NO_CACHE)
 def publish_run_artifacts(summary: RunSummary, epochs: list[dict[str, Any]]) -> None:
@@ -82,27 +112,41 @@ def publish_run_artifacts(summary: RunSummary, epochs: list[dict[str, Any]]) -> 
     table = [
         {k: (v if k != "seeds" else ", ".join(f"{s}:{g}" for s, g in v.items())) for k, v in r.items()} for r in epochs
     ]
-    create_table_artifact(key=f"{key}-epochs", table=table, description=f"Epochs of run {summary.run_id}")
-    create_table_artifact(
-        key=f"{key}-seeds", table=seed_table(summary, epochs), description=f"Seeds of run {summary.run_id}"
-    )
-    report = (Path(summary.run_dir) / "report.md").read_text()
-    if epochs:
-        points = [
-            EpochPoint(
-                epoch=r["epoch"], train_loss=r["train_loss"], val_loss=r["val_loss"], val_accuracy=r["val_accuracy"]
-            )
-            for r in epochs
-        ]
-        png = run_curves_png(points, seed_marks(epochs), title=f"{summary.run_id} ({summary.recipe})")
-        (Path(summary.run_dir) / "curves.png").write_bytes(png)
-        create_image_artifact(
-            image_url=data_uri(png),
-            key=f"{key}-curves",
-            description=f"Loss and accuracy of run {summary.run_id}, seed events marked",
+    with _uploads() as upload:
+        upload(create_table_artifact, key=f"{key}-epochs", table=table, description=f"Epochs of run {summary.run_id}")
+        upload(
+            create_table_artifact,
+            key=f"{key}-seeds",
+            table=seed_table(summary, epochs),
+            description=f"Seeds of run {summary.run_id}",
         )
-        report += f"\n## Curves\n\nLoss and accuracy, seed events marked: artifact `{key}-curves`, file `curves.png`.\n"
-    create_markdown_artifact(key=f"{key}-report", markdown=report, description=f"Report of run {summary.run_id}")
+        report = (Path(summary.run_dir) / "report.md").read_text()
+        if epochs:
+            report += (
+                f"\n## Curves\n\nLoss and accuracy, seed events marked: artifact `{key}-curves`, file `curves.png`.\n"
+            )
+        # Up before the curves are drawn: its text only names them.
+        upload(
+            create_markdown_artifact,
+            key=f"{key}-report",
+            markdown=report,
+            description=f"Report of run {summary.run_id}",
+        )
+        if epochs:
+            points = [
+                EpochPoint(
+                    epoch=r["epoch"], train_loss=r["train_loss"], val_loss=r["val_loss"], val_accuracy=r["val_accuracy"]
+                )
+                for r in epochs
+            ]
+            png = run_curves_png(points, seed_marks(epochs), title=f"{summary.run_id} ({summary.recipe})")
+            (Path(summary.run_dir) / "curves.png").write_bytes(png)
+            upload(
+                create_image_artifact,
+                image_url=data_uri(png),
+                key=f"{key}-curves",
+                description=f"Loss and accuracy of run {summary.run_id}, seed events marked",
+            )
 
 
 # NO_CACHE: the sweep's artifacts must always be this sweep's.

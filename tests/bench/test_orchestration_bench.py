@@ -32,6 +32,7 @@ def test_benchmark_splits_a_real_run_into_work_and_overhead() -> None:
     assert result["prefect_fixed_cost_s"] > 0.0 and result["goal_fixed_cost_s"] == 0.25
     assert result["goal_per_epoch_ms"] == 0.5 and result["goal_share"] == 0.02
     assert 0.0 < result["artifacts_s"] < result["overhead_s"] and result["logs_s"] > 0.0
+    assert result["artifact_uploads_s"] > 0.0  # on their own thread, beside the task's drawing
     # Log records: the epochs that changed something, and one summary per grow task.
     assert result["epochs"] == 6 and result["prefect_per_epoch_ms"] > 0.0
     assert 0.0 < result["cold_registry_share"] < 1.0  # concurrent compiles are not counted twice

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextvars
+import threading
+
+import pytest
+
 from esper_core.run.reports import RunSummary
-from tasks.artifacts import seed_marks, seed_table
+from tasks.artifacts import _uploads, seed_marks, seed_table
+
+_RUN = contextvars.ContextVar("_RUN", default="none")
 
 
 def _row(epoch: int, action: str = "wait", slot: str = "", blueprint: str = "", **seeds: str) -> dict:
@@ -57,3 +64,27 @@ def test_seed_table_has_each_slots_stage_history() -> None:
     assert rows["slot1"]["stages"] == "germinated@1 -> training@2 -> blending@3"
     assert rows["slot1"]["first active epoch"] == 1
     assert rows["slot2"]["stages"] == "dormant throughout" and rows["slot2"]["first active epoch"] == ""
+
+
+def test_uploads_run_in_order_off_the_task_thread_in_its_context() -> None:
+    calls: list[tuple[str, str, bool]] = []
+
+    def create(*, key: str) -> None:
+        calls.append((key, _RUN.get(), threading.current_thread() is threading.main_thread()))
+
+    token = _RUN.set("task-run-7")  # as Prefect's run context is set in the task's thread
+    try:
+        with _uploads() as upload:
+            upload(create, key="a")
+            upload(create, key="b")
+    finally:
+        _RUN.reset(token)
+    assert calls == [("a", "task-run-7", False), ("b", "task-run-7", False)]
+
+
+def test_a_failed_upload_fails_the_task() -> None:
+    def refused(**_: object) -> None:
+        raise RuntimeError("422 from the API")
+
+    with pytest.raises(RuntimeError, match="422 from the API"), _uploads() as upload:
+        upload(refused, key="a")

@@ -83,6 +83,8 @@ def test_run_artifacts_show_curves_with_seed_events_and_a_seed_table(compiled_ho
         latest = {a.key: a for a in sorted(client.read_artifacts(), key=lambda a: a.created)}
     curves, seeds, report = (latest[f"seed-reference-{k}"] for k in ("curves", "seeds", "report"))
     assert curves.type == "image" and str(curves.data).startswith("data:image/png;base64,")
+    # Uploaded from a background thread, yet filed under the task and flow run that made them.
+    assert len({(a.flow_run_id, a.task_run_id) for a in (curves, seeds, report)}) == 1 and curves.task_run_id
     # The report names the curves artifact instead of uploading the same PNG a second time.
     assert "artifact `seed-reference-curves`" in str(report.data) and "base64" not in str(report.data)
     rows = json.loads(seeds.data) if isinstance(seeds.data, str) else seeds.data
