@@ -35,6 +35,7 @@ from esper_core.tolaria.collective import Collective, Solo
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.gradnorms import GradNormAccumulator
 from esper_core.tolaria.layers import LayerStats
+from esper_core.tolaria.modes import eval_mode
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.safety import EpochFailed, epoch_failure
 from esper_core.tolaria.slotgrads import (
@@ -262,21 +263,23 @@ class Trainer:
         train_ms = (time.perf_counter() - start) * 1e3
 
         val_start = time.perf_counter()
-        with self.layer_stats.watch_activations():
-            val = self.evaluate(self.data.val)
-        failure = epoch_failure(
-            train_loss=train_loss,
-            val_loss=val.loss,
-            best_val_loss=self.best_val_loss,
-            ratio=self.config.safety.loss_spike_ratio,
-        )
-        if failure is not None:
-            # Nothing of this epoch may be committed: the session restores the last commit.
-            raise EpochFailed(f"epoch {self.epoch}: {failure}")
-        self.best_val_loss = val.loss if self.best_val_loss is None else min(self.best_val_loss, val.loss)
-        norms = self.grad_norms.reduce()  # the epoch's one device sync for gradient norms
-        probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
-        bottlenecks = self.activation_grad_norms() if "activation_grad_norm" in self.signals else {}
+        # Validation, the gate probes and the bottleneck signal all run in eval mode: one switch.
+        with eval_mode(self.model):
+            with self.layer_stats.watch_activations():
+                val = self.evaluate(self.data.val)
+            failure = epoch_failure(
+                train_loss=train_loss,
+                val_loss=val.loss,
+                best_val_loss=self.best_val_loss,
+                ratio=self.config.safety.loss_spike_ratio,
+            )
+            if failure is not None:
+                # Nothing of this epoch may be committed: the session restores the last commit.
+                raise EpochFailed(f"epoch {self.epoch}: {failure}")
+            self.best_val_loss = val.loss if self.best_val_loss is None else min(self.best_val_loss, val.loss)
+            norms = self.grad_norms.reduce()  # the epoch's one device sync for gradient norms
+            probes = {sid: self._probe_loss(sid, alpha) for sid, alpha in self.manager.probe_plan().items()}
+            bottlenecks = self.activation_grad_norms() if "activation_grad_norm" in self.signals else {}
         verdicts = self.manager.end_epoch(
             EpochObservation(
                 val_loss=val.loss,
@@ -373,17 +376,14 @@ class Trainer:
 
         Accuracy counts argmax hits when the targets are class indices; it is 0 otherwise.
         """
-        was_training = self.model.training
-        self.model.eval()
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
-        with torch.inference_mode():
+        with eval_mode(self.model), torch.inference_mode():
             for x, y in self._eval_batches(split):
                 logits = self.model(x)
                 loss_sum += self.loss_fn(logits, y).float() * y.shape[0]
                 if classifies(logits, y):
                     correct += (logits.argmax(dim=1) == y).sum()
-        self.model.train(was_training)
         n = len(split)
         return EvalResult(loss=loss_sum.item() / n, accuracy=correct.item() / n)
 

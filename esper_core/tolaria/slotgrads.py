@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from esper_core.contracts import SeedStage
+from esper_core.tolaria.modes import eval_mode
 
 GROWTH_SIGNALS = ("train_accuracy", "activation_grad_norm")
 """The signals an epoch can measure for Tamiyo, by the packet field each fills."""
@@ -77,13 +78,8 @@ def sample_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float
         x: A fixed sample of training inputs, (N, *sample_shape).
         y: Its targets.
     """
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            logits = model(x)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        logits = model(x)
     if not classifies(logits, y):
         return None
     return (logits.argmax(dim=1) == y).sum().item() / y.shape[0]
@@ -123,15 +119,12 @@ def slot_activation_grad_norms(
         return hook
 
     handles = [slot.register_forward_hook(capture(sid)) for sid, slot in slots.items()]
-    was_training = model.training
-    model.eval()
     try:
-        with torch.enable_grad():
+        with eval_mode(model), torch.enable_grad():
             loss_sum = loss_fn(model(x), y).float() * y.shape[0]
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
     seen = [sid for sid in slots if sid in outputs]
     if not seen or not loss_sum.requires_grad:
         return dict.fromkeys(slots)
@@ -168,14 +161,11 @@ def slot_input_and_gradient(
         return captured[1]
 
     handle = slot.register_forward_hook(cut)
-    was_training = model.training
-    model.eval()
     try:
-        with torch.enable_grad():
+        with eval_mode(model), torch.enable_grad():
             loss = loss_fn(model(x), y)
     finally:
         handle.remove()
-        model.train(was_training)
     if not captured:
         raise ValueError("the slot was not called in the model's forward: attach it to a layer the forward runs")
     (grad,) = torch.autograd.grad(loss, captured[1])

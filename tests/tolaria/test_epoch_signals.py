@@ -11,8 +11,10 @@ from torch.nn import functional as F
 
 from esper_core.contracts import SeedStage
 from esper_core.karn.catalog import default_catalog
+from esper_core.benchmarks.common import germinate_one
 from esper_core.run.build import build_trainer, growth_signals
 from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.modes import eval_mode
 from esper_core.tolaria.slotgrads import GROWTH_SIGNALS, TRAIN_ACCURACY_SAMPLES, sample_accuracy
 from tests.helpers.recipes import eager_recipe
 
@@ -117,3 +119,40 @@ def test_measuring_the_signals_does_not_change_the_run() -> None:
     assert [p.train_loss for p in a] == [p.train_loss for p in b]
     assert [p.val_loss for p in a] == [p.val_loss for p in b]
     assert all(s.activation_grad_norm is None for s in b[-1].seeds)
+
+
+def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode() -> None:
+    trainer = _trainer()
+    germinate_one(trainer)
+    trainer.train_epoch()  # now TRAINING: its gate probe evaluates the validation split again
+    assert trainer.manager.probe_plan(), "no gate probe to batch into the eval block"
+    switches: list[bool] = []
+    train = type(trainer.model).train
+
+    def counted(model: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
+        if model is trainer.model:
+            switches.append(mode)
+        return train(model, mode)
+
+    type(trainer.model).train = counted  # type: ignore[method-assign]
+    try:
+        trainer.train_epoch()
+    finally:
+        type(trainer.model).train = train  # type: ignore[method-assign]
+    # Start of epoch; one eval block for validation, the gate probe and the bottleneck signal;
+    # the train accuracy after the gates (each used to switch and back on its own: nine).
+    assert switches == [True, False, True, False, True]
+    assert trainer.model.training
+
+
+def test_eval_mode_restores_the_mode_and_leaves_an_eval_model_alone() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout())
+    with pytest.raises(RuntimeError), eval_mode(model):
+        assert not model.training and not model[1].training
+        raise RuntimeError("a failed measurement")
+    assert model.training and model[1].training
+    model.eval()
+    model[1].train()  # a submodule the caller keeps training: not switched by a no-op block
+    with eval_mode(model):
+        assert model[1].training
+    assert not model.training
