@@ -22,6 +22,7 @@ def test_stripped_exported_kernel_computes_the_same_and_trains() -> None:
     assert not [n for n in module.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
     # One tensor in, one out: the generated forward no longer flattens through pytree specs.
     assert "pytree" not in module.code and "tree_flatten" not in module.code
+    assert not module._forward_pre_hooks and not module._forward_hooks  # every call takes the fast path
     assert torch.equal(module(x), expected) and module(x).shape == (5, 16)
     module(x).sum().backward()
     assert all(p.grad is not None for p in module.parameters())
