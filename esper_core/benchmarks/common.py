@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +16,14 @@ from esper_core.hosts import CNNHost
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.loader import load_kernel
-from esper_core.run.config import ModelSpec
+from esper_core.kasmina.width import WidthSeed, WidthSlot, merge_width_seed
+from esper_core.run.commands import germinate_width
+from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.plan import slot_blueprints
 from esper_core.tezzeret.compiler import compile_blueprint
 from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.modes import eval_mode
+from esper_core.tolaria.slotgrads import classifies
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,6 +54,11 @@ class BenchConfig:
             raise ValueError(f"seeds must be 0 or 1, got {self.seeds}")
 
 
+BENCH_WIDTH = "width-100"
+"""The width seed benchmarked on a host that grows in width only: doubling a layer, the step the
+learned width policies take (README, width growth)."""
+
+
 class _Residual(nn.Module):
     """``x + block(x)``: how a plain PyTorch model would carry the seed's block."""
 
@@ -64,8 +74,9 @@ def bare_twin(trainer: Trainer, spec: ModelSpec | None = None) -> nn.Module:
     """A plain module doing the same computation as the trainer's host, seeds included.
 
     A built-in host becomes an ``nn.Sequential`` of its layers; a user's model (``ModelSpec``) is
-    rebuilt by its own ``build()`` with the host's weights. Each active seed becomes an ordinary
-    residual block built from Karn with the seed's weights, after the module it grows on. The
+    rebuilt by its own ``build()`` with the host's weights. Each active branch seed becomes an
+    ordinary residual block built from Karn with the seed's weights, after the module it grows
+    on; an active width seed widens its layer (the static network of the grown size). The
     ratio against it measures Esper's machinery (isolation, bookkeeping, metrics), not the seed.
 
     Args:
@@ -108,11 +119,16 @@ def _seed_block(trainer: Trainer, slot_id: str) -> nn.Module | None:
 
 
 def _bare_user_model(trainer: Trainer, host: GrowableModel, spec: ModelSpec) -> nn.Module:
-    """The user's model built afresh (no slot hooks) with the host's weights; an active seed
-    follows the module it grows on inside an ``nn.Sequential``."""
+    """The user's model built afresh (no slot hooks) with the host's weights. An active branch
+    seed follows the module it grows on inside an ``nn.Sequential``; an active width seed is
+    merged into its layer, so the twin is the static network at the widened size."""
     model = spec.build()
     model.load_state_dict(host.model.state_dict())
-    for slot_id in trainer.manager.slots:
+    for slot_id, slot in trainer.manager.slots.items():
+        if isinstance(slot, WidthSlot):
+            if isinstance(slot.seed, WidthSeed):
+                merge_width_seed(model, slot.seed)
+            continue
         block = _seed_block(trainer, slot_id)
         if block is None:
             continue
@@ -194,13 +210,14 @@ class BareLoop:
         return (time.perf_counter() - start) * 1e3
 
     def accuracy(self, split: AnySplit) -> float:
-        """Accuracy on ``split`` under inference mode."""
-        self.model.eval()
+        """Accuracy on ``split`` under inference mode, as ``Trainer.evaluate`` counts it: argmax
+        hits for class targets, 0 otherwise (a language model's next-token loss, say)."""
         correct = 0
-        with torch.inference_mode():
+        with eval_mode(self.model), torch.inference_mode():
             for x, y in _eval_batches(split, self.val_batch_size, self.device):
-                correct += int((self.model(x).argmax(dim=1) == y).sum())
-        self.model.train()
+                logits = self.model(x)
+                if classifies(logits, y):
+                    correct += int((logits.argmax(dim=1) == y).sum())
         return correct / len(split)
 
 
@@ -213,29 +230,51 @@ def _eval_batches(split: AnySplit, size: int, device: torch.device) -> Iterator[
         yield x.to(device), y.to(device)
 
 
-def germinate_one(trainer: Trainer, blueprints: Sequence[str] = ("lowrank_adapter",)) -> str:
-    """Compile the first of ``blueprints`` that fits a slot (in memory, no registry) for the first
-    slot it fits, germinate it and promote it to TRAINING; returns the slot id.
+def germinate_one(trainer: Trainer, config: RunConfig) -> str:
+    """Germinate one seed the way ``config``'s host grows, for the warm-up epochs to promote to
+    TRAINING; returns the slot id.
+
+    A host with branch slots gets the low-rank adapter (the seeds' workload) where it fits, else
+    the first of the recipe's blueprints (all approved ones when it lists none) that fits a slot,
+    compiled in memory (no registry), in the first slot it fits. A host that grows in width only
+    gets ``BENCH_WIDTH`` on its first width slot, initialised as the recipe says.
 
     Raises:
-        ValueError: none of ``blueprints`` fits any slot of the host.
+        ValueError: no blueprint fits any slot of the host.
     """
     catalog = default_catalog()
-    fits = (
-        (blueprint_id, slot)
-        for blueprint_id in blueprints
-        for slot in trainer.manager.slots.values()
-        if slot.profile.kind in catalog.get(blueprint_id).descriptor.host_kinds
-    )
-    blueprint_id, slot = next(fits, (None, None))
-    if blueprint_id is None or slot is None:
-        raise ValueError(f"none of the blueprints {list(blueprints)} fits a slot of this host; bench with --seeds 0")
-    kernel = compile_blueprint(catalog, blueprint_id, slot.profile, device=trainer.device)
-    loaded = load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device=trainer.device)
-    verdict = trainer.manager.germinate(
-        slot.slot_id, loaded, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
-    )
+    slots = trainer.manager.slots
+    branch = {sid: slot.profile for sid, slot in slots.items() if not isinstance(slot, WidthSlot)}
+    listed = slot_blueprints(config, catalog=catalog, slot_profiles=branch, approved=config.approved_blueprints)
+    adapter = catalog.get("lowrank_adapter")
+    candidates = [("lowrank_adapter", sid) for sid, profile in branch.items() if adapter.supports(profile)]
+    candidates += [
+        (b, sid) for b in dict.fromkeys(b for bs in listed.values() for b in bs) for sid in listed if b in listed[sid]
+    ]
+    choice = candidates[0] if candidates else None
+    if choice is not None:
+        blueprint_id, slot_id = choice
+        kernel = compile_blueprint(catalog, blueprint_id, branch[slot_id], device=trainer.device)
+        loaded = load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device=trainer.device)
+        verdict = trainer.manager.germinate(
+            slot_id, loaded, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        )
+    else:
+        width = next((slot for slot in slots.values() if isinstance(slot, WidthSlot)), None)
+        if width is None:
+            raise ValueError(f"no blueprint of recipe {config.recipe} fits a slot of this host; bench with --seeds 0")
+        slot_id = width.slot_id
+        verdict = germinate_width(
+            trainer,
+            width,
+            BENCH_WIDTH,
+            config=config.kasmina,
+            loss=config.loss,
+            blend_schedule=BlendSchedule.LINEAR,
+            blend_epochs=1,
+            lr_scale=1.0,
+        )
     if not verdict.passed:
         raise RuntimeError(f"benchmark seed refused by G0: {verdict.reason}")
     trainer.manager.drain_events()
-    return slot.slot_id
+    return slot_id

@@ -4,8 +4,11 @@ For a recipe (a built-in name, e.g. ``mnist1d-cnn``, or a user's ``pkg.mod:fn``)
 start from the same weights: Esper with the eager step, Esper on the path its step engine chooses
 (``compile='auto'`` measures eager vs compiled), and the bare twin (``esper_core.benchmarks.common.bare_twin``) in
 a plain loop with the same optimizer, learning-rate schedule, loss and batches, carrying the same
-seed block (if one is active) as an ordinary residual block. Their epochs are interleaved so all
-three see the same machine state. Reported per path, p50/p95 over the timed epochs:
+seed (if one is active): a branch seed as an ordinary residual block, a width seed merged into
+its layer (the static network of the grown size). Their epochs are interleaved so all three see
+the same machine state. The seed is the one the host grows (``common.germinate_one``): a
+low-rank adapter or the recipe's first fitting blueprint on a branch slot, a doubling on a
+host that grows in width only. Reported per path, p50/p95 over the timed epochs:
 
 - ``train``: the training part of an epoch (what ``tolaria.training.latency_ms`` measures: steps,
   seed attribution, per-seed and per-layer metrics, one loss sync) against the bare loop's epoch;
@@ -50,9 +53,7 @@ def _trainer(recipe: str, config: BenchConfig, *, compile: str) -> tuple[Trainer
     run.kasmina = dataclasses.replace(run.kasmina, min_training_epochs=_HOLD_TRAINING)
     trainer = build_trainer(run, catalog=default_catalog(), run_id=f"bench-{recipe}")
     if config.seeds:
-        # The seeds' workload keeps its low-rank adapter first; other hosts take the first of
-        # the recipe's blueprints that fits one of their slots.
-        germinate_one(trainer, ("lowrank_adapter", *run.blueprints))
+        germinate_one(trainer, run)
     return trainer, run
 
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from esper_core.contracts import AdaptationCommand, CommandType, MetricPoint, SeedOperation
+from esper_core.contracts import AdaptationCommand, BlendSchedule, CommandType, GateVerdict, MetricPoint, SeedOperation
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.width import width_units
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot
 from esper_core.kasmina.width import WidthSlot, width_batches
 
 if TYPE_CHECKING:
+    from esper_core.kasmina.config import KasminaConfig
     from esper_core.run.session import RunSession
+    from esper_core.tolaria.loop import Trainer
+    from esper_core.tolaria.slotgrads import LossFn
 
 
 class SeedCommands:
@@ -61,25 +64,13 @@ class SeedCommands:
             self.manager.cull(command.slot_id or "", reason=command.reason)
 
     def _germinate_width(self: RunSession, command: AdaptationCommand, slot: WidthSlot) -> None:
-        """New units for a width slot's layer, initialised from the host's signals on the first
-        training batches (in eval mode: a BatchNorm's running statistics are read, not updated,
-        and dropout draws nothing, so a resumed run germinates the same units)."""
         assert command.blueprint_id is not None
-        units = width_units(command.blueprint_id, slot.site.width)
-        kasmina = self.config.kasmina
-        host, was_training = slot.host, slot.host.training
-        host.eval()
-        try:
-            batches = width_batches(
-                host, slot.site, self.trainer.first_batches(kasmina.seed_init_batches), self.config.loss
-            )
-        finally:
-            host.train(was_training)
-        verdict = self.manager.germinate_width(
-            slot.slot_id,
-            units=units,
-            init=kasmina.width_init,
-            batches=batches,
+        verdict = germinate_width(
+            self.trainer,
+            slot,
+            command.blueprint_id,
+            config=self.config.kasmina,
+            loss=self.config.loss,
             blend_schedule=command.blend_schedule,
             blend_epochs=command.blend_epochs,
             lr_scale=command.lr_scale,
@@ -100,3 +91,35 @@ class SeedCommands:
             params=self.catalog.resolve_params(blueprint_id),
             prewarm=False,
         )
+
+
+def germinate_width(
+    trainer: Trainer,
+    slot: WidthSlot,
+    blueprint_id: str,
+    *,
+    config: KasminaConfig,
+    loss: LossFn,
+    blend_schedule: BlendSchedule,
+    blend_epochs: int,
+    lr_scale: float,
+) -> GateVerdict:
+    """New units for a width slot's layer (``blueprint_id`` from the width menu), initialised from
+    the host's signals on the first training batches (in eval mode: a BatchNorm's running
+    statistics are read, not updated, and dropout draws nothing, so a resumed run germinates the
+    same units). Returns G0's verdict; on failure the slot stays DORMANT."""
+    host, was_training = slot.host, slot.host.training
+    host.eval()
+    try:
+        batches = width_batches(host, slot.site, trainer.first_batches(config.seed_init_batches), loss)
+    finally:
+        host.train(was_training)
+    return trainer.manager.germinate_width(
+        slot.slot_id,
+        units=width_units(blueprint_id, slot.site.width),
+        init=config.width_init,
+        batches=batches,
+        blend_schedule=blend_schedule,
+        blend_epochs=blend_epochs,
+        lr_scale=lr_scale,
+    )

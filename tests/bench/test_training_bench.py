@@ -3,12 +3,15 @@ timings belong to the benchmark run, not to tests)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one
 from esper_core.benchmarks.training import _trainer, run
 from esper_core.contracts import SeedStage
+from esper_core.kasmina.width import WidthSeed
 
 
 def test_bare_twin_matches_the_host_and_trains_the_same_without_seeds() -> None:
@@ -18,8 +21,8 @@ def test_bare_twin_matches_the_host_and_trains_the_same_without_seeds() -> None:
 
 
 def test_bare_twin_carries_an_active_seed_as_a_residual_block() -> None:
-    trainer, _ = _trainer("seed-reference", BenchConfig(epochs=5, seeds=0), compile="off")
-    slot_id = germinate_one(trainer)
+    trainer, run_config = _trainer("seed-reference", BenchConfig(epochs=5, seeds=0), compile="off")
+    slot_id = germinate_one(trainer, run_config)
     slot = trainer.manager.slots[slot_id]
     with torch.no_grad():
         for p in slot.seed.parameters():  # type: ignore[union-attr]
@@ -45,7 +48,7 @@ def test_a_users_recipe_benches_against_its_own_model_rebuilt_bare() -> None:
 
 def test_bare_twin_of_a_users_model_carries_the_seed_after_its_module() -> None:
     trainer, run_config = _trainer(USER_RECIPE, BenchConfig(epochs=5, seeds=0), compile="off")
-    slot_id = germinate_one(trainer, run_config.blueprints)
+    slot_id = germinate_one(trainer, run_config)
     slot = trainer.manager.slots[slot_id]
     with torch.no_grad():
         for p in slot.seed.parameters():  # type: ignore[union-attr]
@@ -71,3 +74,29 @@ def test_bare_loop_follows_the_recipes_optimizer_and_schedule() -> None:
     assert bare.opt.param_groups[0]["lr"] < trainer.config.lr
     with pytest.raises(ValueError, match="ModelSpec"):
         bare_twin(trainer)
+
+
+WIDTH_RECIPE = "tests.helpers.user_models:mlp_widen_long"
+
+
+def test_a_width_grown_host_benches_a_width_seed_against_the_wider_static_network() -> None:
+    trainer, run_config = _trainer(WIDTH_RECIPE, BenchConfig(epochs=5, seeds=0), compile="off")
+    slot_id = germinate_one(trainer, run_config)
+    slot = trainer.manager.slots[slot_id]
+    assert slot_id == "fc2+width" and isinstance(slot.seed, WidthSeed)
+    slot.alpha = 1.0
+    slot.stage = SeedStage.PROBATIONARY  # the new units in at alpha 1, as the twin's merged layer has them
+    twin = bare_twin(trainer, run_config.host)  # type: ignore[arg-type]
+    widened = twin.get_submodule("fc2")
+    assert widened.out_features == slot.site.width + slot.seed.units  # doubled: BENCH_WIDTH
+    x = trainer.data.val.x[:8]
+    with torch.inference_mode():
+        assert torch.allclose(twin(x), trainer.model(x), atol=1e-5)
+
+
+def test_a_host_with_no_fitting_blueprint_is_refused_with_the_fix() -> None:
+    trainer, run_config = _trainer("digits-mlp", BenchConfig(epochs=5, seeds=0), compile="off")
+    for slot in trainer.manager.slots.values():
+        slot.profile = dataclasses.replace(slot.profile, feature_shape=(3, 5, 7, 11))  # fits nothing
+    with pytest.raises(ValueError, match="bench with --seeds 0"):
+        germinate_one(trainer, dataclasses.replace(run_config, blueprints=()))

@@ -123,7 +123,7 @@ def test_measuring_the_signals_does_not_change_the_run() -> None:
 
 def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode() -> None:
     trainer = _trainer()
-    germinate_one(trainer)
+    germinate_one(trainer, eager_recipe("digits-mlp"))
     trainer.train_epoch()  # now TRAINING: its gate probe evaluates the validation split again
     assert trainer.manager.probe_plan(), "no gate probe to batch into the eval block"
     switches: list[bool] = []
