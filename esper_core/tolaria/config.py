@@ -9,6 +9,7 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.tolaria.aggregation import AggregationConfig
 from esper_core.tolaria.precision import AMP_CHOICES
 from esper_core.tolaria.safety import SafetyConfig
+from esper_core.tolaria.slotgrads import TRAIN_ACCURACY_SAMPLES
 from esper_core.tolaria.staging import LoaderConfig
 from esper_core.tolaria.step import StepEngineConfig
 
@@ -39,6 +40,9 @@ class TrainerConfig:
     """p95 budget of the training part of an epoch (seed 001); reported against, not enforced."""
     val_batch_size: int = 512
     """Validation runs in batches of this size under ``torch.inference_mode()``."""
+    train_accuracy_samples: int = TRAIN_ACCURACY_SAMPLES
+    """Training samples the epoch's train accuracy (a growth signal) is measured on: the first
+    ones in data order, all of a smaller split (``slotgrads.sample_accuracy``)."""
     amp: str = "auto"
     """Mixed precision: ``auto`` (bf16, or fp16 + GradScaler, on CUDA; fp32 on CPU), ``off``,
     ``bf16``, ``fp16``."""
@@ -72,6 +76,8 @@ class TrainerConfig:
             raise ValueError("latency_budget_ms must be > 0")
         if self.val_batch_size < 1:
             raise ValueError("val_batch_size must be >= 1")
+        if self.train_accuracy_samples < 1:
+            raise ValueError(f"train_accuracy_samples must be >= 1, got {self.train_accuracy_samples}")
         if self.amp not in AMP_CHOICES:
             raise ValueError(f"amp must be one of {AMP_CHOICES}, got {self.amp!r}")
 

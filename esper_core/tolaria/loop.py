@@ -41,7 +41,6 @@ from esper_core.tolaria.safety import EpochFailed, epoch_failure
 from esper_core.tolaria.slotgrads import (
     ACTING_STAGES,
     GROWTH_SIGNALS,
-    TRAIN_ACCURACY_SAMPLES,
     classifies,
     sample_accuracy,
     slot_activation_grad_norms,
@@ -442,7 +441,7 @@ class Trainer:
     def train_accuracy(self) -> float | None:
         """Accuracy on a fixed sample of the training split (``slotgrads.sample_accuracy``)."""
         if self._accuracy_sample is None:
-            x, y = self.data.train.head(min(len(self.data.train), TRAIN_ACCURACY_SAMPLES))
+            x, y = self.data.train.head(min(len(self.data.train), self.config.train_accuracy_samples))
             self._accuracy_sample = (x.to(self.device), y.to(self.device))
         return sample_accuracy(self.model, *self._accuracy_sample)
 
