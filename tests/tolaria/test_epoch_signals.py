@@ -156,3 +156,16 @@ def test_eval_mode_restores_the_mode_and_leaves_an_eval_model_alone() -> None:
     with eval_mode(model):
         assert model[1].training
     assert not model.training
+
+
+def test_train_accuracy_reads_as_many_samples_as_configured() -> None:
+    config = eager_recipe("digits-mlp")
+    config.trainer = dataclasses.replace(config.trainer, train_accuracy_samples=64)
+    trainer = build_trainer(config, catalog=default_catalog(), run_id="samples")
+    accuracy = trainer.train_epoch().packet.train_accuracy
+    x, y = trainer.data.train.head(64)
+    with torch.inference_mode():
+        expected = (trainer.model(x).argmax(dim=1) == y).float().mean().item()
+    assert accuracy == pytest.approx(expected, abs=1e-9) and (accuracy * 64) % 1 == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="train_accuracy_samples must be >= 1"):
+        dataclasses.replace(config.trainer, train_accuracy_samples=0)
