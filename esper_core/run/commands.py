@@ -15,6 +15,7 @@ from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.width import width_units
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot
 from esper_core.kasmina.width import WidthSlot, width_batches
+from esper_core.tolaria.modes import eval_mode
 
 if TYPE_CHECKING:
     from esper_core.kasmina.config import KasminaConfig
@@ -108,12 +109,8 @@ def germinate_width(
     the host's signals on the first training batches (in eval mode: a BatchNorm's running
     statistics are read, not updated, and dropout draws nothing, so a resumed run germinates the
     same units). Returns G0's verdict; on failure the slot stays DORMANT."""
-    host, was_training = slot.host, slot.host.training
-    host.eval()
-    try:
-        batches = width_batches(host, slot.site, trainer.first_batches(config.seed_init_batches), loss)
-    finally:
-        host.train(was_training)
+    with eval_mode(slot.host):
+        batches = width_batches(slot.host, slot.site, trainer.first_batches(config.seed_init_batches), loss)
     return trainer.manager.germinate_width(
         slot.slot_id,
         units=width_units(blueprint_id, slot.site.width),
