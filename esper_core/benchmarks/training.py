@@ -2,12 +2,13 @@
 
 For a recipe (a built-in name, e.g. ``mnist1d-cnn``, or a user's ``pkg.mod:fn``) three trainers
 start from the same weights: Esper with the eager step, Esper on the path its step engine chooses
-(``compile='auto'`` measures eager vs compiled), and the bare twin (``esper_core.benchmarks.common.bare_twin``) in
-a plain loop with the same optimizer, learning-rate schedule, loss and batches, carrying the same
-seed (if one is active): a branch seed as an ordinary residual block, a width seed merged into
-its layer (the static network of the grown size). Their epochs are interleaved so all three see
-the same machine state. The seed is the one the host grows (``common.germinate_one``): a
-low-rank adapter or the recipe's first fitting blueprint on a branch slot, a doubling on a
+(``compile='auto'`` measures eager vs compiled), and the bare twin
+(``esper_core.benchmarks.common.bare_twin``) in a plain loop with the same optimizer,
+learning-rate schedule, loss and batches, carrying the same seed (if one is active): a branch
+seed as an ordinary residual block, a width seed merged into its layer (the static network of
+the grown size). Their epochs are interleaved so all three see the same machine state, in an
+order that rotates every epoch. The seed is the one the host grows (``common.germinate_one``):
+a low-rank adapter or the recipe's first fitting blueprint on a branch slot, a doubling on a
 host that grows in width only. Reported per path, p50/p95 over the timed epochs:
 
 - ``train``: the training part of an epoch (what ``tolaria.training.latency_ms`` measures: steps,
@@ -83,14 +84,20 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
             raise RuntimeError("the step engine did not decide within 50 warm-up epochs")
     train: dict[str, list[float]] = {name: [] for name in PATHS}
     whole: dict[str, list[float]] = {name: [] for name in PATHS}
-    for _ in range(config.epochs):
-        for name, trainer in (("esper_eager", eager), ("esper_chosen", chosen)):
-            result = trainer.train_epoch()
-            train[name].append(result.train_ms)
-            whole[name].append(result.total_ms)
-        train_ms = bare.epoch(epoch)
-        train["bare"].append(train_ms)
-        whole["bare"].append(train_ms + bare.validate())
+    trainers = {"esper_eager": eager, "esper_chosen": chosen}
+    for timed in range(config.epochs):
+        # The order rotates every epoch: a path's place in the round is worth a few per cent on
+        # the smallest workloads (whichever Esper path ran second was 3-4 % slower on
+        # seed-reference and digits-mlp, whether eager or chosen), so no path keeps one place.
+        for name in PATHS[timed % 3 :] + PATHS[: timed % 3]:
+            if name == "bare":
+                train_ms = bare.epoch(epoch)
+                train["bare"].append(train_ms)
+                whole["bare"].append(train_ms + bare.validate())
+            else:
+                result = trainers[name].train_epoch()
+                train[name].append(result.train_ms)
+                whole[name].append(result.total_ms)
         epoch += 1
         progress("timed epochs", len(train["bare"]), config.epochs)
     return _report(recipe, config, eager, chosen, bare, steps, train, whole)
