@@ -22,6 +22,7 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
 
     config = BenchConfig(
         epochs=args.epochs,
+        min_timed_s=args.min_seconds,
         warmup_batches=args.warmup_batches,
         device=args.device,
         compile="off" if args.no_compile else args.compile,
@@ -208,6 +209,13 @@ def _with_bar(cli: Callable[..., int], args: argparse.Namespace, name: str) -> i
 def _training_options(b: argparse.ArgumentParser) -> None:
     """The training bench's options, named as the seeds' harness named them."""
     b.add_argument("--epochs", type=positive, default=30, help="timed epochs per path (default: %(default)s)")
+    b.add_argument(
+        "--min-seconds",
+        type=float,
+        default=2.0,
+        help="time at least this much of the bare loop: short epochs run more than --epochs "
+        "(0: exactly --epochs; default: %(default)s)",
+    )
     b.add_argument("--warmup-batches", type=int, default=20, help="untimed steps first (default: %(default)s)")
     b.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
     b.add_argument(

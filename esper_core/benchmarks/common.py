@@ -31,7 +31,11 @@ class BenchConfig:
     """Options shared by the training benchmarks (names as the seeds' harness used them)."""
 
     epochs: int = 30
-    """Timed epochs per path."""
+    """Timed epochs per path (at least; see ``min_timed_s``)."""
+    min_timed_s: float = 0.0
+    """Time at least this many seconds of the bare loop: a workload whose epochs are short runs
+    more than ``epochs`` (a 1.5 ms ``seed-reference`` epoch gives 45 ms of samples in 30, and
+    its p50 ratio moves by several per cent from run to run). 0: exactly ``epochs``."""
     warmup_batches: int = 20
     """Untimed steps before timing, rounded up to whole epochs."""
     device: str = "cpu"
@@ -48,6 +52,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.epochs < 5:
             raise ValueError(f"epochs must be >= 5 for a p95 to mean anything, got {self.epochs}")
+        if self.min_timed_s < 0:
+            raise ValueError(f"min_timed_s (--min-seconds) must be >= 0 (0: exactly epochs), got {self.min_timed_s}")
         if self.warmup_batches < 0:
             raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
         if self.seeds not in (0, 1):

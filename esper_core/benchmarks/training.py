@@ -75,9 +75,14 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
 
     # Warm-up: whole epochs, and for the chosen path until its engine has decided.
     warmup_epochs = math.ceil(config.warmup_batches / steps)
+    if config.min_timed_s:
+        warmup_epochs = max(warmup_epochs, 1)  # the last warm-up epoch's bare time sizes the timed part
     epoch = 0
+    bare_ms = 0.0
     while epoch < warmup_epochs or not chosen.engine.decided:
-        eager.train_epoch(), chosen.train_epoch(), bare.epoch(epoch), bare.validate()
+        eager.train_epoch(), chosen.train_epoch()
+        bare_ms = bare.epoch(epoch)
+        bare.validate()
         epoch += 1
         progress("warm-up epochs" if chosen.engine.decided else "warm-up (step engine deciding)", epoch, None)
         if epoch > warmup_epochs + 50:
@@ -85,7 +90,8 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
     train: dict[str, list[float]] = {name: [] for name in PATHS}
     whole: dict[str, list[float]] = {name: [] for name in PATHS}
     trainers = {"esper_eager": eager, "esper_chosen": chosen}
-    for timed in range(config.epochs):
+    epochs = _timed_epochs(config, bare_ms)
+    for timed in range(epochs):
         # The order rotates every epoch: a path's place in the round is worth a few per cent on
         # the smallest workloads (whichever Esper path ran second was 3-4 % slower on
         # seed-reference and digits-mlp, whether eager or chosen), so no path keeps one place.
@@ -99,8 +105,17 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
                 train[name].append(result.train_ms)
                 whole[name].append(result.total_ms)
         epoch += 1
-        progress("timed epochs", len(train["bare"]), config.epochs)
+        progress("timed epochs", len(train["bare"]), epochs)
     return _report(recipe, config, eager, chosen, bare, steps, train, whole)
+
+
+def _timed_epochs(config: BenchConfig, bare_ms: float) -> int:
+    """``config.epochs``, or more to fill ``config.min_timed_s`` of bare epochs of ``bare_ms``
+    (the last warm-up epoch's), in whole rounds of the three paths."""
+    if config.min_timed_s == 0:
+        return config.epochs
+    wanted = max(config.epochs, math.ceil(config.min_timed_s * 1e3 / bare_ms))
+    return -(-wanted // len(PATHS)) * len(PATHS)
 
 
 def _report(
@@ -119,7 +134,7 @@ def _report(
     return {
         "workload": recipe,
         "device": str(eager.device),
-        "epochs": config.epochs,
+        "epochs": len(train["bare"]),
         "steps_per_epoch": steps,
         "optimizer": eager.config.optimizer,
         "lr_schedule": eager.config.lr_schedule,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one
-from esper_core.benchmarks.training import _trainer, run
+from esper_core.benchmarks.training import _timed_epochs, _trainer, run
 from esper_core.contracts import SeedStage
 from esper_core.kasmina.width import WidthSeed
 
@@ -100,3 +100,16 @@ def test_a_host_with_no_fitting_blueprint_is_refused_with_the_fix() -> None:
         slot.profile = dataclasses.replace(slot.profile, feature_shape=(3, 5, 7, 11))  # fits nothing
     with pytest.raises(ValueError, match="bench with --seeds 0"):
         germinate_one(trainer, dataclasses.replace(run_config, blueprints=()))
+
+
+def test_short_epochs_are_timed_for_at_least_min_timed_s_in_whole_rounds() -> None:
+    config = BenchConfig(epochs=30, min_timed_s=2.0)
+    assert _timed_epochs(config, bare_ms=1.5) == 1335  # ceil(2000 / 1.5) = 1334, in rounds of 3
+    assert _timed_epochs(config, bare_ms=100.0) == 30  # long epochs: --epochs already fills it
+    assert _timed_epochs(BenchConfig(epochs=31), bare_ms=1.5) == 31  # 0 s: exactly --epochs
+    # No warm-up asked for: one untimed round still measures the bare epoch.
+    result = run("seed-reference", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0, min_timed_s=0.01))
+    assert result["epochs"] >= 6 and result["epochs"] % 3 == 0
+    assert all(len(v) == result["epochs"] for v in result["samples_ms"].values())
+    with pytest.raises(ValueError, match="--min-seconds"):
+        BenchConfig(min_timed_s=-1.0)
