@@ -88,9 +88,11 @@ def test_bench_seed_reference_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_training_any_recipe_writes_a_baseline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "user.json"
     argv = ["bench", "training", "--recipe", "tests.helpers.user_model:recipe", "--epochs", "5", "--seeds", "0"]
-    assert main([*argv, "--warmup-batches", "0", "--no-compile", "--json", "--save-baseline", str(out)]) == 0
+    argv += ["--min-seconds", "0.2", "--warmup-batches", "0", "--no-compile", "--json", "--save-baseline", str(out)]
+    assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["workload"] == "tests.helpers.user_model:recipe" and result["epoch_ratio_p50"] > 0
+    assert result["epochs"] >= 6 and result["epochs"] % 3 == 0  # at least 0.2 s, in whole rounds
     saved = json.loads(out.read_text())
     assert set(saved["latency"]) >= {"bare", "esper_chosen", "epoch_bare", "epoch_esper_chosen"}
 
