@@ -26,7 +26,11 @@ from esper_core.run.recipes import RECIPES
 from esper_core.settings import EsperSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED_REFERENCE = ["bench", "seed-reference", "--epochs", "5", "--warmup-batches", "0", "--no-compile", "--seeds", "0"]
+# Exactly 5 epochs (--min-seconds 0): these tests are about the display, not the timing.
+SEED_REFERENCE = [
+    *("bench", "seed-reference", "--epochs", "5", "--min-seconds", "0"),
+    *("--warmup-batches", "0", "--no-compile", "--seeds", "0"),
+]
 BAR = "━"  # rich's bar glyph: only a progress display draws it
 
 
