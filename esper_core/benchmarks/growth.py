@@ -50,9 +50,10 @@ from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.recipes import get_recipe
 from esper_core.run.simic_train import (
     TrainingPlan,
-    collect_demonstrations,
-    collect_episodes,
+    collect_all_demonstrations,
+    episode_jobs,
     get_plan,
+    run_episodes,
     train_imitation,
     train_ppo,
 )
@@ -398,17 +399,18 @@ def _train_policy(
 ) -> int:
     """Simic's procedure (what the train_policy flow chains), on every recipe together; its
     episodes (a search round's candidates, a PPO iteration's rollouts) spread over ``pool``."""
+    # Every recipe's episodes of a phase go out in one map, so none waits for another's stragglers.
     demos = [
         r.run_id
-        for recipe in config.recipes
-        for r in collect_demonstrations(settings, recipe=recipe, plan=plan, device=config.device, pool=pool)
+        for recipe_demos in collect_all_demonstrations(
+            settings, recipes=config.recipes, plan=plan, device=config.device, pool=pool
+        )
+        for r in recipe_demos
     ]
     version = train_imitation(store, demos, plan).version
     for iteration in range(plan.iterations):
-        rollouts = [
-            r.run_id
-            for recipe in config.recipes
-            for r in collect_episodes(
+        batches = [
+            episode_jobs(
                 settings,
                 recipe=recipe,
                 seeds=plan.seeds("rollouts", iteration),
@@ -417,9 +419,10 @@ def _train_policy(
                 explore=True,
                 policy_version=version,
                 device=config.device,
-                pool=pool,
             )
+            for recipe in config.recipes
         ]
+        rollouts = [r.run_id for results in run_episodes(batches, pool=pool) for r in results]
         version = train_ppo(
             store, version=version, rollout_run_ids=rollouts, demonstration_run_ids=demos, plan=plan
         ).version

@@ -15,7 +15,6 @@ search chooses what a policy learns, and the test split is what the policy is ju
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -99,7 +98,8 @@ def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...])
     return singles + together
 
 
-def _run_one(run: RunSchedule, seed: int, schedule: Schedule) -> EpisodeResult | Sequence[EpisodeResult]:
+def _run_one(job: tuple[RunSchedule, int, Schedule]) -> EpisodeResult | Sequence[EpisodeResult]:
+    run, seed, schedule = job
     return run(schedule, seed)
 
 
@@ -108,49 +108,112 @@ def schedule_name(schedule: Schedule) -> str:
     return "+".join(f"{g.slot}:{g.blueprint}@{g.epoch}" for g in schedule)
 
 
-def search_schedules(
-    candidates: Sequence[Schedule], seeds: Sequence[int], run: RunSchedule, *, eta: int, pool: Pool = LOCAL
-) -> SearchOutcome:
-    """Successive halving of ``candidates`` over ``seeds`` (see the module docstring).
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HalvingSearch:
+    """One successive-halving search (see the module docstring): what ``search_all`` runs.
 
-    Args:
+    Attributes:
         candidates: The schedules, distinct by name.
         seeds: One round per seed, in order; the winner runs on every one of them.
         run: Runs one episode, or one per task (all of them count toward the schedule's mean).
         eta: Each round keeps ``ceil(n / eta)`` of ``n``.
+    """
+
+    candidates: Sequence[Schedule]
+    seeds: Sequence[int]
+    run: RunSchedule
+    eta: int
+
+    def __post_init__(self) -> None:
+        if not self.candidates or not self.seeds:
+            raise ValueError(
+                f"a schedule search needs candidates and seeds, got {len(self.candidates)} and {len(self.seeds)}: "
+                "check the recipe's blueprints fit its slots and pass at least one seed"
+            )
+        if len({schedule_name(s) for s in self.candidates}) != len(self.candidates):
+            raise ValueError("candidate schedules must be distinct")
+
+
+class _Halving:
+    """A ``HalvingSearch`` under way: the schedules still in, and every episode run so far."""
+
+    def __init__(self, search: HalvingSearch) -> None:
+        self.search = search
+        self.by_name = {schedule_name(s): s for s in search.candidates}
+        self.episodes: dict[str, list[EpisodeResult]] = {name: [] for name in self.by_name}
+        self.alive = list(self.by_name)
+        self.discarded: list[tuple[str, float, int]] = []
+        self.round = 0
+        self.done = False
+
+    def jobs(self) -> list[tuple[RunSchedule, int, Schedule]]:
+        """This round's episodes: every schedule still in, on the round's seed."""
+        seed = self.search.seeds[self.round]
+        return [(self.search.run, seed, self.by_name[name]) for name in self.alive]
+
+    def score(self, name: str) -> float:
+        return statistics.fmean(r.val_accuracy for r in self.episodes[name])
+
+    def finish_round(self, ran: Sequence[EpisodeResult | Sequence[EpisodeResult]]) -> None:
+        """Record the round's episodes (in ``jobs``' order) and keep the best ``1 / eta``."""
+        for name, results in zip(self.alive, ran, strict=True):
+            self.episodes[name].extend([results] if isinstance(results, EpisodeResult) else results)
+        # Ties go to the smaller schedule (fewer parameters added), then to the earlier candidate.
+        self.alive.sort(key=lambda n: (-self.score(n), statistics.fmean(r.total_params for r in self.episodes[n])))
+        if self.round == len(self.search.seeds) - 1 or len(self.alive) == 1:
+            self.done = True
+            return
+        keep = math.ceil(len(self.alive) / self.search.eta)
+        self.discarded = [(n, self.score(n), len(self.episodes[n])) for n in self.alive[keep:]] + self.discarded
+        self.alive = self.alive[:keep]
+        self.round += 1
+
+    def outcome(self) -> SearchOutcome:
+        ranking = tuple((n, self.score(n), len(self.episodes[n])) for n in self.alive) + tuple(self.discarded)
+        return SearchOutcome(
+            best=self.by_name[self.alive[0]],
+            ranking=ranking,
+            episodes={n: runs for n, runs in self.episodes.items() if runs},
+        )
+
+
+def search_all(searches: Sequence[HalvingSearch], *, pool: Pool = LOCAL) -> list[SearchOutcome]:
+    """Run independent searches side by side: each round of every search still going, in one map.
+
+    A search's next round waits for its last one, so on its own it leaves workers idle as its
+    rounds shrink (27, 9, 3, 1 episodes); searches of several recipes fill each other's gaps. Each
+    search's episodes and winner are the same as when it runs alone.
+
+    Args:
+        searches: The searches, e.g. one per recipe.
+        pool: Where the episodes run (``esper_core.fanout``); the ``run`` callables then travel
+            to the workers.
+
+    Returns:
+        Each search's outcome, in ``searches``' order.
+    """
+    going = [_Halving(search) for search in searches]
+    while active := [h for h in going if not h.done]:
+        rounds = [h.jobs() for h in active]
+        ran = pool.map(_run_one, [job for jobs in rounds for job in jobs])
+        start = 0
+        for halving, jobs in zip(active, rounds, strict=True):
+            halving.finish_round(ran[start : start + len(jobs)])
+            start += len(jobs)
+    return [h.outcome() for h in going]
+
+
+def search_schedules(
+    candidates: Sequence[Schedule], seeds: Sequence[int], run: RunSchedule, *, eta: int, pool: Pool = LOCAL
+) -> SearchOutcome:
+    """Successive halving of ``candidates`` over ``seeds`` (one ``HalvingSearch``, see there).
+
+    Args:
         pool: Where a round's episodes run (``esper_core.fanout``): the candidates of a round are
             independent, so they may spread over workers; ``run`` then travels to them.
 
     Raises:
         ValueError: No candidates or seeds, or two candidates with one name.
     """
-    if not candidates or not seeds:
-        raise ValueError(
-            f"a schedule search needs candidates and seeds, got {len(candidates)} and {len(seeds)}: "
-            "check the recipe's blueprints fit its slots and pass at least one seed"
-        )
-    by_name = {schedule_name(s): s for s in candidates}
-    if len(by_name) != len(candidates):
-        raise ValueError("candidate schedules must be distinct")
-    episodes: dict[str, list[EpisodeResult]] = {name: [] for name in by_name}
-    alive = list(by_name)
-    discarded: list[tuple[str, float, int]] = []
-
-    def score(name: str) -> float:
-        return statistics.fmean(r.val_accuracy for r in episodes[name])
-
-    for round_index, seed in enumerate(seeds):
-        ran = pool.map(functools.partial(_run_one, run, seed), [by_name[name] for name in alive])
-        for name, results in zip(alive, ran, strict=True):
-            episodes[name].extend([results] if isinstance(results, EpisodeResult) else results)
-        # Ties go to the smaller schedule (fewer parameters added), then to the earlier candidate.
-        alive.sort(key=lambda n: (-score(n), statistics.fmean(r.total_params for r in episodes[n])))
-        if round_index == len(seeds) - 1 or len(alive) == 1:
-            break
-        keep = math.ceil(len(alive) / eta)
-        discarded = [(n, score(n), len(episodes[n])) for n in alive[keep:]] + discarded
-        alive = alive[:keep]
-    ranking = tuple((n, score(n), len(episodes[n])) for n in alive) + tuple(discarded)
-    return SearchOutcome(
-        best=by_name[alive[0]], ranking=ranking, episodes={n: runs for n, runs in episodes.items() if runs}
-    )
+    (outcome,) = search_all([HalvingSearch(candidates=candidates, seeds=seeds, run=run, eta=eta)], pool=pool)
+    return outcome

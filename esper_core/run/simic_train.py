@@ -26,12 +26,13 @@ from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.run.schedule_search import (
+    HalvingSearch,
     Schedule,
     ScheduleSearch,
     SearchOutcome,
     candidate_schedules,
     schedule_name,
-    search_schedules,
+    search_all,
 )
 from esper_core.run.variation import TaskVariation
 from esper_core.settings import EsperSettings
@@ -187,7 +188,8 @@ def collect_episodes(
     schedule: Schedule = (),
     pool: Pool = LOCAL,
 ) -> list[EpisodeResult]:
-    """Run one episode per seed with ``policy`` deciding (their records land in the registry).
+    """Run one episode per seed with ``policy`` deciding (their records land in the registry):
+    ``episode_jobs`` then ``run_episodes``.
 
     Args:
         settings: Registry and run folders.
@@ -211,6 +213,39 @@ def collect_episodes(
 
     Raises:
         ValueError: A variation the recipe cannot take (``TaskVariation.check``), before any episode.
+    """
+    jobs = episode_jobs(
+        settings,
+        recipe=recipe,
+        seeds=seeds,
+        policy=policy,
+        plan=plan,
+        explore=explore,
+        policy_version=policy_version,
+        device=device,
+        label=label,
+        schedule=schedule,
+    )
+    (results,) = run_episodes([jobs], pool=pool)
+    return results
+
+
+def episode_jobs(
+    settings: EsperSettings,
+    *,
+    recipe: str,
+    seeds: Sequence[int],
+    policy: str,
+    plan: TrainingPlan,
+    explore: bool = False,
+    policy_version: int | None = None,
+    device: str = "cpu",
+    label: str = "simic",
+    schedule: Schedule = (),
+) -> list[EpisodeJob]:
+    """The episodes ``collect_episodes`` runs (its arguments, less the pool), ready to run.
+
+    Kernels the episodes need for hosts at other widths are published here, before any runs.
     """
     variation = plan.variation if plan.variation.varies else None
     if variation is not None:
@@ -240,22 +275,42 @@ def collect_episodes(
         config.tamiyo = tamiyo_config
     # Only the GNN's rollouts are forked: they are what PPO learns from.
     forks = plan.forks if policy == "gnn" else None
-    jobs = [_Episode(config=c, settings=settings, run_id=_run_id(settings, label, c), forks=forks) for c in configs]
+    return [EpisodeJob(config=c, settings=settings, run_id=_run_id(settings, label, c), forks=forks) for c in configs]
+
+
+def run_episodes(batches: Sequence[Sequence[EpisodeJob]], *, pool: Pool = LOCAL) -> list[list[EpisodeResult]]:
+    """Run batches of ``episode_jobs``; each batch's results in its order, the same wherever they ran.
+
+    Spread over a pool, every batch goes out in one map, so the batches of several recipes (one
+    PPO iteration's rollouts, say) keep every worker busy instead of waiting for each other.
+    """
     if pool.local:
-        # One Tamiyo for every episode here: its network is built once, not per episode.
-        service = _tamiyo(tamiyo_config)
-        try:
-            # One torch thread, as on a worker: an episode's numbers do not depend on where it ran.
-            with one_thread():
-                return [job.run(service) for job in jobs]
-        finally:
-            service.close()
-    return pool.map(_run_episode_job, jobs)
+        return [_run_here(jobs) for jobs in batches]
+    ran = pool.map(_run_episode_job, [job for jobs in batches for job in jobs])
+    out, start = [], 0
+    for jobs in batches:
+        out.append(ran[start : start + len(jobs)])
+        start += len(jobs)
+    return out
+
+
+def _run_here(jobs: Sequence[EpisodeJob]) -> list[EpisodeResult]:
+    if not jobs:
+        return []
+    # One Tamiyo for the batch here (its episodes share one configuration): its network is
+    # built once, not per episode.
+    service = _tamiyo(jobs[0].config.tamiyo)
+    try:
+        # One torch thread, as on a worker: an episode's numbers do not depend on where it ran.
+        with one_thread():
+            return [job.run(service) for job in jobs]
+    finally:
+        service.close()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Episode:
-    """One episode of ``collect_episodes``, as it travels to a worker."""
+class EpisodeJob:
+    """One episode of ``episode_jobs``, as it travels to a worker."""
 
     config: RunConfig
     settings: EsperSettings
@@ -268,7 +323,7 @@ class _Episode:
         )
 
 
-def _run_episode_job(job: _Episode) -> EpisodeResult:
+def _run_episode_job(job: EpisodeJob) -> EpisodeResult:
     """A worker's episode, with a Tamiyo of its own (a service holds threads: it does not travel)."""
     service = _tamiyo(job.config.tamiyo)
     try:
@@ -297,18 +352,44 @@ def collect_demonstrations(
     the registry; only the winner's are returned). ``pool`` spreads the episodes (a search's
     candidates of one round) over workers.
     """
-    seeds = plan.seeds("demonstrations")
+    (demonstrations,) = collect_all_demonstrations(settings, recipes=[recipe], plan=plan, device=device, pool=pool)
+    return demonstrations
+
+
+def collect_all_demonstrations(
+    settings: EsperSettings, *, recipes: Sequence[str], plan: TrainingPlan, device: str = "cpu", pool: Pool = LOCAL
+) -> list[list[EpisodeResult]]:
+    """``collect_demonstrations`` of several recipes at once, in ``recipes``' order.
+
+    Their episodes go out together: the recipes' searches run round by round side by side
+    (``search_all``), so a recipe's last, small rounds do not leave workers idle. Each recipe gets
+    the same demonstrations as on its own.
+    """
     if plan.search is None:
-        return collect_episodes(
-            settings, recipe=recipe, seeds=seeds, policy="heuristic", plan=plan, device=device, pool=pool
-        )
-    return search_demonstrations(settings, recipe=recipe, plan=plan, device=device, pool=pool).best_episodes
+        seeds = plan.seeds("demonstrations")
+        batches = [
+            episode_jobs(settings, recipe=recipe, seeds=seeds, policy="heuristic", plan=plan, device=device)
+            for recipe in recipes
+        ]
+        return run_episodes(batches, pool=pool)
+    searches = [demonstration_search(settings, recipe=recipe, plan=plan, device=device) for recipe in recipes]
+    return [outcome.best_episodes for outcome in search_all(searches, pool=pool)]
 
 
 def search_demonstrations(
     settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str = "cpu", pool: Pool = LOCAL
 ) -> SearchOutcome:
     """Search ``recipe``'s fixed schedules on the demonstration seeds (``plan.search`` must be set).
+
+    Raises:
+        ValueError: The plan has no search, or the recipe's blueprints fit none of its slots.
+    """
+    (outcome,) = search_all([demonstration_search(settings, recipe=recipe, plan=plan, device=device)], pool=pool)
+    return outcome
+
+
+def demonstration_search(settings: EsperSettings, *, recipe: str, plan: TrainingPlan, device: str) -> HalvingSearch:
+    """The schedule search ``search_demonstrations`` runs for ``recipe``.
 
     Raises:
         ValueError: The plan has no search, or the recipe's blueprints fit none of its slots.
@@ -333,7 +414,7 @@ def search_demonstrations(
         )
         return result
 
-    return search_schedules(candidates, plan.seeds("demonstrations"), run, eta=plan.search.eta, pool=pool)
+    return HalvingSearch(candidates=candidates, seeds=plan.seeds("demonstrations"), run=run, eta=plan.search.eta)
 
 
 def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan) -> PolicyVersion:

@@ -7,8 +7,16 @@ import dataclasses
 
 import pytest
 
+from esper_core.fanout import Pool
 from esper_core.run.episodes import EpisodeResult
-from esper_core.run.schedule_search import Schedule, ScheduleSearch, schedule_name, search_schedules
+from esper_core.run.schedule_search import (
+    HalvingSearch,
+    Schedule,
+    ScheduleSearch,
+    schedule_name,
+    search_all,
+    search_schedules,
+)
 from esper_core.run.simic_train import collect_demonstrations, get_plan, search_demonstrations, train_imitation
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -57,6 +65,40 @@ def test_halving_keeps_a_third_each_round_and_the_winner_runs_on_every_seed() ->
     assert [seeds for _, _, seeds in outcome.ranking] == [4] + [3] * 2 + [2] * 6 + [1] * 18
     assert outcome.ranking[0][1] == pytest.approx(26.0)
     assert outcome.ranking[2][1] == pytest.approx((28 + 24 + 24) / 3)
+
+
+class _CountingPool(Pool):
+    """Runs here, in order, and notes how many jobs each map carried."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.maps: list[int] = []
+
+    def map(self, fn, items, *, progress=None):  # noqa: ANN001, ANN201 - Pool.map's signature
+        self.maps.append(len(items))
+        return super().map(fn, items, progress=progress)
+
+
+def test_searches_side_by_side_share_each_round_and_find_what_each_finds_alone() -> None:
+    def by_epoch(schedule: Schedule, seed: int) -> EpisodeResult:
+        return _result(schedule, seed, float(schedule[0].epoch + seed))
+
+    def against_epoch(schedule: Schedule, seed: int) -> EpisodeResult:
+        return _result(schedule, seed, float(-schedule[0].epoch))
+
+    first = HalvingSearch(candidates=_schedules(27), seeds=[0, 1, 2, 3], run=by_epoch, eta=3)
+    second = HalvingSearch(candidates=_schedules(9), seeds=[5, 6], run=against_epoch, eta=3)
+    pool = _CountingPool()
+    together = search_all([first, second], pool=pool)
+    # One map a round, each carrying both searches' episodes while both go on (27 + 9, 9 + 3).
+    assert pool.maps == [36, 12, 3, 1]
+    alone = [search_schedules(s.candidates, s.seeds, s.run, eta=s.eta) for s in (first, second)]
+    assert [schedule_name(o.best) for o in together] == ["s:b@26", "s:b@0"]
+    for joint, single in zip(together, alone, strict=True):
+        assert joint.best == single.best and joint.ranking == single.ranking
+        assert {n: [r.run_id for r in runs] for n, runs in joint.episodes.items()} == {
+            n: [r.run_id for r in runs] for n, runs in single.episodes.items()
+        }
 
 
 def test_ties_go_to_the_smaller_schedule() -> None:
