@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,6 +26,21 @@ R = TypeVar("R")
 def _on_one_thread(fn: Callable[[T], R], item: T) -> R:
     with one_thread():
         return fn(item)
+
+
+@functools.cache
+def _freeze_worker_heap() -> None:
+    # A worker holds ~0.5 M objects from its imports (torch, Prefect, SQLAlchemy) that live as
+    # long as it does, and every full collection walks them all: ~80 ms, about once per short
+    # episode (8 % of a digits-mlp run). Frozen, the collector skips them. Garbage is collected
+    # first, so nothing unreachable is frozen. Only on workers: a caller's own process is not ours to tune.
+    gc.collect()
+    gc.freeze()
+
+
+def _on_worker(fn: Callable[[T], R], item: T) -> R:
+    _freeze_worker_heap()
+    return _on_one_thread(fn, item)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,16 +120,15 @@ class Pool:
         plain data are safest.
         """
         done = progress or (lambda _n: None)
-        job = functools.partial(_on_one_thread, fn)
         if self._client is None or not items:
             out = []
             for item in items:
-                out.append(job(item))
+                out.append(_on_one_thread(fn, item))
                 done(len(out))
             return out
         from distributed import as_completed
 
-        futures = self._client.map(job, list(items), pure=False)
+        futures = self._client.map(functools.partial(_on_worker, fn), list(items), pure=False)
         for finished, _ in enumerate(as_completed(futures), start=1):
             done(finished)
         return self._client.gather(futures)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -12,6 +14,10 @@ def _job(item: int) -> tuple[int, int]:
     return item * item, torch.get_num_threads()
 
 
+def _frozen(_item: int) -> int:
+    return gc.get_freeze_count()
+
+
 def test_local_jobs_run_in_order_on_one_thread_and_the_thread_count_is_restored() -> None:
     before = torch.get_num_threads()
     seen: list[int] = []
@@ -19,6 +25,8 @@ def test_local_jobs_run_in_order_on_one_thread_and_the_thread_count_is_restored(
     assert seen == [1, 2, 3]
     assert torch.get_num_threads() == before
     assert FanOut().local and LOCAL.local
+    # Jobs here leave the caller's process as it was: no frozen heap.
+    assert LOCAL.map(_frozen, [0]) == [gc.get_freeze_count()] == [0]
 
 
 def test_bad_worker_counts_are_refused() -> None:
@@ -35,3 +43,6 @@ def test_a_local_cluster_returns_results_in_the_jobs_order() -> None:
         # Two rounds on one cluster: it starts once for the block.
         assert pool.map(_job, list(range(6))) == [(i * i, 1) for i in range(6)]
         assert pool.map(_job, []) == []
+        # A worker's long-lived import-time heap is frozen before its first job: the collector
+        # no longer walks it at every full collection.
+        assert min(pool.map(_frozen, [0, 1])) > 100_000
