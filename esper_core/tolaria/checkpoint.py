@@ -76,14 +76,15 @@ class CheckpointStore:
         """
         if self.retention is None:
             return []
+        tags = self.tags()
         keep = retained(
-            self.tags(),
+            tags,
             latest=self.latest(),
             best=best if self.retention.keep_best else None,
             keep_last=self.retention.keep_last,
             order=order,
         )
-        dropped = sorted(set(self.tags()) - keep, key=order)
+        dropped = sorted(set(tags) - keep, key=order)
         for tag in dropped:
             self.path(tag).unlink(missing_ok=True)
         return dropped
