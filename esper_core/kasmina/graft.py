@@ -1,9 +1,10 @@
 """Seed slots grafted onto any ``nn.Module``, by module name.
 
 A user names the places where seeds may grow (``"layer1"``, ``"blocks.2.mlp"``); each named
-module's **output** passes through a ``SeedSlot`` (a forward hook returns ``slot(output)``), so a
-seed learns a delta of that output and, once blended, the rest of the network reads
-``output + alpha * seed(output)``. The user's module is not modified apart from the hooks.
+module's **output** passes through a ``SeedSlot`` (a forward hook returns ``slot(output)``, in
+place only while the slot holds a seed: ``GraftedSlot``), so a seed learns a delta of that output
+and, once blended, the rest of the network reads ``output + alpha * seed(output)``. The user's
+module is not modified apart from the hooks.
 
 A module that returns a tuple (``nn.LSTM``'s ``(output, (h, c))``, ``nn.MultiheadAttention``'s
 ``(output, weights)``) takes a slot on one element: ``"lstm[0]"``; the other elements pass through.
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.dryrun import dry_forward
@@ -338,7 +338,7 @@ class GrowableModel(nn.Module):
         # ModuleDict keys cannot hold dots; the slot id (what commands and packets carry) keeps them.
         self.seed_slots = nn.ModuleDict(
             {
-                site.module.replace(".", "-"): SeedSlot(
+                site.module.replace(".", "-"): GraftedSlot(
                     slot_id=site.module,
                     layer=site.layer,
                     profile=ShapeProfile(
@@ -352,11 +352,12 @@ class GrowableModel(nn.Module):
             }
         )
         modules = dict(model.named_modules())
-        # Every hook Esper puts on the user's modules, so that a plain copy can leave them out.
-        self._hooks: list[RemovableHandle] = []
+        # The ids of the branch slots' hooks on the user's modules, so that a plain copy can
+        # leave them out.
+        self._hook_ids: list[int] = []
         for slot in self.seed_slots.values():
             base, index = parse_slot_name(slot.slot_id)
-            self._hooks.append(modules[base].register_forward_hook(_graft(slot, index)))
+            self._hook_ids.append(slot.hook_onto(modules[base], index))
         for site in width_sites:
             width_slot = WidthSlot(site=site, batch_max=batch_max)
             self.seed_slots[width_slot.slot_id.replace(".", "-")] = width_slot
@@ -390,9 +391,7 @@ class GrowableModel(nn.Module):
                 "from an earlier commit"
             )
         plain = copy.deepcopy(self.model)
-        ids = {h.id for h in self._hooks}.union(
-            *(s.hook_ids for s in self.seed_slots.values() if isinstance(s, WidthSlot))
-        )
+        ids = set(self._hook_ids).union(*(s.hook_ids for s in self.seed_slots.values() if isinstance(s, WidthSlot)))
         for module in plain.modules():
             for hooks in (module._forward_hooks, module._forward_pre_hooks):
                 for hook_id in ids & set(hooks):
@@ -406,6 +405,42 @@ class GrowableModel(nn.Module):
     def host_parameters(self) -> list[nn.Parameter]:
         """The user model's trainable parameters, excluding any seed."""
         return [p for p in self.model.parameters() if p.requires_grad]
+
+
+class GraftedSlot(SeedSlot):
+    """A branch slot on a user's module's output: its forward hook is on that module only while
+    the slot holds a seed.
+
+    A module with a hook runs PyTorch's slow call path: two idle slot hooks cost a training step
+    of the MNIST-1D CNN 8 us of 1.4 ms (0.6 %) and of the MNIST-1D MLP 4 us of 0.33 ms (1.2 %),
+    one thread, medians of hooks on and off in turn. The hook goes back to where it was registered in the module's hooks, so hooks
+    registered after the graft (the user's, a width slot's) still run after it, whatever order
+    seeds come and go in, and a resumed run applies them in the same order as the live one.
+    """
+
+    def hook_onto(self, module: nn.Module, index: int | None) -> int:
+        """Register the slot's hook on ``module`` (element ``index`` of a tuple output); it is
+        in place only while a seed is here. Returns the hook's id."""
+        handle = module.register_forward_hook(_graft(self, index))
+        self._hook = (module, handle.id, module._forward_hooks[handle.id])
+        self._seed_changed()
+        return handle.id
+
+    def _seed_changed(self) -> None:
+        if "_hook" not in self.__dict__:
+            return
+        module, hook_id, hook = self._hook
+        hooks = module._forward_hooks
+        if self.seed is None:
+            hooks.pop(hook_id, None)
+        elif hook_id not in hooks:
+            # Handle ids grow with every registration: back in front of the first later one.
+            items = list(hooks.items())
+            at = next((i for i, (other, _) in enumerate(items) if other > hook_id), len(items))
+            items.insert(at, (hook_id, hook))
+            # The same dict, refilled: other hooks' handles hold a reference to it.
+            hooks.clear()
+            hooks.update(items)
 
 
 def _graft(slot: SeedSlot, index: int | None) -> Callable[[nn.Module, object, object], object]:

@@ -39,6 +39,17 @@ class SeedSlot(nn.Module):
         # Set only inside SeedManager.probe(): forces the seed in at this alpha for evaluation.
         self.probe_alpha: float | None = None
 
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        # Every path that gives or takes the slot's seed (germinate, merge, cull, restore, a task
+        # of an aggregated step that leaves it out) sets ``seed``: slots that hook into the host
+        # follow it here, in one place.
+        if name == "seed":
+            self._seed_changed()
+
+    def _seed_changed(self) -> None:
+        """``seed`` was just set (a slot with hooks on the host adds or removes them)."""
+
     @property
     def profile_name(self) -> str:
         """The shape profile Tamiyo matches blueprints against (``SeedState.shape_profile``)."""

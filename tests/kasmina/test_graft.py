@@ -128,6 +128,43 @@ def test_a_grown_model_is_the_user_model_until_a_seed_blends() -> None:
     assert set(grown.state_dict()) >= {"model.stem.weight", "seed_slots.body-1.seed.weight"}
 
 
+def test_a_slot_hooks_its_module_only_while_it_holds_a_seed_and_in_its_registration_place() -> None:
+    torch.manual_seed(0)
+    user = TwoTower()
+    body = user.body[1]
+    seen: list[str] = []
+    body.register_forward_hook(lambda _m, _a, out: seen.append("before"))
+    grown = GrowableModel(user, slots=("stem", "body.1"), sample_shape=(12,), batch_max=64)
+    body.register_forward_hook(lambda _m, _a, out: seen.append(f"after, seed added {out.abs().sum() > 1e3}"))
+    x = torch.randn(5, 12)
+    # Dormant slots leave the user's modules without Esper's hooks: PyTorch's fast call path.
+    assert not user.stem._forward_hooks and len(body._forward_hooks) == 2
+    plain = grown(x)
+    slot = grown.slots()["body.1"]
+    for _ in range(2):
+        slot.seed = _Big()
+        slot.stage = SeedStage.BLENDING
+        slot.alpha = 1.0
+        seen.clear()
+        grown(x)
+        # Back between the hook registered before the graft and the one registered after it.
+        assert seen == ["before", "after, seed added True"] and len(body._forward_hooks) == 3
+        hooks = list(body._forward_hooks)
+        assert hooks == sorted(hooks)
+        slot.seed = None
+        assert len(body._forward_hooks) == 2 and torch.equal(grown(x), plain)
+    # A plain copy leaves out the slot's hook while it is in place (a seed still in training).
+    slot.seed = _Big()
+    slot.stage = SeedStage.TRAINING
+    assert len(body._forward_hooks) == 3
+    assert len(grown.plain_copy().body[1]._forward_hooks) == 2
+
+
+class _Big(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, 1e4)
+
+
 def test_token_slots_are_told_from_channel_first_sequences_by_the_layer_before_them() -> None:
     sites = discover_slot_sites(RowTransformer(), ["embed", "encoder.layers.0", "encoder.layers.1"], (8, 8))
     assert [(s.feature_shape, s.tokens) for s in sites] == [((8, 32), True)] * 3

@@ -48,11 +48,8 @@ class WidthSlot(SeedSlot):
         self._host: tuple[nn.Module, ...] = ()
         self._handles: list[RemovableHandle] = []
 
-    def __setattr__(self, name: str, value: object) -> None:
-        super().__setattr__(name, value)
-        # Every path that gives or takes the slot's seed (germinate, merge, cull, restore) sets
-        # ``seed``: the hooks follow it here, in one place.
-        if name == "seed" and self.__dict__.get("_host"):
+    def _seed_changed(self) -> None:
+        if self.__dict__.get("_host"):
             self._sync_hooks()
 
     def _sync_hooks(self) -> None:
