@@ -33,7 +33,8 @@ def _freeze_worker_heap() -> None:
     # A worker holds ~0.5 M objects from its imports (torch, Prefect, SQLAlchemy) that live as
     # long as it does, and every full collection walks them all: ~80 ms, about once per short
     # episode (8 % of a digits-mlp run). Frozen, the collector skips them. Garbage is collected
-    # first, so nothing unreachable is frozen. Only on workers: a caller's own process is not ours to tune.
+    # first, so nothing unreachable is frozen. Only on workers: a caller's own process is not
+    # ours to tune.
     gc.collect()
     gc.freeze()
 

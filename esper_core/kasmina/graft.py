@@ -413,9 +413,10 @@ class GraftedSlot(SeedSlot):
 
     A module with a hook runs PyTorch's slow call path: two idle slot hooks cost a training step
     of the MNIST-1D CNN 8 us of 1.4 ms (0.6 %) and of the MNIST-1D MLP 4 us of 0.33 ms (1.2 %),
-    one thread, medians of hooks on and off in turn. The hook goes back to where it was registered in the module's hooks, so hooks
-    registered after the graft (the user's, a width slot's) still run after it, whatever order
-    seeds come and go in, and a resumed run applies them in the same order as the live one.
+    one thread, medians of hooks on and off in turn. The hook goes back to where it was
+    registered among the module's hooks, so hooks registered after the graft (the user's, a
+    width slot's) still run after it, whatever order seeds come and go in, and a resumed run
+    applies them in the same order as the live one.
     """
 
     def hook_onto(self, module: nn.Module, index: int | None) -> int:
