@@ -272,7 +272,9 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
             for seed in range(plan.seeds)
         ]
         per_job = total // len(jobs)
+        evaluated = time.perf_counter()
         by_job = pool.map(seed_runs, jobs, progress=lambda done: report("evaluation runs", done * per_job, total))
+        evaluation_s = time.perf_counter() - evaluated
     results: dict[str, Any] = {}
     for recipe in config.recipes:
         arms: dict[str, list[EpisodeResult]] = {arm: [] for arm in _arms(config)}
@@ -307,6 +309,9 @@ def _run_in(config: GrowthBenchConfig, home: Path, progress: Progress | None) ->
             "demonstration_runs": policy.provenance.get("demonstration_runs", policy.provenance.get("runs")),
         },
         "kernel_compile_s": compile_s,
+        "evaluation_s": evaluation_s,
+        # Where the runs went: the wall times above depend on it, the numbers do not.
+        "fan_out": {"workers": config.workers, "dask_address": config.dask_address},
         "wall_s": time.perf_counter() - start,
         "results": results,
     }

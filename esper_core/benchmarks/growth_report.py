@@ -182,6 +182,22 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
     }
 
 
+def _phases(result: dict[str, Any]) -> str:
+    """`` (kernels 5 s, evaluation 745 s on 2 workers)``; empty for results saved before these
+    were recorded."""
+    if "evaluation_s" not in result:
+        return ""
+    fan_out = result["fan_out"]
+    where = (
+        f"on {fan_out['dask_address']}"
+        if fan_out["dask_address"]
+        else f"on {fan_out['workers']} workers"
+        if fan_out["workers"]
+        else "in this process"
+    )
+    return f" (kernels {result['kernel_compile_s']:.0f} s, evaluation {result['evaluation_s']:.0f} s {where})"
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The human-readable report of ``esper_core.benchmarks.growth.run``'s result."""
     policy = result["policy"]
@@ -193,7 +209,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"growth on {result['device']}, plan {result['plan']}: {len(result['seeds'])} paired seeds, "
         f"epochs {result['epochs'] or 'recipe default'}, lr schedule {result['lr_schedule']}; "
-        f"{learned}; wall {result['wall_s']:.0f} s",
+        f"{learned}; wall {result['wall_s']:.0f} s{_phases(result)}",
     ]
     for recipe, r in result["results"].items():
         key = r.get("metric", ACCURACY.key)

@@ -35,6 +35,9 @@ def test_smoke_plan_writes_the_paired_report_and_the_frontier_plot(
     assert main([*argv, "--home", str(compiled_home.home), "--save-baseline", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["seeds"] == [0, 1] and result["lr_schedule"] == "cosine"
+    # The phases' wall times, and where the runs went.
+    assert 0 < result["kernel_compile_s"] + result["policy"]["training_s"] + result["evaluation_s"] <= result["wall_s"]
+    assert result["fan_out"] == {"workers": 0, "dask_address": None}
     report = result["results"]["seed-reference"]
     assert set(report["arms"]) == set(ARMS)
     for arm in report["arms"].values():

@@ -77,7 +77,11 @@ def test_a_subset_of_arms_is_compared_where_it_can_be_and_its_goals_are_not_judg
         "lr_schedule": "cosine",
         "wall_s": 1.0,
         "policy": None,
+        "kernel_compile_s": 2.0,
+        "evaluation_s": 3.4,
+        "fan_out": {"workers": 2, "dask_address": None},
         "results": {"chars-gpt": report},
     }
     table = format_table(result)
     assert "no learned arm" in table and "goal on chars-gpt: not judged" in table
+    assert "(kernels 2 s, evaluation 3 s on 2 workers)" in table.splitlines()[0]
