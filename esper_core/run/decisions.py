@@ -16,7 +16,7 @@ from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
 from esper_core.tamiyo.service import Decision
-from esper_core.tolaria.safety import call_with_deadline
+from esper_core.tolaria.deadlines import call_with_deadline
 
 if TYPE_CHECKING:
     from esper_core.run.session import RunSession

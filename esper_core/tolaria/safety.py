@@ -3,19 +3,14 @@ epoch detection, emergency levels up to a halt.
 
 Budgets apply to the part they name: the Tamiyo deadline covers the controller's decision only,
 the Kasmina deadline the application of one command only, the rollback deadline one restore.
+``deadlines.call_with_deadline`` enforces them.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Generic, TypeVar
-
-T = TypeVar("T")
 
 
 class EmergencyLevel(IntEnum):
@@ -63,42 +58,6 @@ class SafetyConfig:
             raise ValueError(f"loss_spike_ratio must be > 1, got {self.loss_spike_ratio}")
         if self.max_failed_epochs < 1 or self.conservative_epochs < 0:
             raise ValueError("max_failed_epochs must be >= 1 and conservative_epochs >= 0")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DeadlineResult(Generic[T]):
-    """What a call under a deadline produced."""
-
-    value: T | None
-    elapsed_ms: float
-    timed_out: bool
-    error: BaseException | None = None
-
-
-def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResult[T]:
-    """Run ``fn`` on a worker thread and wait at most ``deadline_ms``.
-
-    A call that overruns keeps running on its daemon thread, but its result is dropped: ``fn``
-    must not change shared state (the caller records results on its own thread).
-    """
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, which decides
-            box["error"] = e
-        finally:
-            done.set()
-
-    start = time.perf_counter()
-    threading.Thread(target=target, name="esper-deadline", daemon=True).start()
-    finished = done.wait(deadline_ms / 1e3)
-    elapsed = (time.perf_counter() - start) * 1e3
-    if not finished:
-        return DeadlineResult(value=None, elapsed_ms=elapsed, timed_out=True)
-    return DeadlineResult(value=box.get("value"), elapsed_ms=elapsed, timed_out=False, error=box.get("error"))
 
 
 def epoch_failure(*, train_loss: float, val_loss: float, best_val_loss: float | None, ratio: float) -> str | None:

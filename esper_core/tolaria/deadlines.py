@@ -1,0 +1,113 @@
+"""Calls under a deadline: run on a worker thread, waited for at most so long.
+
+The workers are daemon threads kept for the life of the process and reused call after call, not
+a thread started per call. The reason is a Python 3.11 race with Prefect's task timeouts: the
+timeout's watcher thread raises ``CancelledError`` in the task's thread with
+``PyThreadState_SetAsyncExc``, which finds a thread by its id, and a thread being started carries
+its starter's id until it first runs. A timeout that fires during ``Thread.start()`` can land in
+the new thread, which dies on its first line, while ``start()`` waits forever for it to report
+that it is running. With a thread per decision, a grow task's 1 s limit became a hang (reproduced:
+5 hangs in 40 timeouts of a loop of deadline calls). Python 3.12 no longer gives a thread its
+starter's id.
+
+Reused workers are started once a process (and again only after a call overran its deadline
+and still holds its worker), and they are started with ``_thread.start_new_thread``, which does
+not wait for the thread to run: if that rare start meets the race, the caller sees a missed
+deadline instead of a hang, and the next call starts another worker.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextvars
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeadlineResult(Generic[T]):
+    """What a call under a deadline produced."""
+
+    value: T | None
+    elapsed_ms: float
+    timed_out: bool
+    error: BaseException | None = None
+
+
+_Job = Callable[[], None]
+
+
+class _Workers:
+    """Idle worker threads, each waiting on its own job queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[_Job]] = []
+
+    def submit(self, job: Callable[[Callable[[], None]], None]) -> None:
+        """Run ``job(release)`` on an idle worker (a new one if none is idle); the job calls
+        ``release`` once it is done with the worker, before it tells its caller it is done."""
+        with self._lock:
+            jobs = self._idle.pop() if self._idle else None
+        if jobs is None:
+            jobs = queue.SimpleQueue()
+            _thread.start_new_thread(_serve, (jobs,))
+
+        def release() -> None:
+            with self._lock:
+                self._idle.append(jobs)
+
+        jobs.put(lambda: job(release))
+
+    def forget(self) -> None:
+        """Drop every idle worker (a forked child has none of its parent's threads)."""
+        self._lock = threading.Lock()
+        self._idle = []
+
+
+def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+    while True:
+        job = jobs.get()
+        # Each call runs in a context of its own, as it would on a thread of its own: context
+        # variables one call sets do not reach the next.
+        contextvars.Context().run(job)
+
+
+_WORKERS = _Workers()
+os.register_at_fork(after_in_child=_WORKERS.forget)
+
+
+def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResult[T]:
+    """Run ``fn`` on a worker thread and wait at most ``deadline_ms``.
+
+    A call that overruns keeps running on its worker, but its result is dropped: ``fn`` must not
+    change shared state (the caller records results on its own thread). Its worker serves other
+    calls once it returns.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def job(release: Callable[[], None]) -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which decides
+            box["error"] = e
+        finally:
+            # Idle again before the caller hears of it, so its next call reuses this worker.
+            release()
+            done.set()
+
+    start = time.perf_counter()
+    _WORKERS.submit(job)
+    finished = done.wait(deadline_ms / 1e3)
+    elapsed = (time.perf_counter() - start) * 1e3
+    if not finished:
+        return DeadlineResult(value=None, elapsed_ms=elapsed, timed_out=True)
+    return DeadlineResult(value=box.get("value"), elapsed_ms=elapsed, timed_out=False, error=box.get("error"))
