@@ -47,6 +47,7 @@ from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import EdgeType, NodeType, TamiyoGraph, build_graph
 from esper_core.tamiyo.model import PolicyOutput, TamiyoGNN
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+from esper_core.threads import start_daemon
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,8 @@ class PreparedPolicy:
         self._idle.set()
         self._pending = 0
         self._state_lock = threading.Lock()
-        self._worker: threading.Thread | None = None
+        # Set once the background compiler has stopped; None until it starts.
+        self._worker: threading.Event | None = None
         if compile_config is not None:
             try:
                 self._compiled = torch.compile(
@@ -283,8 +285,8 @@ class PreparedPolicy:
             self._pending += 1
             self._idle.clear()
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="tamiyo-policy-compile", daemon=True)
-                self._worker.start()
+                # Started without waiting for it to run: see ``esper_core.threads``.
+                self._worker = start_daemon(self._work)
         self._jobs.put((x_dict, edge_index_dict))
         return True
 
@@ -301,7 +303,7 @@ class PreparedPolicy:
         worker = self._worker
         if worker is not None:
             self._jobs.put(None)
-            worker.join(timeout)
+            worker.wait(timeout)
             self._worker = None
 
     # ------------------------------------------------------------------ internals

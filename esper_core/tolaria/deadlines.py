@@ -1,25 +1,18 @@
 """Calls under a deadline: run on a worker thread, waited for at most so long.
 
 The workers are daemon threads kept for the life of the process and reused call after call, not
-a thread started per call. The reason is a Python 3.11 race with Prefect's task timeouts: the
-timeout's watcher thread raises ``CancelledError`` in the task's thread with
-``PyThreadState_SetAsyncExc``, which finds a thread by its id, and a thread being started carries
-its starter's id until it first runs. A timeout that fires during ``Thread.start()`` can land in
-the new thread, which dies on its first line, while ``start()`` waits forever for it to report
-that it is running. With a thread per decision, a grow task's 1 s limit became a hang (reproduced:
-5 hangs in 40 timeouts of a loop of deadline calls). Python 3.12 no longer gives a thread its
-starter's id.
-
-Reused workers are started once a process (and again only after a call overran its deadline
-and still holds its worker), and they are started with ``_thread.start_new_thread``, which does
-not wait for the thread to run: if that rare start meets the race, the caller sees a missed
-deadline instead of a hang, and the next call starts another worker.
+a thread started per call: each start is a moment in which a Prefect task timeout can be lost to
+the new thread on Python 3.11 (``esper_core.threads``). A thread per decision turned a grow
+task's 1 s limit into a hang (reproduced: 5 hangs in 40 timeouts of a loop of deadline calls).
+Reused workers start once a process, and again only while a call that overran its deadline still
+holds its worker; they start without waiting (``start_daemon``), so if that rare start meets the
+race the caller sees a missed deadline instead of a hang, and the next call starts another.
 """
 
 from __future__ import annotations
 
-import _thread
 import contextvars
+import functools
 import os
 import queue
 import threading
@@ -27,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from esper_core.threads import start_daemon
 
 T = TypeVar("T")
 
@@ -58,7 +53,7 @@ class _Workers:
             jobs = self._idle.pop() if self._idle else None
         if jobs is None:
             jobs = queue.SimpleQueue()
-            _thread.start_new_thread(_serve, (jobs,))
+            start_daemon(functools.partial(_serve, jobs))
 
         def release() -> None:
             with self._lock:
