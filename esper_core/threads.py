@@ -20,13 +20,16 @@ import threading
 from collections.abc import Callable
 
 
-def start_daemon(fn: Callable[[], object]) -> threading.Event:
-    """Run ``fn`` on a new daemon thread; returns an event set once ``fn`` has returned or raised
-    (an exception is reported as an unraisable one, as for any thread)."""
+def start_daemon(fn: Callable[[], object], *, name: str) -> threading.Event:
+    """Run ``fn`` on a new daemon thread called ``name``; returns an event set once ``fn`` has
+    returned or raised (an exception is reported as an unraisable one, as for any thread)."""
     finished = threading.Event()
 
     def run() -> None:
         try:
+            # Registers the thread with ``threading`` under its name, for log records
+            # (``%(threadName)s``) and ``threading.enumerate()``.
+            threading.current_thread().name = name
             fn()
         finally:
             finished.set()

@@ -11,9 +11,11 @@ from esper_core.threads import start_daemon
 
 
 def test_a_daemon_runs_off_the_callers_thread_and_signals_its_end() -> None:
-    seen: list[int] = []
-    assert start_daemon(lambda: seen.append(threading.get_ident())).wait(30)
-    assert seen and seen[0] != threading.get_ident()
+    seen: list[tuple[int, str]] = []
+    assert start_daemon(lambda: seen.append((threading.get_ident(), threading.current_thread().name)), name="t1").wait(
+        30
+    )
+    assert seen and seen[0][0] != threading.get_ident() and seen[0][1] == "t1"
 
 
 def test_a_daemon_that_raises_still_signals_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,7 +25,7 @@ def test_a_daemon_that_raises_still_signals_its_end(monkeypatch: pytest.MonkeyPa
     def broken() -> None:
         raise RuntimeError("boom")
 
-    assert start_daemon(broken).wait(30)
+    assert start_daemon(broken, name="broken").wait(30)
     # The exception is reported like any thread's (after the event: wait for the report too).
     deadline = time.monotonic() + 30
     while not reported and time.monotonic() < deadline:

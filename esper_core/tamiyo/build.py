@@ -286,7 +286,7 @@ class PreparedPolicy:
             self._idle.clear()
             if self._worker is None:
                 # Started without waiting for it to run: see ``esper_core.threads``.
-                self._worker = start_daemon(self._work)
+                self._worker = start_daemon(self._work, name="tamiyo-policy-compile")
         self._jobs.put((x_dict, edge_index_dict))
         return True
 

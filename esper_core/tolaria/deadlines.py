@@ -53,7 +53,7 @@ class _Workers:
             jobs = self._idle.pop() if self._idle else None
         if jobs is None:
             jobs = queue.SimpleQueue()
-            start_daemon(functools.partial(_serve, jobs))
+            start_daemon(functools.partial(_serve, jobs), name="esper-deadline")
 
         def release() -> None:
             with self._lock:
