@@ -5,12 +5,12 @@ Prefect task timeout can make that wait endless where Prefect enforces it from a
 (a task off the main thread, or a process with a SIGALRM handler of its own, as under
 pytest-timeout; on the main thread otherwise it uses the signal, which is not affected). The
 watcher raises ``CancelledError`` in the task's thread with ``PyThreadState_SetAsyncExc``, which
-finds a thread by its id, and a thread being started carries its starter's id until it first runs. A timeout that fires then
-lands in the new thread, which dies on its first line, and ``start()`` never returns (a loop of
-deadline calls hung in 5 of 40 timeouts). ``_thread.start_new_thread`` does not wait: a thread
-lost this way is a thread that never ran, which a caller waiting with a timeout survives, and
-the timeout reaches the caller's thread whenever no start is in progress. Python 3.12 gives a
-new thread its own id before it runs.
+finds a thread by its id, and a thread being started carries its starter's id until it first
+runs. A timeout that fires then lands in the new thread, which dies on its first line, and
+``start()`` never returns (a loop of deadline calls hung in 5 of 40 timeouts).
+``_thread.start_new_thread`` does not wait: a thread lost this way is a thread that never ran,
+which a caller waiting with a timeout survives, and the timeout reaches the caller's thread
+whenever no start is in progress. Python 3.12 gives a new thread its own id before it runs.
 """
 
 from __future__ import annotations
