@@ -10,7 +10,8 @@ runs. A timeout that fires then lands in the new thread, which dies on its first
 ``start()`` never returns (a loop of deadline calls hung in 5 of 40 timeouts).
 ``_thread.start_new_thread`` does not wait: a thread lost this way is a thread that never ran,
 which a caller waiting with a timeout survives, and the timeout reaches the caller's thread
-whenever no start is in progress. Python 3.12 gives a new thread its own id before it runs.
+whenever no start is in progress. Seen on Python 3.11.7; whether later versions still share the
+id during a start was not checked.
 """
 
 from __future__ import annotations
