@@ -268,7 +268,10 @@ def test_a_failing_rank_names_itself_and_the_run_stays_at_its_last_commit(esper_
     with pytest.raises(ValueError, match="unknown recipe"):
         launch(ParallelSpec(run_id="bad", recipe="nope", nproc=2), esper_home)
     assert not (esper_home.runs_dir / "bad").exists()  # refused before anything was written
-    with pytest.raises(ParallelRunFailed, match=r"rank \d failed: .*resume it with"):
+    # A 1 ms limit fails the ranks' Gloo connect: mostly with an exception, which the launch
+    # quotes, but now and then Gloo crashes on it (SIGSEGV: 3 of 30 launches here), which
+    # the launch names as the signal. Either way the failing rank is named and the way back given.
+    with pytest.raises(ParallelRunFailed, match=r"rank \d (failed: |was killed by SIG[A-Z]+\.).*resume it with"):
         launch(ParallelSpec(run_id="timeout", recipe=LONG, nproc=2, timeout_s=1e-3), esper_home)
 
 
