@@ -7,6 +7,8 @@ task's 1 s limit into a hang (reproduced: 5 hangs in 40 timeouts of a loop of de
 Reused workers start once a process, and again only while a call that overran its deadline still
 holds its worker; they start without waiting (``start_daemon``), so if that rare start meets the
 race the caller sees a missed deadline instead of a hang, and the next call starts another.
+``concurrent.futures.ThreadPoolExecutor`` would reuse threads too, but it starts them with
+``Thread.start()``, caps them (calls queue behind overrun ones) and is lost in a forked child.
 """
 
 from __future__ import annotations
