@@ -68,11 +68,13 @@ class Split:
         """This split on ``device`` (pinned and copied asynchronously when moving to CUDA)."""
         if self.x.device == device:
             return self
-        if device.type == "cuda":
+        if device.type == "cuda" and self.x.device.type == "cpu":
             return Split(
                 x=self.x.pin_memory().to(device, non_blocking=True),
                 y=self.y.pin_memory().to(device, non_blocking=True),
             )
+        # Already on a CUDA device: ``torch.device("cuda")`` is not equal to the tensor's
+        # ``cuda:0``, and ``.to`` returns the same tensors when nothing moves.
         return Split(x=self.x.to(device), y=self.y.to(device))
 
 

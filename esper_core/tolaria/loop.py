@@ -115,7 +115,7 @@ class Trainer:
         self.manager = manager
         # The training split goes wherever the loader config puts it; evaluation splits live on
         # the device (they are read whole, once per epoch).
-        resident = config.loader.gpu_dataset or device.type != "cuda"
+        resident = config.loader.resident_on(device)
         self.data = dataclasses.replace(
             data,
             train=data.train.to(device) if resident else data.train,

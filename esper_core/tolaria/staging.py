@@ -37,7 +37,8 @@ class LoaderConfig:
     """How training batches are staged."""
 
     gpu_dataset: bool = True
-    """Keep the training split on the device (CUDA); False keeps it in pinned host memory."""
+    """Keep the training split on the device (CUDA); False keeps it in pinned host memory. With
+    ``num_workers > 0`` the split stays on the host either way: workers read host memory."""
     enable_gpu_prefetch: bool = False
     """Host-resident data on CUDA: copy the next batch on a dedicated stream during this step."""
     num_workers: int = 0
@@ -67,6 +68,12 @@ class LoaderConfig:
             )
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
+
+    def resident_on(self, device: torch.device) -> bool:
+        """Whether an in-memory training split lives on ``device`` rather than in host memory:
+        always off CUDA; on CUDA with ``gpu_dataset`` unless DataLoader workers read it (worker
+        processes index host tensors, and the loader pins what they return)."""
+        return device.type != "cuda" or (self.gpu_dataset and self.num_workers == 0)
 
 
 class _EpochBatchSampler(Sampler[list[int]]):
@@ -112,7 +119,7 @@ class BatchSource:
         if not cuda and (config.enable_gpu_prefetch or config.pin_memory_device):
             self._event("GPU prefetch and pinned-memory staging need CUDA; batches come from host memory directly")
         streamed = isinstance(split, DatasetSplit)
-        self.resident = not streamed and (config.gpu_dataset or not cuda)
+        self.resident = not streamed and config.resident_on(device)
         self.prefetch = (
             cuda and not streamed and not self.resident and config.enable_gpu_prefetch and config.num_workers == 0
         )

@@ -12,7 +12,7 @@ from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.tolaria.staging import BatchSource, LoaderConfig
 from tests.helpers.recipes import eager_recipe
-from tests.helpers.runif import requires_cuda
+from tests.helpers.runif import devices, requires_cuda
 
 CPU = torch.device("cpu")
 
@@ -30,10 +30,13 @@ def test_dataloader_workers_reproduce_the_resident_batches() -> None:
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(resident, workers, strict=True))
 
 
-def test_training_through_workers_matches_resident_training() -> None:
+@pytest.mark.parametrize("device", devices())
+def test_training_through_workers_matches_resident_training(device: str) -> None:
+    """On CUDA the workers read host memory although ``gpu_dataset`` is on (the default): the
+    first GPU run found the loader pinning a split already moved to the device."""
     losses = []
     for loader in (LoaderConfig(), LoaderConfig(num_workers=1, persistent_workers=True)):
-        config = eager_recipe("digits-mlp")
+        config = eager_recipe("digits-mlp", device=device)
         config.trainer = dataclasses.replace(config.trainer, loader=loader)
         trainer = build_trainer(config, catalog=default_catalog(), run_id="t")
         losses.append([trainer.train_epoch().packet.train_loss for _ in range(2)])
@@ -70,6 +73,15 @@ def test_gpu_prefetch_matches_resident_batches_and_reports_copy_time() -> None:
     assert all(torch.equal(a[0], b[0]) for a, b in zip(resident, staged, strict=True))
     copy_ms, _ = source.drain()
     assert copy_ms > 0
+
+
+@requires_cuda("a split moved to a CUDA device it is already on")
+def test_a_split_already_on_cuda_stays_put() -> None:
+    """``torch.device('cuda')`` is not equal to a tensor's ``cuda:0``: moving a split there again
+    must not try to pin device memory (every CUDA trainer did, until a GPU run found it)."""
+    once = load_dataset(DataConfig(name="digits")).train.to(torch.device("cuda"))
+    again = once.to(torch.device("cuda"))
+    assert again.x.data_ptr() == once.x.data_ptr() and again.y.data_ptr() == once.y.data_ptr()
 
 
 def test_split_seed_fixes_the_test_split_across_run_seeds() -> None:
