@@ -184,7 +184,9 @@ class HeteroSAGELayer(nn.Module):
             for et in rels:
                 src, dst, inv_degree = edges[et]
                 msg = h_dict[et[0]].index_select(0, src) * inv_degree  # (E_r, H)
-                parts.append(h_dst.new_zeros(h_dst.shape).scatter_add_(0, dst.unsqueeze(-1).expand_as(msg), msg))
+                # Summed in the message's dtype: under bf16 autocast the embeddings are bf16 but
+                # the fp32 degrees promote the message to fp32 (cat then promotes the parts).
+                parts.append(msg.new_zeros(h_dst.shape).scatter_add_(0, dst.unsqueeze(-1).expand_as(msg), msg))
             out[nt] = self.lin[nt](torch.cat(parts, dim=-1))
         return out
 

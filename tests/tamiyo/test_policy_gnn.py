@@ -53,6 +53,21 @@ def test_forward_shapes(graph_fn: Callable[[], TamiyoGraph], num_slots: int, num
     _assert_shapes(out, num_slots, num_blueprints)
 
 
+def test_forward_under_bf16_autocast_follows_full_precision() -> None:
+    """Tamiyo serves under bf16 autocast on CUDA (``PreparedPolicy``); CPU autocast takes the same
+    mixed-dtype path: bf16 embeddings, fp32 degrees. The first CUDA run found the message sum
+    refusing the mix ("scatter(): Expected self.dtype to be equal to src.dtype")."""
+    x_dict, edge_index_dict = _policy_graph().inputs(CPU)
+    model = _model().eval()
+    with torch.inference_mode():
+        full = model(x_dict, edge_index_dict)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = model(x_dict, edge_index_dict)
+    _assert_shapes(half, 6, 4)
+    for a, b in zip(full, half, strict=True):
+        torch.testing.assert_close(b.float(), a, atol=0.05, rtol=0.05)
+
+
 def test_forward_without_slots_or_blueprints_gives_empty_scores() -> None:
     model = _model().eval()
     with torch.inference_mode():
@@ -134,8 +149,16 @@ def test_policy_inference_perf_budget_cuda_compile() -> None:
     torch.cuda.synchronize()
     if not compiled.last_call_compiled:
         pytest.skip(f"the compiled path did not serve the call: {compiled.fallback_reason or 'recompile'}")
-    for a, b in zip(eager_out, compiled_out, strict=True):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # bf16 autocast on both
+    # Both round to bf16, in different places (Inductor keeps fused pointwise work in fp32), so
+    # each is held to the full-precision forward: the compiled one no farther from it than the
+    # eager one's own rounding allows. (Held to eager at 0.02 instead, the first GPU run saw 0.12.)
+    with torch.inference_mode():
+        full = model(x_dict, edge_index_dict)
+    for name, ref, a, b in zip(PolicyOutput._fields, full, eager_out, compiled_out, strict=True):
+        eager_err = (a.float() - ref).abs().max().item() if ref.numel() else 0.0
+        compiled_err = (b.float() - ref).abs().max().item() if ref.numel() else 0.0
+        print(f"{name}: max |eager - fp32| {eager_err:.4f}, max |compiled - fp32| {compiled_err:.4f}")
+        assert compiled_err <= 2 * eager_err + 2e-2, f"{name}: compiled {compiled_err:.4f} vs eager {eager_err:.4f}"
     compiled_p95 = _p95_ms(compiled, x_dict, edge_index_dict)
 
     budget_ms = max(45.0, eager_p95 * 1.10)
