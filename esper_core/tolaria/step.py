@@ -185,7 +185,9 @@ class StepEngine:
                 reason="no_cuda",
             )
             return
-        self.graphs = GraphRunner(self.step_fn, reuse_pool=self.config.enable_graph_pool_reuse)
+        self.graphs = GraphRunner(
+            self.step_fn, parameters=self.parameters, reuse_pool=self.config.enable_graph_pool_reuse
+        )
 
     def _apply_cached_decision(self) -> None:
         if self.config.compile != "auto" or self.cache is None:
