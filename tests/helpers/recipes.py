@@ -9,7 +9,10 @@ from esper_core.run.recipes import get_recipe
 
 
 def eager_recipe(name: str, **overrides: object) -> RunConfig:
-    """``get_recipe(name)`` with ``compile='off'``, so no test pays a compile it is not about."""
+    """``get_recipe(name)`` with ``compile='off'``, so no test pays a compile it is not about, on
+    the CPU unless ``device=`` says otherwise: the test registry holds CPU kernels, and a test of
+    a CUDA path asks for the device (``tests.helpers.runif``)."""
+    overrides.setdefault("device", "cpu")
     config = get_recipe(name, **overrides)  # type: ignore[arg-type]
     config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, compile="off"))
     return config

@@ -147,7 +147,10 @@ def test_pcgrad_does_not_sync_on_cuda() -> None:
     grads = torch.randn(3, 10_000, device="cuda")
     pcgrad(grads)  # builds the cached round indices (one host-to-device copy)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    with warnings.catch_warnings():
+        # Setting the mode warns that it is a prototype (which pytest would raise).
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch.cuda.set_sync_debug_mode("error")
     try:
         AggregationStats().update(pcgrad(grads))
     finally:
@@ -250,6 +253,8 @@ def _losses(model: nn.Module, seed_mod: nn.Module | None = None) -> list[torch.T
     gen = torch.Generator().manual_seed(1)
     xa, xb = torch.randn(6, 4, generator=gen), torch.randn(6, 4, generator=gen)
     ya, yb = torch.randint(0, 3, (6,), generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    device = next(model.parameters()).device
+    xa, xb, ya, yb = (t.to(device) for t in (xa, xb, ya, yb))
     teacher = F.cross_entropy(model(xa), ya)
     # Mostly the teacher's loss reversed, so the two host gradients conflict.
     hb = xb if seed_mod is None else xb + seed_mod(xb)
