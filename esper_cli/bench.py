@@ -14,6 +14,7 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.benchmarks.arms import GROWING_ARMS
 from esper_core.run.recipes import RECIPES
 from esper_core.run.simic_train import PLANS as SIMIC_PLANS
+from esper_core.tolaria.precision import AMP_CHOICES
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
@@ -31,6 +32,8 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         compile_warmup_steps=args.compile_warmup_steps,
         seeds=args.seeds,
         gpu_dataset=args.gpu_dataset,
+        amp=args.amp,
+        cuda_graphs=args.cuda_graphs,
     )
     with progress(f"bench training {args.recipe}", json_output=args.json) as display:
         result = run(args.recipe, config, progress=display)
@@ -50,7 +53,7 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{result['workload']} on {result['device']}: {result['epochs']} epochs of {result['steps_per_epoch']} steps, "
-        f"{result['active_seeds']} active seed(s), chosen path {result['chosen_path']}"
+        f"{result['active_seeds']} active seed(s), {result['precision']}, chosen path {result['chosen_path']}"
     )
     print("  training part of an epoch (tolaria.training.latency_ms) vs the bare loop's epoch:")
     for label, key in (("esper", "esper"), ("eager", "eager"), ("bare", "bare")):
@@ -64,7 +67,10 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         f"{result['epoch_esper_p50_ms']:.3f} ms, bare p50 {result['epoch_bare_p50_ms']:.3f} ms, "
         f"ratio p50 {result['epoch_ratio_p50']:.2f}  p95 {result['epoch_ratio_p95']:.2f}"
     )
-    print(f"  test accuracy esper {result['accuracy_esper']:.4f}  bare {result['accuracy_bare']:.4f}")
+    print(
+        f"  test accuracy esper eager {result['accuracy_esper']:.4f}  chosen {result['accuracy_chosen']:.4f}  "
+        f"bare {result['accuracy_bare']:.4f}"
+    )
     return 0
 
 
@@ -237,6 +243,17 @@ def _training_options(b: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="keep the training data on the device (CUDA); --no-gpu-dataset stages from pinned host memory",
+    )
+    b.add_argument(
+        "--amp",
+        default="auto",
+        choices=AMP_CHOICES,
+        help="precision of all three paths, the bare loop included (default: %(default)s: bf16 on CUDA, fp32 on CPU)",
+    )
+    b.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture the chosen path's step as a CUDA graph (reported and skipped on CPU)",
     )
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--save-baseline", metavar="PATH", default=None, help="also write a baseline JSON file here")

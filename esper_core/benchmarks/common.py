@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from esper_core.run.plan import slot_blueprints
 from esper_core.tezzeret.compiler import compile_blueprint
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.modes import eval_mode
+from esper_core.tolaria.precision import AMP_CHOICES
 from esper_core.tolaria.slotgrads import classifies
 
 
@@ -48,6 +50,13 @@ class BenchConfig:
     """Seeds germinated before timing (0 or 1); the seed trains in isolation (TRAINING)."""
     gpu_dataset: bool = True
     """Keep the training split on the device (CUDA); False stages batches from pinned host memory."""
+    amp: str = "auto"
+    """Precision of all three paths (``TrainerConfig.amp``): ``auto`` is bf16 autocast on CUDA and
+    fp32 on CPU. The bare loop runs under the autocast Esper resolved, so the ratio compares
+    machinery at one precision."""
+    cuda_graphs: bool = False
+    """Capture the chosen path's step as a CUDA graph (``StepEngineConfig.enable_graphs``); the
+    eager path and the bare loop run without. Reported and skipped on CPU, as in a run."""
 
     def __post_init__(self) -> None:
         if self.epochs < 5:
@@ -58,6 +67,8 @@ class BenchConfig:
             raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
         if self.seeds not in (0, 1):
             raise ValueError(f"seeds must be 0 or 1, got {self.seeds}")
+        if self.amp not in AMP_CHOICES:
+            raise ValueError(f"amp (--amp) must be one of {AMP_CHOICES}, got {self.amp!r}")
 
 
 BENCH_WIDTH = "width-100"
@@ -153,8 +164,9 @@ def _shape_args(layer: nn.Module) -> tuple:
 
 class BareLoop:
     """The bare training loop: zero_grad, forward, loss, backward, optimizer step, one sync an
-    epoch; the same optimizer (SGD with momentum, or Adam) and per-epoch learning-rate schedule
-    as the trainer, written as a person would with ``torch.optim``."""
+    epoch; the same optimizer (SGD with momentum, or Adam), per-epoch learning-rate schedule and
+    precision (the trainer's autocast dtype, a GradScaler for fp16) as the trainer, written as a
+    person would with ``torch.optim`` and ``torch.autocast``."""
 
     def __init__(self, model: nn.Module, trainer: Trainer) -> None:
         cfg = trainer.config
@@ -178,6 +190,13 @@ class BareLoop:
         self.batch_size = trainer.batch_size
         self.val_batch_size = cfg.val_batch_size
         self.seed = trainer.data_seed
+        self.dtype = trainer.precision.dtype
+        self.scaler = torch.amp.GradScaler("cuda") if self.dtype is torch.float16 else None
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def _batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if isinstance(self.split, Split):
@@ -192,9 +211,15 @@ class BareLoop:
         loss_sum = torch.zeros((), device=self.device)
         for x, y in self._batches(epoch):
             self.opt.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.model(x), y)
-            loss.backward()
-            self.opt.step()
+            with self._autocast():
+                loss = self.loss_fn(self.model(x), y)
+            if self.scaler is None:
+                loss.backward()
+                self.opt.step()
+            else:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
             loss_sum += loss.detach() * y.shape[0]
         self.schedule.step()
         loss_sum.item()
@@ -208,7 +233,7 @@ class BareLoop:
         start = time.perf_counter()
         self.model.eval()
         loss_sum = torch.zeros((), device=self.device)
-        with torch.inference_mode():
+        with torch.inference_mode():  # full precision, as Trainer.evaluate
             for x, y in _eval_batches(self.val, self.val_batch_size, self.device):
                 loss_sum += self.loss_fn(self.model(x), y) * y.shape[0]
         loss_sum.item()

@@ -40,7 +40,7 @@ _HOLD_TRAINING = 10**6
 PATHS = ("esper_chosen", "esper_eager", "bare")
 
 
-def _trainer(recipe: str, config: BenchConfig, *, compile: str) -> tuple[Trainer, RunConfig]:
+def _trainer(recipe: str, config: BenchConfig, *, compile: str, graphs: bool = False) -> tuple[Trainer, RunConfig]:
     run = get_recipe(recipe, device=config.device)
     step = dataclasses.replace(
         run.trainer.step,
@@ -48,9 +48,10 @@ def _trainer(recipe: str, config: BenchConfig, *, compile: str) -> tuple[Trainer
         compile_mode=config.compile_mode,
         compile_dynamic=config.compile_dynamic,
         compile_warmup_steps=config.compile_warmup_steps,
+        enable_graphs=graphs,
     )
     loader = dataclasses.replace(run.trainer.loader, gpu_dataset=config.gpu_dataset)
-    run.trainer = dataclasses.replace(run.trainer, step=step, loader=loader)
+    run.trainer = dataclasses.replace(run.trainer, step=step, loader=loader, amp=config.amp)
     run.kasmina = dataclasses.replace(run.kasmina, min_training_epochs=_HOLD_TRAINING)
     trainer = build_trainer(run, catalog=default_catalog(), run_id=f"bench-{recipe}")
     if config.seeds:
@@ -67,8 +68,8 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
         ValueError: an unknown recipe, or ``seeds=1`` on a host none of whose blueprints fits.
     """
     progress("building trainers", 0, None)
-    eager, run_config = _trainer(recipe, config, compile="off")
-    chosen, _ = _trainer(recipe, config, compile=config.compile)
+    eager, run_config = _trainer(recipe, config, compile="off", graphs=False)
+    chosen, _ = _trainer(recipe, config, compile=config.compile, graphs=config.cuda_graphs)
     spec = run_config.host if isinstance(run_config.host, ModelSpec) else None
     bare = BareLoop(bare_twin(eager, spec), eager)
     steps = math.ceil(len(eager.data.train) / eager.batch_size)
@@ -140,6 +141,7 @@ def _report(
         "lr_schedule": eager.config.lr_schedule,
         "active_seeds": config.seeds,
         "chosen_path": chosen.engine.describe(),
+        "precision": chosen.precision.describe(),
         "compile_warmup_ms": chosen.engine.warmup_ms,
         "esper_p50_ms": stats["esper_chosen"].p50_ms,
         "esper_p95_ms": stats["esper_chosen"].p95_ms,
@@ -158,6 +160,9 @@ def _report(
         "epoch_ratio_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats["bare"].p50_ms,
         "epoch_ratio_p95": epoch_stats["esper_chosen"].p95_ms / epoch_stats["bare"].p95_ms,
         "accuracy_esper": eager.evaluate(test).accuracy,
+        # The chosen path trained its own copy: a graph or compiled step that computed something
+        # else than the eager one shows here.
+        "accuracy_chosen": chosen.evaluate(test).accuracy,
         "accuracy_bare": bare.accuracy(test),
         "budget_ms": eager.config.latency_budget_ms,
         "samples_ms": {**train, **{f"epoch_{name}": values for name, values in whole.items()}},

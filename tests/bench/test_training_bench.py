@@ -12,12 +12,37 @@ from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germi
 from esper_core.benchmarks.training import _timed_epochs, _trainer, run
 from esper_core.contracts import SeedStage
 from esper_core.kasmina.width import WidthSeed
+from tests.helpers.runif import requires_cuda
 
 
 def test_bare_twin_matches_the_host_and_trains_the_same_without_seeds() -> None:
     result = run("digits-mlp", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0))
     assert result["accuracy_esper"] == result["accuracy_bare"]
     assert {"esper_p95_ms", "bare_p95_ms", "ratio_p95", "chosen_path"} <= result.keys()
+
+
+def test_cuda_graphs_asked_for_on_cpu_are_skipped_and_every_path_stays_fp32() -> None:
+    result = run("digits-mlp", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0, cuda_graphs=True))
+    assert result["chosen_path"] == "eager" and result["precision"] == "fp32 (amp off on cpu)"
+    assert result["accuracy_chosen"] == result["accuracy_esper"] == result["accuracy_bare"]
+
+
+def test_bench_options_are_checked_before_any_work() -> None:
+    with pytest.raises(ValueError, match=r"amp \(--amp\) must be one of"):
+        BenchConfig(amp="fp8")
+
+
+@requires_cuda("the training step captured as a CUDA graph, against eager and bare bf16 loops")
+def test_a_graphed_step_trains_as_the_eager_one_on_cuda() -> None:
+    """The first GPU run found replays after an eager step (each epoch's short last batch)
+    training nothing: the optimizer read gradients the graph no longer wrote."""
+    result = run(
+        "digits-mlp", BenchConfig(epochs=6, warmup_batches=0, compile="off", seeds=0, device="cuda", cuda_graphs=True)
+    )
+    assert result["chosen_path"] == "eager + CUDA graph" and result["precision"] == "bf16 autocast"
+    # Six timed epochs after the warm-up: a path that stopped learning after one sits lower.
+    assert result["accuracy_chosen"] == pytest.approx(result["accuracy_esper"], abs=0.02)
+    assert result["accuracy_bare"] == pytest.approx(result["accuracy_esper"], abs=0.02)
 
 
 def test_bare_twin_carries_an_active_seed_as_a_residual_block() -> None:
