@@ -12,6 +12,7 @@ from esper_cli.args import positive, quiet_prefect
 from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.benchmarks.arms import GROWING_ARMS
+from esper_core.benchmarks.growth import PLANS as GROWTH_PLANS
 from esper_core.run.recipes import RECIPES
 from esper_core.run.simic_train import PLANS as SIMIC_PLANS
 from esper_core.tolaria.precision import AMP_CHOICES
@@ -165,7 +166,7 @@ def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], Non
 
     result = run(
         GrowthBenchConfig(
-            recipes=tuple(args.recipes),
+            recipes=None if args.recipes is None else tuple(args.recipes),
             plan=args.plan,
             seeds=args.seeds,
             epochs=args.epochs,
@@ -329,17 +330,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_growth.add_argument(
         "--recipes",
         nargs="+",
-        default=["mnist1d-cnn", "digits-mlp"],
+        default=None,
         metavar="RECIPE",
         # Checked by GrowthBenchConfig: an import path is allowed if its host can change width.
         help=f"recipes to grow on: built-in names ({', '.join(sorted(RECIPES))}) or pkg.mod:fn import paths "
-        "whose host scales (HostConfig, or ModelSpec with build_scaled) (default: mnist1d-cnn digits-mlp)",
+        "whose host scales (HostConfig, or ModelSpec with build_scaled) (default: the plan's)",
     )
     b_growth.add_argument(
         "--plan",
         default="default",
-        choices=("default", "smoke"),
-        help="default: 20 paired seeds, recipe epochs, 5-width frontier; smoke: 2 seeds, 2 epochs (CI)",
+        choices=sorted(GROWTH_PLANS),
+        help="default: mnist1d-cnn, 8 paired seeds, 3-width frontier (~9 min on 2 cores); full: also "
+        "digits-mlp, 20 seeds, 5-width frontier; smoke: 2 seeds, 2 epochs (CI)",
     )
     b_growth.add_argument("--seeds", type=positive, default=None, help="paired seeds per recipe (default: the plan's)")
     b_growth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")

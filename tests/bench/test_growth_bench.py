@@ -131,3 +131,11 @@ def test_bad_options_are_refused_before_any_run(tmp_path: Path) -> None:
         GrowthBenchConfig(simic_plan="huge")
     with pytest.raises(ValueError, match="pass one of them"):
         GrowthBenchConfig(simic_plan="counterfactual", policy_version=3, home=tmp_path)
+
+
+def test_a_plan_names_its_recipes_and_an_explicit_list_wins() -> None:
+    assert GrowthBenchConfig().recipes == ("mnist1d-cnn",)
+    assert GrowthBenchConfig(plan="full").recipes == ("mnist1d-cnn", "digits-mlp")
+    assert GrowthBenchConfig(plan="full", recipes=["digits-mlp"]).recipes == ("digits-mlp",)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name at least one recipe"):
+        GrowthBenchConfig(recipes=())
