@@ -24,8 +24,7 @@ import torch
 
 from bench._output import save_json
 from esper_core.benchmarks.common import BenchConfig
-from esper_core.benchmarks.training import run
-from esper_core.telemetry import write_baseline
+from esper_core.benchmarks.training import headline, run, save_baseline
 
 RECIPES = ("seed-reference", "digits-mlp", "mnist1d-mlp", "mnist1d-cnn", "mnist1d-cnn-width")
 PATHS: dict[str, dict[str, Any]] = {
@@ -47,16 +46,10 @@ def measure(recipe: str, path: str, *, epochs: int, out: Path) -> dict[str, Any]
     """One case: the training bench on CUDA, saved as a baseline; returns its headline numbers."""
     config = BenchConfig(epochs=epochs, min_timed_s=0.5, device="cuda", **PATHS[path])
     result = run(recipe, config)
-    headline = {k: v for k, v in result.items() if k != "samples_ms"}
-    write_baseline(
-        out / f"{recipe}-{path}.json",
-        name=f"{recipe}-{path}",
-        workload=headline,
-        latency_ms=result["samples_ms"],
-        device=result["device"],
-        extra={"config": dataclasses.asdict(config)},
+    save_baseline(
+        result, out / f"{recipe}-{path}.json", name=f"{recipe}-{path}", extra={"config": dataclasses.asdict(config)}
     )
-    return headline
+    return headline(result)
 
 
 def main(argv: list[str] | None = None) -> int:

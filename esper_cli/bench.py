@@ -20,7 +20,7 @@ from esper_core.tolaria.precision import AMP_CHOICES
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
     from esper_core.benchmarks.common import BenchConfig
-    from esper_core.benchmarks.training import run
+    from esper_core.benchmarks.training import headline, run, save_baseline
 
     config = BenchConfig(
         epochs=args.epochs,
@@ -39,18 +39,9 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
     with progress(f"bench training {args.recipe}", json_output=args.json) as display:
         result = run(args.recipe, config, progress=display)
     if args.save_baseline:
-        from esper_core.telemetry import write_baseline
-
-        write_baseline(
-            args.save_baseline,
-            name=result["workload"],
-            workload={k: v for k, v in result.items() if k != "samples_ms"},
-            latency_ms=result["samples_ms"],
-            device=result["device"],
-        )
-    headline = {k: v for k, v in result.items() if k != "samples_ms"}
+        save_baseline(result, args.save_baseline)
     if args.json:
-        print(json.dumps(headline, indent=2))
+        print(json.dumps(headline(result), indent=2))
         return 0
     print(
         f"{result['workload']} on {result['device']}: {result['epochs']} epochs of {result['steps_per_epoch']} steps, "

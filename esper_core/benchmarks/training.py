@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 from esper_core.benchmarks import NO_PROGRESS, Progress
@@ -31,7 +32,7 @@ from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import get_recipe
-from esper_core.telemetry import latency_stats
+from esper_core.telemetry import latency_stats, write_baseline
 from esper_core.tolaria.loop import Trainer
 
 # Keeps the benchmark seed in TRAINING, so every timed epoch does the same work.
@@ -167,3 +168,23 @@ def _report(
         "budget_ms": eager.config.latency_budget_ms,
         "samples_ms": {**train, **{f"epoch_{name}": values for name, values in whole.items()}},
     }
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """``run``'s numbers without the per-epoch samples."""
+    return {k: v for k, v in result.items() if k != "samples_ms"}
+
+
+def save_baseline(
+    result: dict[str, Any], path: str | Path, *, name: str | None = None, extra: dict[str, Any] | None = None
+) -> None:
+    """Write ``run``'s ``result`` as a baseline file (``esper bench compare`` reads it); ``name``
+    defaults to the recipe."""
+    write_baseline(
+        path,
+        name=name or result["workload"],
+        workload=headline(result),
+        latency_ms=result["samples_ms"],
+        device=result["device"],
+        extra=extra,
+    )
