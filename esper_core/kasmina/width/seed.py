@@ -11,9 +11,15 @@ consumer's k new input columns (fan-out V, no bias: the consumer's bias is the h
 merged (``merge.py``) the same numbers sit inside the physically wider layers, so the side module
 and the merged network compute the same function.
 
-ReLU is replayed as ``clamp_min(0)``, whose gradient at exactly 0 is 1 (PyTorch's ``relu`` gives
-0 there): a new unit with all-zero fan-in (GradMax) would otherwise never receive a gradient. The
-forward value is the same, and away from 0 so is the gradient.
+ReLU is replayed as a threshold just below 0 (``F.threshold`` at minus the dtype's smallest normal
+number), whose gradient at exactly 0 is 1 (PyTorch's ``relu`` gives 0 there): a new unit with
+all-zero fan-in (GradMax) would otherwise never receive a gradient. Away from 0 the gradient is
+ReLU's; so is the value, except that a negative input smaller in magnitude than that number
+(below 1.2e-38 in float32 and bfloat16, 6.1e-5 in float16) passes through instead of becoming 0.
+``clamp_min(0)`` has the same gradient at 0, but its backward is a ``where`` that cost 73 us a
+step against the threshold's 23 on the MNIST-1D CNN's first layer (batch 100, one CPU thread).
+The threshold is a normal number, not the smallest subnormal, so that flushing denormals to zero
+cannot move it to 0.
 """
 
 from __future__ import annotations
@@ -104,7 +110,7 @@ class WidthSeed(nn.Module):
         if step.kind == "elementwise":
             assert step.func is not None
             if step.func in _RELUS:
-                return z.clamp_min(0)
+                return F.threshold(z, -torch.finfo(z.dtype).tiny, 0.0)
             return step.func(z, *step.args, **step.kwargs)
         if step.kind == "dropout":
             assert step.func is not None
