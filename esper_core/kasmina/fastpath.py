@@ -19,8 +19,6 @@ result, or it keeps its OpOverloads.
 
 from __future__ import annotations
 
-from copy import deepcopy
-
 import torch
 import torch.utils._pytree as pytree
 from torch import fx, nn
@@ -94,9 +92,10 @@ def call_ops_directly(module: nn.Module, example: torch.Tensor) -> tuple[str, ..
     A binding resolves its overload from the argument types, so each rebinding is verified on
     ``example`` (an input the seed accepts): run before and after, the graph must dispatch the same
     ATen ops in the same order and return a bit-identical result. If it does not, every call
-    keeps its ``OpOverload``. The check runs on copies of ``module`` (a graph may update buffers,
-    such as a batch norm's running statistics), without gradients and with the RNG state
-    restored, so it changes nothing of the seed's and draws nothing from the run's random stream.
+    keeps its ``OpOverload``. The check runs without gradients, puts back the values of the
+    module's buffers (a graph may update some, such as a batch norm's running statistics) and
+    restores the RNG state, so it changes nothing of the seed's and draws nothing from the run's
+    random stream.
 
     Args:
         module: An exported seed (``fx.GraphModule``); any other module is left as it is.
@@ -150,9 +149,16 @@ class _OpRecorder(TorchDispatchMode):
 
 def _dispatched(module: nn.Module, example: torch.Tensor) -> tuple[list[torch._ops.OpOverload], object]:
     devices = [example.device] if example.device.type == "cuda" else []
-    copy = deepcopy(module)
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), _OpRecorder() as recorder:
-        out = copy(example)
+    # The buffers' values are put back afterwards (copying the whole graph module instead warns
+    # on every germination: torch deprecates copying the pytree specs it keeps).
+    saved = [(buffer, buffer.clone()) for buffer in module.buffers()]
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _OpRecorder() as recorder:
+            out = module(example)
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
     return recorder.ops, out
 
 
