@@ -102,7 +102,8 @@ def call_ops_directly(module: nn.Module, example: torch.Tensor) -> tuple[str, ..
         example: One input batch of the shape, dtype and device the seed takes.
 
     Returns:
-        The rebound ops' names (e.g. ``("aten.linear.default", ...)``); empty if none was.
+        The rebound ops' names (e.g. ``("aten.linear.default", ...)``); empty if none was,
+        including when the graph cannot run on ``example`` (a seed is never refused here).
     """
     if not isinstance(module, fx.GraphModule):
         return ()
@@ -113,12 +114,19 @@ def call_ops_directly(module: nn.Module, example: torch.Tensor) -> tuple[str, ..
             rebound[node] = node.target
     if not rebound:
         return ()
-    before = _dispatched(module, example)
+    try:
+        before = _dispatched(module, example)
+    except RuntimeError:  # the example does not suit this seed: nothing to check against, no change
+        return ()
     for node in rebound:
         node.target = _binding(node.target)
     module.recompile()
-    after = _dispatched(module, example)
-    if before[0] != after[0] or not _bit_identical(before[1], after[1]):
+    try:
+        after = _dispatched(module, example)
+        same = before[0] == after[0] and _bit_identical(before[1], after[1])
+    except RuntimeError:
+        same = False
+    if not same:
         for node, op in rebound.items():
             node.target = op
         module.recompile()

@@ -87,3 +87,13 @@ def test_rebinding_leaves_the_seeds_buffers_as_they_were() -> None:
     before = {k: v.clone() for k, v in module.state_dict().items()}
     assert call_ops_directly(module, torch.randn(8, 4))
     assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+
+
+def test_an_example_the_seed_cannot_take_leaves_it_as_it_is() -> None:
+    catalog = default_catalog()
+    kernel = compile_blueprint(catalog, "lowrank_adapter", ShapeProfile(feature_shape=(16,), batch_max=64))
+    module = strip_runtime_guards(load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device="cpu").module)
+    code = module.code
+    assert call_ops_directly(module, torch.randn(2, 7)) == ()  # 7 features where it takes 16
+    assert module.code == code
+    assert module(torch.randn(3, 16)).shape == (3, 16)
