@@ -24,9 +24,24 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from esper_core.karn.profiles import ShapeProfile
+
 # Names torch.export gives its runtime input checks: a graph call and a forward pre-hook.
 _GUARD_TARGET = "_guards_fn"
 _GUARD_HOOK = "_check_input_constraints_pre_hook"
+
+
+def prepare_seed(module: nn.Module, profile: ShapeProfile) -> nn.Module:
+    """A loaded kernel made ready for the training hot path (in place), once G0 accepted its guard
+    for ``profile``: its per-call checks stripped (``strip_runtime_guards``) and its ATen ops
+    called through their Python bindings (``call_ops_directly``, checked on a two-sample batch of
+    the profile's shape and dtype, drawn from a generator of its own)."""
+    strip_runtime_guards(module)
+    param = next(module.parameters(), None)
+    generator = torch.Generator().manual_seed(0)
+    example = torch.randn((2, *profile.feature_shape), generator=generator, dtype=getattr(torch, profile.dtype))
+    call_ops_directly(module, example.to(param.device if param is not None else "cpu"))
+    return module
 
 
 def strip_runtime_guards(module: nn.Module) -> nn.Module:

@@ -28,7 +28,7 @@ from esper_core.contracts import (
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina import gates
 from esper_core.kasmina.config import KasminaConfig
-from esper_core.kasmina.fastpath import call_ops_directly, strip_runtime_guards
+from esper_core.kasmina.fastpath import prepare_seed
 from esper_core.kasmina.lifecycle import blend_alpha, check_transition
 from esper_core.kasmina.loader import LoadedKernel, check_guard
 from esper_core.kasmina.param_groups import SeedParamGroups
@@ -144,7 +144,7 @@ class SeedManager(WidthCommands):
                 blueprint_id=artifact.blueprint_id,
             )
         # G0 verified the guard against the slot's fixed shape: the per-call checks can go.
-        module = self._fast(slot, strip_runtime_guards(kernel.module))
+        module = prepare_seed(kernel.module, slot.profile)
         slot.seed = module
         slot.alpha = 0.0
         self._seeds[slot_id] = SeedRecord(
@@ -486,7 +486,7 @@ class SeedManager(WidthCommands):
                 slot.seed = WidthSeed(slot.site, slot.host, units=int(s["params"]["units"]))
             else:
                 check_guard(artifact.guard, feature_shape=slot.profile.feature_shape, dtype=slot.profile.dtype)
-                slot.seed = self._fast(slot, strip_runtime_guards(load_kernel(artifact).module))
+                slot.seed = prepare_seed(load_kernel(artifact).module, slot.profile)
             if s["frozen"]:
                 for p in slot.seed.parameters():
                     p.requires_grad_(False)
@@ -550,7 +550,8 @@ class SeedManager(WidthCommands):
     def _prewarm(self, slot: SeedSlot) -> float:
         # One call on a representative batch so the first training step pays no warm-up.
         assert slot.seed is not None
-        device = _device(slot.seed)
+        param = next(slot.seed.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
         x = torch.zeros((2, *slot.profile.feature_shape), device=device)
         start = time.perf_counter()
         with torch.inference_mode():
@@ -558,13 +559,6 @@ class SeedManager(WidthCommands):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - start) * 1e3
-
-    @staticmethod
-    def _fast(slot: SeedSlot, module: nn.Module) -> nn.Module:
-        """``module`` with its ATen ops called through their Python bindings (verified on an
-        example batch of the slot's shape; see ``fastpath.call_ops_directly``)."""
-        call_ops_directly(module, _example(slot, module))
-        return module
 
     def _set_stage(self, slot_id: str, stage: SeedStage, *, reason: str = "") -> None:
         slot = self.slots[slot_id]
@@ -594,16 +588,3 @@ class SeedManager(WidthCommands):
 
     def _event(self, name: str, level: TelemetryLevel, message: str, **attributes: str | float | bool) -> None:
         self._events.append(TelemetryEvent(name=name, level=level, message=message, attributes=attributes))
-
-
-def _example(slot: SeedSlot, seed: nn.Module) -> torch.Tensor:
-    """A two-sample batch of ``slot``'s shape and dtype on ``seed``'s device, drawn from a
-    generator of its own (the run's random stream is not touched)."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn((2, *slot.profile.feature_shape), generator=generator, dtype=getattr(torch, slot.profile.dtype))
-    return x.to(_device(seed))
-
-
-def _device(seed: nn.Module) -> torch.device:
-    param = next(seed.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
