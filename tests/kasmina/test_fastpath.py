@@ -10,7 +10,7 @@ from torch import fx
 
 from esper_core.karn.catalog import default_catalog
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.kasmina.fastpath import call_ops_directly, strip_runtime_guards
+from esper_core.kasmina.fastpath import call_ops_directly, prepare_seed, strip_runtime_guards
 from esper_core.kasmina.loader import load_kernel
 from esper_core.tezzeret.compiler import compile_blueprint
 
@@ -97,3 +97,14 @@ def test_an_example_the_seed_cannot_take_leaves_it_as_it_is() -> None:
     assert call_ops_directly(module, torch.randn(2, 7)) == ()  # 7 features where it takes 16
     assert module.code == code
     assert module(torch.randn(3, 16)).shape == (3, 16)
+
+
+def test_a_prepared_seed_has_neither_guards_nor_overload_calls_and_draws_no_random_numbers() -> None:
+    catalog = default_catalog()
+    profile = ShapeProfile(feature_shape=(8, 10), batch_max=64)
+    kernel = compile_blueprint(catalog, "seq_conv_residual", profile)
+    module = load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device="cpu").module
+    state = torch.get_rng_state()
+    assert prepare_seed(module, profile) is module
+    assert torch.equal(torch.get_rng_state(), state)
+    assert "torch.ops.aten" not in module.code and "_guards_fn" not in module.code
