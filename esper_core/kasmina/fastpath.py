@@ -122,19 +122,20 @@ def call_ops_directly(module: nn.Module, example: torch.Tensor) -> tuple[str, ..
     """
     if not isinstance(module, fx.GraphModule):
         return ()
-    rebound = {}
-    for node in module.graph.nodes:
-        binding = _binding(node.target) if node.op == "call_function" else None
-        if binding is not None:
-            rebound[node] = node.target
-    if not rebound:
+    # node -> (its OpOverload, the binding that replaces it)
+    targets = {
+        node: (node.target, binding)
+        for node in module.graph.nodes
+        if node.op == "call_function" and (binding := _binding(node.target)) is not None
+    }
+    if not targets:
         return ()
     try:
         before = _dispatched(module, example)
     except RuntimeError:  # the example does not suit this seed: nothing to check against, no change
         return ()
-    for node in rebound:
-        node.target = _binding(node.target)
+    for node, (_, binding) in targets.items():
+        node.target = binding
     module.recompile()
     try:
         after = _dispatched(module, example)
@@ -142,11 +143,11 @@ def call_ops_directly(module: nn.Module, example: torch.Tensor) -> tuple[str, ..
     except RuntimeError:
         same = False
     if not same:
-        for node, op in rebound.items():
+        for node, (op, _) in targets.items():
             node.target = op
         module.recompile()
         return ()
-    return tuple(str(op) for op in rebound.values())
+    return tuple(str(op) for op, _ in targets.values())
 
 
 def _binding(target: object) -> object | None:
