@@ -265,11 +265,12 @@ class PreparedPolicy:
     def _eager(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:
         # On the CPU an eager decision runs on one intra-op thread: a graph of Tamiyo's size gains
         # nothing from a thread team, and while the warm-up child compiles on the other core each
-        # op's team waits for it. Measured on a 2-core machine (`esper bench policy`), eager
-        # decisions during a cold warm-up took 75 ms at the median and 308-363 ms at worst with
-        # two threads, 3.4 and 42 ms on one. The thread count is the process's, and Inductor reads
-        # it while it compiles, so it changes only under the lock a compile holds; while one runs,
-        # the decision keeps the process's threads rather than wait.
+        # op's team waits for it. Measured on a 2-core machine (`esper bench policy`), decisions
+        # made while the child compiled took 75 ms at the median and 411 ms at worst with two
+        # threads, 4.1 and 13 ms on one. Torch's thread count is shared state (a thread started
+        # meanwhile takes the last value set) and Inductor keys its cache on it while it
+        # compiles, so it changes only under the lock a compile holds; while one runs, the
+        # decision keeps the process's threads rather than wait.
         if self.device.type == "cpu" and self._lock.acquire(blocking=False):
             try:
                 with one_thread(), self._context():
