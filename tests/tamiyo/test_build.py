@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,40 +59,38 @@ def test_eager_policy_serves_the_model_and_reports_compile_off() -> None:
     assert out.action_logits.is_inference()  # served under torch.inference_mode()
 
 
-def _threads_seen_by(model: TamiyoGNN) -> list[int]:
-    """Torch's intra-op thread count at each forward of ``model``."""
-    seen: list[int] = []
-    model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
-    return seen
-
-
-def test_an_eager_cpu_decision_runs_on_one_thread_and_gives_the_process_its_threads_back() -> None:
-    model = _model()
-    seen = _threads_seen_by(model)
-    policy = PreparedPolicy(model, device=CPU, compile_config=None, dtype=None)
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """The process on two intra-op threads for the test, its own count restored after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        policy(*_inputs())
-        assert seen == [1] and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
 
 
+def _policy_seeing_threads() -> tuple[PreparedPolicy, list[int]]:
+    """An eager CPU policy, and torch's thread count at each forward of its model."""
+    model = _model()
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    return PreparedPolicy(model, device=CPU, compile_config=None, dtype=None), seen
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_an_eager_cpu_decision_runs_on_one_thread_and_gives_the_process_its_threads_back() -> None:
+    policy, seen = _policy_seeing_threads()
+    policy(*_inputs())
+    assert seen == [1] and torch.get_num_threads() == 2
+
+
+@pytest.mark.usefixtures("two_threads")
 def test_while_a_compile_holds_the_lock_an_eager_decision_leaves_the_thread_count_alone() -> None:
     # Inductor reads the process's thread count while it compiles: a decision made meanwhile
     # must not change it under the compiler's feet (nor wait for the compile).
-    model = _model()
-    seen = _threads_seen_by(model)
-    policy = PreparedPolicy(model, device=CPU, compile_config=None, dtype=None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with policy._lock:
-            policy(*_inputs())
-        assert seen == [2] and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
+    policy, seen = _policy_seeing_threads()
+    with policy._lock:
+        policy(*_inputs())
+    assert seen == [2] and torch.get_num_threads() == 2
 
 
 def test_compile_failure_falls_back_once_with_one_warning(
