@@ -2,31 +2,29 @@
 
 ``prepare_policy`` applies, in this order (seed 002): float32 matmul precision / TF32 once per
 process; device and eval mode; the autocast dtype (bf16 on CUDA, fp16 where bf16 is missing,
-off on CPU); then ``torch.compile(dynamic=True, mode="reduce-overhead")`` with the compiler
-caches under ``<ESPER_HOME>/cache/inductor``. ``TamiyoGNN`` itself stays plain PyTorch.
+off on CPU); then an ahead-of-time ``torch.compile(dynamic=True, mode="reduce-overhead",
+fullgraph=True)`` with the compiler caches under ``<ESPER_HOME>/cache/inductor``. ``TamiyoGNN``
+itself stays plain PyTorch.
 
-Never blocking a decision on the compiler: a cold compile costs 30-45 s on 2 busy CPU cores
-(5-7 s with the cache directory kept from an earlier process). So eager serves until the
-compiled module is ready, and the compile happens off the decision path in two stages: a
-low-priority child process (``esper_core.tamiyo.warmup``) compiles the same module and shapes
-into the shared on-disk cache, then a background thread compiles in this process against the
-now hot cache. A compile on a thread of this process would hold its GIL for the whole cold
-compile, and eager decisions made meanwhile took seconds (2.8 s measured). The compiled module is then called under
-``torch.compiler.set_stance("fail_on_recompile")``: a graph whose shapes would need a recompile
-(e.g. a first graph with one slot after warming up on six) is served eagerly while a background
-job compiles that shape too. The stance is process-global, so it is only set while this policy's
-lock is held, and the background job compiles only while holding the same lock.
+Never blocking a decision on the compiler: a cold compile costs 30-45 s on 2 busy CPU cores. So
+eager serves until a compiled policy is ready, and the compile happens off the decision path in
+two stages: a low-priority child process (``esper_core.tamiyo.warmup``) compiles the same module
+and shapes and stores the compiled policy (``esper_core.tamiyo.precompile``), then a background
+thread loads it into this process (under a second; no tracing). A compile on a thread of this
+process would hold its GIL for the whole compile, and eager decisions made meanwhile took
+seconds (2.8 s measured). A stored policy is loaded without a child at all.
 
-Any other compiler or runtime error disables the compiled path for good: one WARNING,
-``fallback_total`` (exported as ``tamiyo.gnn.compile_fallback_total``), eager from then on.
+Each compiled policy carries the guards of its compile (shapes, dtypes, grad mode); a decision
+whose inputs no loaded policy accepts (e.g. a first graph with one slot after compiling on six)
+is served eagerly while a background job compiles for those inputs too. Any other compiler or
+runtime error disables the compiled path for good: one WARNING, ``fallback_total`` (exported as
+``tamiyo.gnn.compile_fallback_total``), eager from then on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import queue
@@ -35,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,15 @@ from esper_core._capabilities import cuda_available, initialise_pytorch_defaults
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import EdgeType, NodeType, TamiyoGraph, build_graph
 from esper_core.tamiyo.model import PolicyOutput, TamiyoGNN
+from esper_core.tamiyo.precompile import (
+    CompiledPolicy,
+    artifact_path,
+    compile_policy,
+    guard_state,
+    load_policy,
+    loading,
+    process_state,
+)
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 from esper_core.threads import start_daemon
 
@@ -53,75 +60,6 @@ log = logging.getLogger(__name__)
 
 XDict = dict[NodeType, Tensor]
 EdgeDict = dict[EdgeType, Tensor]
-_RECOMPILE_MESSAGE = "Detected recompile"  # the RuntimeError text of the fail_on_recompile stance
-
-LOADING_SWITCH_INTERVAL_S = 2e-5
-"""The interpreter's thread switch interval while this process compiles against the hot cache.
-
-Dynamo and Inductor run in Python on the background thread; each torch op of an eager decision
-releases the GIL and then waits for it for up to the switch interval (5 ms by default), so a
-~200-op decision took up to 1 s while loading. At 0.1 ms the worst decision during a load was
-still 43-69 ms on a quiet 2-core machine; at 0.02 ms it is 21-24 ms and the load takes the same
-~2.7-3.0 s (``esper bench policy``). Process-wide, so it is set only while loading (``_yielding``).
-"""
-_yield_lock = threading.Lock()
-_yield_depth = 0
-_yield_previous = 0.0
-
-
-@contextlib.contextmanager
-def _yielding() -> Iterator[None]:
-    """Run the block with ``LOADING_SWITCH_INTERVAL_S`` (nested or concurrent blocks share it)."""
-    global _yield_depth, _yield_previous
-    with _yield_lock:
-        if _yield_depth == 0:
-            _yield_previous = sys.getswitchinterval()
-            sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
-        _yield_depth += 1
-    try:
-        yield
-    finally:
-        with _yield_lock:
-            _yield_depth -= 1
-            if _yield_depth == 0:
-                sys.setswitchinterval(_yield_previous)
-
-
-def warm_marker(
-    model: TamiyoGNN,
-    inputs: tuple[dict[Any, Tensor], dict[Any, Tensor]],
-    *,
-    config: PolicyCompileConfig,
-    device: torch.device,
-    dtype: torch.dtype | None,
-) -> Path | None:
-    """Where a completed compile of this policy and these shapes is recorded in the compiler cache.
-
-    Its presence means the on-disk cache already holds the compile, so the warm-up child process
-    (3-5 s of start-up and imports on 2 cores) is skipped and this process loads directly. It lives
-    inside the cache directory, so removing the cache removes it too.
-
-    Returns:
-        The marker's path; None when no cache directory is set (``use_compiler_cache``).
-    """
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if cache is None:
-        return None
-    x_dict, edge_index_dict = inputs
-    shapes = sorted((str(k), tuple(v.shape)) for k, v in (*x_dict.items(), *edge_index_dict.items()))
-    key = json.dumps(
-        {
-            "gnn": dataclasses.asdict(model.config),
-            "compile": [config.mode, config.dynamic, config.backend],
-            "device": str(device),
-            "dtype": str(dtype),
-            "shapes": shapes,
-            "torch": torch.__version__,
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return Path(cache) / "tamiyo-warm" / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -168,6 +106,28 @@ def use_compiler_cache(cache_dir: Path) -> Path:
     return cache_dir
 
 
+@contextlib.contextmanager
+def compiled_context(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """What the compiled policy runs under, and is compiled under: its guards record it.
+
+    ``no_grad`` rather than ``inference_mode``, even inside a caller's ``inference_mode``: a
+    precompiled function's tensor guards expect the autograd dispatch keys that ``inference_mode``
+    strips (measured: every call failed its guards).
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.no_grad())
+        if dtype is not None:
+            stack.enter_context(torch.autocast(device.type, dtype=dtype))
+        yield
+
+
+def guard_state_under(device: torch.device, dtype: torch.dtype | None) -> str:
+    """``precompile.guard_state`` as a compiled policy of this process sees it when called."""
+    with compiled_context(device, dtype):
+        return guard_state()
+
+
 class PreparedPolicy:
     """The policy as Tamiyo calls it: compiled when ready, eager otherwise, never blocking.
 
@@ -198,16 +158,18 @@ class PreparedPolicy:
         self.cache_warm_s = 0.0
         """Seconds the last background job spent in the warm-up child process."""
         self.load_s = 0.0
-        """Seconds the last background job then spent compiling in this process (hot cache)."""
+        """Seconds the last background job then spent loading the compiled policy here."""
         self.stage = "idle"
         """What the background compile is doing: ``idle``, ``warming`` (the child process
-        compiles) or ``loading`` (this process compiles against the hot cache)."""
+        compiles) or ``loading`` (this process loads what it compiled)."""
         self.ready_after_s: float | None = None
-        """Seconds from the first ``warm`` call until the compiled module was ready."""
+        """Seconds from the first ``warm`` call until a compiled policy was ready."""
+        self._enabled = compile_config is not None
         self._started: float | None = None
-        self._compiled: Callable[..., PolicyOutput] | None = None
-        self._ready = False
-        self._lock = threading.Lock()  # held while the compiled module runs or compiles
+        # One compiled function per shape family, tried in order; replaced, never mutated, so a
+        # decision can read it without the lock.
+        self._compiled: tuple[CompiledPolicy, ...] = ()
+        self._lock = threading.Lock()  # held while compiled code runs or this process compiles
         self._jobs: queue.SimpleQueue[tuple[XDict, EdgeDict] | None] = queue.SimpleQueue()
         self._shapes: set[tuple[tuple[int, ...], ...]] = set()
         self._idle = threading.Event()
@@ -216,19 +178,11 @@ class PreparedPolicy:
         self._state_lock = threading.Lock()
         # Set once the background compiler has stopped; None until it starts.
         self._worker: threading.Event | None = None
-        if compile_config is not None:
-            try:
-                self._compiled = torch.compile(
-                    model, dynamic=compile_config.dynamic, mode=compile_config.mode, backend=compile_config.backend
-                )
-            # torch.compile itself raises only for an unusable setup (no compiler, bad mode).
-            except Exception as e:  # noqa: BLE001
-                self._fall_back(e)
 
     @property
     def compile_enabled(self) -> bool:
-        """True once a compiled module is ready and has not fallen back."""
-        return self._ready and self._compiled is not None
+        """True once a compiled policy is ready and compiling has not fallen back."""
+        return self._enabled and bool(self._compiled)
 
     def inputs(self, graph: TamiyoGraph) -> tuple[XDict, EdgeDict]:
         """The graph's ``(x_dict, edge_index_dict)`` on the policy's device (pinned copies on CUDA)."""
@@ -237,25 +191,30 @@ class PreparedPolicy:
         return x_dict, edge_index_dict
 
     def __call__(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:
-        """One inference under ``inference_mode`` (and autocast on CUDA); never waits on a compile."""
+        """One inference; never waits on a compile.
+
+        Compiled when a ready compiled policy's guards accept these inputs; otherwise eager under
+        ``inference_mode`` (and autocast on CUDA), and inputs no compiled policy accepts are
+        queued for a background compile of their own.
+        """
         if self.compile_enabled and self._lock.acquire(blocking=False):
-            needs_compile = False
+            unseen = False
             try:
-                with torch.compiler.set_stance("fail_on_recompile"), self._context():
-                    assert self._compiled is not None
-                    out = self._compiled(x_dict, edge_index_dict)
-                self.compiled_calls += 1
-                self.last_call_compiled = True
-                return out
-            # A recompile request is a RuntimeError; anything else raised by compiled code
-            # (Inductor, Triton, CUDA graph errors come in many types) retires the compiled path.
+                with compiled_context(self.device, self.dtype):
+                    fn = next((f for f in self._compiled if f.guard_check(self.model, x_dict, edge_index_dict)), None)
+                    if fn is not None:
+                        out = fn(self.model, x_dict, edge_index_dict)
+                        self.compiled_calls += 1
+                        self.last_call_compiled = True
+                        return out
+                unseen = True
+            # Compiled code fails in many exception types (Inductor, CUDA graph, guard errors):
+            # any of them retires the compiled path.
             except Exception as e:  # noqa: BLE001
-                needs_compile = isinstance(e, RuntimeError) and _RECOMPILE_MESSAGE in str(e)
-                if not needs_compile:
-                    self._fall_back(e)
+                self._fall_back(e)
             finally:
                 self._lock.release()
-            if needs_compile:  # after releasing the lock: the compile job takes it
+            if unseen:  # after releasing the lock: the compile job takes it
                 self.warm(x_dict, edge_index_dict)
         out = self._eager(x_dict, edge_index_dict)
         self.eager_calls += 1
@@ -269,15 +228,15 @@ class PreparedPolicy:
         # made while the child compiled took 75 ms at the median and 411 ms at worst with two
         # threads, 4.1 and 13 ms on one. Torch's thread count is shared state (a thread started
         # meanwhile takes the last value set) and Inductor keys its cache on it while it
-        # compiles, so it changes only under the lock a compile holds; while one runs, the
-        # decision keeps the process's threads rather than wait.
+        # compiles, so it changes only under the lock an in-process compile holds; while one
+        # runs, the decision keeps the process's threads rather than wait.
         if self.device.type == "cpu" and self._lock.acquire(blocking=False):
             try:
-                with one_thread(), self._context():
+                with one_thread(), self._eager_context():
                     return self.model(x_dict, edge_index_dict)
             finally:
                 self._lock.release()
-        with self._context():
+        with self._eager_context():
             return self.model(x_dict, edge_index_dict)
 
     def warm(self, x_dict: XDict, edge_index_dict: EdgeDict) -> bool:
@@ -287,7 +246,7 @@ class PreparedPolicy:
             True when a compile was started or queued; False when compiling is off, has fallen
             back, the shapes were seen before, or ``max_shapes`` is reached.
         """
-        if self._compiled is None or self.config is None:
+        if not self._enabled or self.config is None:
             return False
         shapes = tuple(tuple(t.shape) for t in (*x_dict.values(), *edge_index_dict.values()))
         with self._state_lock:
@@ -325,13 +284,12 @@ class PreparedPolicy:
 
     # ------------------------------------------------------------------ internals
 
-    @contextlib.contextmanager
-    def _context(self) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.inference_mode())
-            if self.dtype is not None:
-                stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
-            yield
+    def _eager_context(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.inference_mode())
+        if self.dtype is not None:
+            stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+        return stack
 
     def _work(self) -> None:
         while True:
@@ -347,61 +305,86 @@ class PreparedPolicy:
                         self._idle.set()
 
     def _compile_isolated(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
-        """The background job: the cold compile in a child process (skipped when ``warm_marker``
-        says the cache already holds it), then the hot one here, yielding the GIL often."""
+        """The background job: the compile in a child process (skipped when the compiled policy
+        is already stored, see ``artifact_path``), then loading it here, yielding the GIL often."""
         assert self.config is not None
         start = time.perf_counter()
         inputs = (x_dict, edge_index_dict)
-        marker = warm_marker(self.model, inputs, config=self.config, device=self.device, dtype=self.dtype)
-        if marker is None or not marker.exists():
-            self.stage = "warming"
-            try:
-                warm_in_subprocess(
-                    self.model,
-                    inputs,
-                    config=self.config,
-                    device=self.device,
-                    dtype=self.dtype,
-                    timeout_s=self.config.warmup_timeout_s,
-                )
-            # A child that failed to compile would fail here too (and cold): serve eagerly for good.
-            except RuntimeError as e:
-                with self._lock:
-                    self._fall_back(e)
-                self.stage = "idle"
-                return
-        loaded = time.perf_counter()
-        self.cache_warm_s = loaded - start
-        self.stage = "loading"
-        with _yielding():
-            self._compile(x_dict, edge_index_dict)
-        self.load_s = time.perf_counter() - loaded
-        if marker is not None and self._compiled is not None:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
+        stored = artifact_path(self.model, inputs, config=self.config, device=self.device, dtype=self.dtype)
+        with tempfile.TemporaryDirectory(prefix="esper-tamiyo-policy-") as tmp:
+            path = stored or Path(tmp) / "policy.bin"
+            fn: CompiledPolicy | None = None
+            for attempt in ("stored", "fresh"):
+                if attempt == "stored" and not path.exists():
+                    continue
+                if attempt == "fresh":
+                    self.stage = "warming"
+                    try:
+                        warm_in_subprocess(
+                            self.model,
+                            inputs,
+                            out=path,
+                            config=self.config,
+                            device=self.device,
+                            dtype=self.dtype,
+                            timeout_s=self.config.warmup_timeout_s,
+                        )
+                    # A child that failed to compile would fail here too: serve eagerly for good.
+                    except RuntimeError as e:
+                        self._fall_back(e)
+                        break
+                loaded = time.perf_counter()
+                self.cache_warm_s = loaded - start
+                self.stage = "loading"
+                try:
+                    with loading():
+                        fn = load_policy(path, model=self.model)
+                        self._install(fn, x_dict, edge_index_dict)
+                    self.load_s = time.perf_counter() - loaded
+                    break
+                # A stored policy another PyTorch or machine wrote (or a damaged file) is compiled
+                # afresh once; a fresh one that does not load means compiling does not work here.
+                except Exception as e:  # noqa: BLE001
+                    if attempt == "fresh":
+                        self._fall_back(e)
+                    else:
+                        log.info("Tamiyo: the stored compiled policy %s did not load (%s); compiling it again", path, e)
+                        path.unlink(missing_ok=True)
         self.stage = "idle"
 
     def _compile(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
+        """Compile in this process (``background=False``): benchmarks, tests and the warm-up child."""
+        assert self.config is not None
+        try:
+            with self._lock:
+                if not self._enabled:
+                    return
+                with compiled_context(self.device, self.dtype):
+                    fn = compile_policy(self.model, (x_dict, edge_index_dict), config=self.config)
+            self._install(fn, x_dict, edge_index_dict)
+        # Compiler failures surface as many exception types (BackendCompilerFailed, Unsupported,
+        # InductorError, ...): each means "serve eagerly", not "crash".
+        except Exception as e:  # noqa: BLE001
+            self._fall_back(e)
+
+    def _install(self, fn: CompiledPolicy, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
+        """Make ``fn`` servable after one call on its own inputs (lazy initialisation and, on
+        CUDA, graph capture happen here rather than in a decision)."""
         with self._lock:
-            if self._compiled is None:
+            if not self._enabled:
                 return
-            try:
-                with self._context():
-                    self._compiled(x_dict, edge_index_dict)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                self._ready = True
-                if self.ready_after_s is None and self._started is not None:
-                    self.ready_after_s = time.perf_counter() - self._started
-            # Compiler failures surface as many exception types (BackendCompilerFailed,
-            # Unsupported, InductorError, ...): each means "serve eagerly", not "crash".
-            except Exception as e:  # noqa: BLE001
-                self._fall_back(e)
+            with compiled_context(self.device, self.dtype):
+                fn(self.model, x_dict, edge_index_dict)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self._compiled = (*self._compiled, fn)
+            if self.ready_after_s is None and self._started is not None:
+                self.ready_after_s = time.perf_counter() - self._started
 
     def _fall_back(self, error: BaseException) -> None:
         self.fallback_total += 1
-        self._compiled = None
-        self._ready = False
+        self._enabled = False
+        self._compiled = ()
         if self.fallback_reason is None:
             self.fallback_reason = f"{type(error).__name__}: {error}".splitlines()[0][:500]
             log.warning("Tamiyo policy compile disabled, serving eager from now on: %s", self.fallback_reason)
@@ -416,16 +399,23 @@ def warm_in_subprocess(
     model: TamiyoGNN,
     inputs: tuple[dict[Any, torch.Tensor], dict[Any, torch.Tensor]],
     *,
+    out: Path,
     config: PolicyCompileConfig,
     device: torch.device,
     dtype: torch.dtype | None,
     timeout_s: float,
 ) -> None:
-    """Compile ``model`` for ``inputs`` in a child process, filling the shared compiler cache.
+    """Compile ``model`` for ``inputs`` in a child process and store the compiled policy at ``out``.
+
+    The child also fills the shared compiler cache. It takes this process's settings that the
+    compiled policy's guards check (``precompile.process_state``: the intra-op thread count,
+    which Inductor also bakes into its CPU kernels, matmul precision, determinism, ...) and fails
+    naming the difference if Dynamo still sees another global state than this process does.
 
     Args:
         model: The served policy network (its config and weights are copied to the child).
         inputs: ``(x_dict, edge_index_dict)`` of the shapes to compile for.
+        out: Where the child writes the compiled policy (``precompile.save_policy``).
         config: The compile settings the serving process will use (same mode and dynamic).
         device: Where the policy runs.
         dtype: The autocast dtype, or None.
@@ -445,6 +435,9 @@ def warm_in_subprocess(
         "backend": config.backend,
         "device": str(device),
         "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "process": process_state(),
+        "guard_state": guard_state_under(device, dtype),
+        "out": str(out),
     }
     with tempfile.TemporaryDirectory(prefix="esper-tamiyo-warmup-") as tmp:
         path = Path(tmp) / "job.pt"

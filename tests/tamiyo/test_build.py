@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -15,18 +16,16 @@ import torch
 from torch._dynamo import register_backend
 
 from esper_core.tamiyo.build import (
-    LOADING_SWITCH_INTERVAL_S,
     PreparedPolicy,
-    _yielding,
     autocast_dtype,
     host_to_device,
     prepare_policy,
     use_compiler_cache,
-    warm_marker,
 )
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import build_graph
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.precompile import LOADING_SWITCH_INTERVAL_S, artifact_path, loading
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 
 CPU = torch.device("cpu")
@@ -42,9 +41,23 @@ def _inputs(num_slots: int = 2) -> tuple[dict, dict]:
     return build_graph(synthetic_history(num_slots=num_slots), synthetic_candidates(3)).inputs(CPU)
 
 
-def _fake_compile(monkeypatch: pytest.MonkeyPatch, fn: Callable[..., Any]) -> None:
-    """Make torch.compile return ``fn(model)`` (the real compiler is exercised by the slow tests)."""
-    monkeypatch.setattr(torch, "compile", lambda model, **_: fn(model))
+class _Compiled:
+    """A stand-in for a compiled policy: ``call`` serves the inputs ``accepts`` lets through."""
+
+    def __init__(self, call: Callable[..., Any], accepts: Callable[[dict], bool] = lambda x_dict: True) -> None:
+        self.call, self.accepts = call, accepts
+
+    def guard_check(self, model: TamiyoGNN, x_dict: dict, edge_index_dict: dict) -> bool:
+        return self.accepts(x_dict)
+
+    def __call__(self, model: TamiyoGNN, x_dict: dict, edge_index_dict: dict) -> Any:
+        return self.call(x_dict, edge_index_dict)
+
+
+def _fake_compile(monkeypatch: pytest.MonkeyPatch, fn: Callable[[TamiyoGNN], _Compiled]) -> None:
+    """Make this process's compiles return ``fn(model)`` (the real compiler runs in the slow
+    tests and in warm-up child processes, which do not see the fake)."""
+    monkeypatch.setattr("esper_core.tamiyo.build.compile_policy", lambda model, inputs, **_: fn(model))
 
 
 def test_eager_policy_serves_the_model_and_reports_compile_off() -> None:
@@ -96,11 +109,11 @@ def test_while_a_compile_holds_the_lock_an_eager_decision_leaves_the_thread_coun
 def test_compile_failure_falls_back_once_with_one_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(model: TamiyoGNN) -> Callable[..., Any]:
+    def broken(model: TamiyoGNN) -> _Compiled:
         def call(*args: Any) -> Any:
             raise RuntimeError("inductor exploded")
 
-        return call
+        return _Compiled(call)
 
     _fake_compile(monkeypatch, broken)
     config = PolicyCompileConfig(background=False)
@@ -117,27 +130,23 @@ def test_compile_failure_falls_back_once_with_one_warning(
 
 def test_a_decision_is_never_blocked_by_the_background_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # cold: the child runs
-    release, compiling = threading.Event(), threading.Event()
+    release, loading_now = threading.Event(), threading.Event()
     calls: list[str] = []
 
-    def slow(model: TamiyoGNN) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            if not release.is_set():
-                compiling.set()
-                release.wait(10)  # the "compile": holds the policy's lock meanwhile
-            calls.append("compiled")
-            return model(*args)
+    def slow_load(path: Path, *, model: TamiyoGNN) -> _Compiled:
+        assert path.is_file()  # what the child stored
+        loading_now.set()
+        release.wait(10)  # the "load"
+        return _Compiled(lambda *args: calls.append("compiled") or model(*args))
 
-        return call
-
-    _fake_compile(monkeypatch, slow)
+    monkeypatch.setattr("esper_core.tamiyo.build.load_policy", slow_load)
     # The child process compiles for real (it does not see the fake), with a backend that is quick.
     config = PolicyCompileConfig(backend="eager", mode=None)
     policy = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
     assert policy.warm(*_inputs())
-    assert compiling.wait(300)
+    assert loading_now.wait(300)
     assert policy.stage == "loading" and policy.cache_warm_s > 0
-    policy(*_inputs())  # served while compiling: eager, immediately
+    policy(*_inputs())  # served while loading: eager, immediately
     assert not policy.last_call_compiled and not policy.compile_enabled
     release.set()
     assert policy.wait_until_idle(10)
@@ -147,39 +156,91 @@ def test_a_decision_is_never_blocked_by_the_background_compile(tmp_path: Path, m
     policy.close(timeout=10)
 
 
+def _count_children(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Record each warm-up child started from now on (each still runs)."""
+    from esper_core.tamiyo import build
+
+    children: list[object] = []
+    real = build.warm_in_subprocess
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        children.append(args)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "warm_in_subprocess", counted)
+    return children
+
+
 @pytest.mark.slow
-def test_a_cache_that_holds_the_compile_skips_the_warmup_process(
+def test_a_stored_compiled_policy_is_loaded_without_a_warmup_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     config = PolicyCompileConfig(backend="eager", mode=None)
     first = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
     inputs = _inputs()
-    marker = warm_marker(first.model, inputs, config=config, device=CPU, dtype=None)
-    assert marker is not None and not marker.exists()
+    stored = artifact_path(first.model, inputs, config=config, device=CPU, dtype=None)
+    assert stored is not None and not stored.exists()
     assert first.warm(*inputs) and first.wait_until_idle(300)
-    assert first.compile_enabled and marker.exists()  # recorded once the compile succeeded
-    other = warm_marker(first.model, _inputs(num_slots=3), config=config, device=CPU, dtype=None)
-    assert other != marker  # another shape signature is another compile
-    children: list[object] = []
-    monkeypatch.setattr("esper_core.tamiyo.build.warm_in_subprocess", lambda *a, **k: children.append(a))
+    assert first.compile_enabled and stored.is_file()
+    other = artifact_path(first.model, _inputs(num_slots=3), config=config, device=CPU, dtype=None)
+    assert other != stored  # another shape signature is another compile
+    children = _count_children(monkeypatch)
     again = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
     assert again.warm(*inputs) and again.wait_until_idle(300)
     assert again.compile_enabled and children == []  # loaded here, no child process
+    again(*inputs)
+    assert again.last_call_compiled
     first.close(timeout=10)
     again.close(timeout=10)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    assert warm_marker(first.model, inputs, config=config, device=CPU, dtype=None) is None
+    assert artifact_path(first.model, inputs, config=config, device=CPU, dtype=None) is None
 
 
-def test_loading_yields_the_interpreter_often_and_restores_it() -> None:
+def test_a_stored_policy_that_does_not_load_is_compiled_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    config = PolicyCompileConfig(backend="eager", mode=None)
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+    inputs = _inputs()
+    stored = artifact_path(policy.model, inputs, config=config, device=CPU, dtype=None)
+    assert stored is not None
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(b"written by another PyTorch, or cut short")
+    children = _count_children(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="esper_core.tamiyo.build"):
+        assert policy.warm(*inputs) and policy.wait_until_idle(300)
+    assert len(children) == 1 and policy.fallback_total == 0 and policy.compile_enabled
+    assert any("did not load" in r.message for r in caplog.records)
+    policy(*inputs)
+    assert policy.last_call_compiled
+    policy.close(timeout=10)
+
+
+def test_loading_yields_the_interpreter_often_freezes_older_objects_and_restores_both() -> None:
     before = sys.getswitchinterval()
-    with _yielding():
+    assert gc.get_freeze_count() == 0
+    with loading():
         assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
-        with _yielding():  # a second policy loading at the same time
+        frozen = gc.get_freeze_count()
+        assert frozen > 0  # the objects alive before the load are out of the collector's walk
+        with loading():  # a second policy loading at the same time
             pass
         assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
-    assert sys.getswitchinterval() == before
+        assert gc.get_freeze_count() == frozen
+    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+
+
+def test_loading_keeps_a_freeze_the_process_made_itself() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with loading():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 @register_backend
@@ -206,22 +267,16 @@ def test_a_shape_that_needs_a_recompile_is_served_eagerly_and_compiled_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[int] = []
+    compiles = iter([2, 3])  # the slot counts the fake compiles are for, in turn
 
-    def guarded(model: TamiyoGNN) -> Callable[..., Any]:
-        compiled_for: set[int] = set()
+    def guarded(model: TamiyoGNN) -> _Compiled:
+        compiled_for = next(compiles)
 
         def call(x_dict: dict, edge_index_dict: dict) -> Any:
-            slots = x_dict["slot"].shape[0]
-            seen.append(slots)
-            if slots not in compiled_for:
-                # What fail_on_recompile raises when a guard fails (compiling is allowed only in
-                # the default stance, which the background job uses).
-                if torch._dynamo.eval_frame._stance.stance == "fail_on_recompile":
-                    raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'")
-                compiled_for.add(slots)
+            seen.append(x_dict["slot"].shape[0])
             return model(x_dict, edge_index_dict)
 
-        return call
+        return _Compiled(call, accepts=lambda x_dict: x_dict["slot"].shape[0] == compiled_for)
 
     _fake_compile(monkeypatch, guarded)
     policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(background=False), dtype=None)
@@ -231,11 +286,11 @@ def test_a_shape_that_needs_a_recompile_is_served_eagerly_and_compiled_later(
     policy(*_inputs(num_slots=3))  # new shape: eager now, compiled by the (here synchronous) job
     assert not policy.last_call_compiled and policy.fallback_total == 0
     policy(*_inputs(num_slots=3))
-    assert policy.last_call_compiled and seen == [2, 2, 3, 3, 3]
+    assert policy.last_call_compiled and seen == [2, 2, 3, 3]  # each compile's first call, then served
 
 
 def test_max_shapes_caps_the_shapes_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_compile(monkeypatch, lambda model: model)
+    _fake_compile(monkeypatch, lambda model: _Compiled(model))
     policy = PreparedPolicy(
         _model(), device=CPU, compile_config=PolicyCompileConfig(background=False, max_shapes=1), dtype=None
     )
@@ -329,3 +384,43 @@ def test_real_compile_matches_eager_without_graph_breaks_and_never_blocks(tmp_pa
     policy(*_inputs(num_slots=1))
     assert policy.last_call_compiled
     policy.close(timeout=60)
+
+
+def test_the_warmup_child_takes_the_serving_process_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo's guards check process-wide settings at every call: a child compiling under others
+    # would store a policy that never serves here.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium" if precision != "medium" else "high")
+    try:
+        policy = PreparedPolicy(
+            _model(), device=CPU, compile_config=PolicyCompileConfig(backend="eager", mode=None), dtype=None
+        )
+        assert policy.warm(*_inputs()) and policy.wait_until_idle(300)
+        policy(*_inputs())
+        assert policy.last_call_compiled, policy.fallback_reason
+        policy.close(timeout=10)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+def test_a_warmup_child_that_cannot_match_the_serving_state_says_so(tmp_path: Path) -> None:
+    from esper_core.tamiyo.build import warm_in_subprocess
+
+    x, e = _inputs()
+    model = _model()
+    config = PolicyCompileConfig(backend="eager", mode=None)
+    real_save = torch.save
+
+    def tampered(obj: dict, path: Path) -> None:  # the job as a serving process with a setting the child cannot copy
+        real_save(
+            {**obj, "guard_state": obj["guard_state"].replace('"num_threads":', '"num_threads":99999, "was":')}, path
+        )
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "save", tampered)
+        with pytest.raises(RuntimeError, match="global state differs from the serving process"):
+            warm_in_subprocess(
+                model, (x, e), out=tmp_path / "p.bin", config=config, device=CPU, dtype=None, timeout_s=300
+            )
+    assert not (tmp_path / "p.bin").exists()

@@ -1,0 +1,202 @@
+"""Tamiyo's compiled policy as a file: compiled once, in the warm-up child, and loaded in a second.
+
+``torch.compile`` against a hot cache still traces the GNN again with Dynamo and rebuilds its
+guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on the
+``policy-graph`` workload (2-core machine, one thread), while eager decisions wait for the
+interpreter. PyTorch's AOT precompile (``torch.compile(...).aot_compile``) captures the traced
+graph, its guards and Inductor's output in one artifact; loading it skips tracing: 0.7-0.8 s
+on the same machine, plus Inductor's one-time vector-ISA probe (1.2-1.6 s of child processes,
+waited for without the GIL) when nothing in the process has compiled yet.
+
+The API is marked experimental in PyTorch 2.13, so everything that touches it is here: a change
+of PyTorch is a change of this module. The artifact holds no weights: the policy network is
+passed in at every call (``fn(model, x_dict, edge_index_dict)``), so weights swapped in place
+are served at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import hashlib
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from esper_core.tamiyo.config import PolicyCompileConfig
+from esper_core.tamiyo.model import PolicyOutput, TamiyoGNN
+
+Inputs = tuple[dict[Any, Tensor], dict[Any, Tensor]]
+
+
+class CompiledPolicy(Protocol):
+    """A policy forward compiled for one family of input shapes (an AOT-compiled function)."""
+
+    def guard_check(self, model: TamiyoGNN, x_dict: dict[Any, Tensor], edges: dict[Any, Tensor]) -> bool:
+        """True when these inputs satisfy the guards the compile recorded (shapes, dtypes, ...)."""
+        ...
+
+    def __call__(self, model: TamiyoGNN, x_dict: dict[Any, Tensor], edges: dict[Any, Tensor]) -> PolicyOutput:
+        """The compiled forward of ``model``."""
+        ...
+
+
+def artifact_path(
+    model: TamiyoGNN,
+    inputs: Inputs,
+    *,
+    config: PolicyCompileConfig,
+    device: torch.device,
+    dtype: torch.dtype | None,
+) -> Path | None:
+    """Where the compiled policy for this network, these settings and these shapes is stored.
+
+    It lives inside the compiler cache directory (``build.use_compiler_cache``): removing the cache
+    removes it too. The key holds the process settings the compiled policy's guards check
+    (``process_state``), so a process with other settings compiles its own.
+
+    Returns:
+        The file's path; None when no cache directory is set.
+    """
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache is None:
+        return None
+    x_dict, edge_index_dict = inputs
+    shapes = sorted((str(k), tuple(v.shape)) for k, v in (*x_dict.items(), *edge_index_dict.items()))
+    key = json.dumps(
+        {
+            "gnn": dataclasses.asdict(model.config),
+            "compile": [config.mode, config.dynamic, config.backend],
+            "device": str(device),
+            "dtype": str(dtype),
+            "shapes": shapes,
+            "process": process_state(),
+            "torch": torch.__version__,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return Path(cache) / "tamiyo-aot" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+
+
+def process_state() -> dict[str, Any]:
+    """The process-wide settings a compiled policy's guards check, as this process has them.
+
+    Dynamo's global-state guard compares them at every call (grad and autocast mode are set by
+    the calling context): a policy compiled in a child process with other settings would never
+    pass its guards here. ``apply_process_state`` sets them in the child.
+    """
+    return {
+        "threads": torch.get_num_threads(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+        "fp16_reduce": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "bf16_reduce": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    }
+
+
+def apply_process_state(state: dict[str, Any]) -> None:
+    """Give this process the settings ``process_state`` read in another."""
+    torch.set_num_threads(state["threads"])
+    torch.set_float32_matmul_precision(state["matmul_precision"])
+    torch.use_deterministic_algorithms(state["deterministic"], warn_only=state["deterministic_warn_only"])
+    torch.set_default_dtype(getattr(torch, state["default_dtype"]))
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = state["fp16_reduce"]
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = state["bf16_reduce"]
+
+
+def guard_state() -> str:
+    """Dynamo's own record of the global state its guards check, as text (to compare processes)."""
+    return torch._C._dynamo.guards.GlobalStateGuard().__getstate__()
+
+
+def compile_policy(model: TamiyoGNN, inputs: Inputs, *, config: PolicyCompileConfig) -> CompiledPolicy:
+    """Compile ``model``'s forward for ``inputs``'s shapes, ahead of time, in this process.
+
+    Call it under the context the compiled policy will be called in (``no_grad``, autocast): the
+    guards record it. The whole forward is one graph (``fullgraph``); a graph break is an error.
+    """
+    compiled = torch.compile(
+        model.forward, fullgraph=True, dynamic=config.dynamic, mode=config.mode, backend=config.backend
+    )
+    return compiled.aot_compile((inputs, {}))
+
+
+def save_policy(fn: CompiledPolicy, path: Path, *, model: TamiyoGNN) -> None:
+    """Write ``fn`` to ``path`` (atomically: a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fn.save_compiled_function(str(path), external_data={"model": model})  # type: ignore[attr-defined]
+
+
+def load_policy(path: Path, *, model: TamiyoGNN) -> CompiledPolicy:
+    """Read a policy written by ``save_policy``; ``model`` is the network it will be called with.
+
+    Its own guard check is turned off: ``PreparedPolicy`` checks the guards itself before each
+    call (to pick among the loaded functions), so a second check would only cost time.
+    """
+    with path.open("rb") as file:
+        fn = torch.compiler.load_compiled_function(file, external_data={"model": model})
+    fn.disable_guard_check()  # type: ignore[attr-defined]
+    return fn  # type: ignore[return-value]
+
+
+LOADING_SWITCH_INTERVAL_S = 2e-5
+"""The interpreter's thread switch interval while this process loads a compiled policy.
+
+Loading runs Python on a background thread; each torch op of an eager decision releases the GIL
+and then waits for it for up to the switch interval (5 ms by default), so a ~200-op decision took
+up to 1 s while loading. At 0.02 ms the worst decision during a load was 21-24 ms on a quiet
+2-core machine (``esper bench policy``). Process-wide, so it is set only while loading.
+"""
+_loading_lock = threading.Lock()
+_loading_depth = 0
+_loading_restore: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Run the block as a load that must not stall decisions (nested or concurrent blocks share it).
+
+    Two process-wide settings, restored when the last block ends:
+
+    - the switch interval is ``LOADING_SWITCH_INTERVAL_S``;
+    - the objects alive before the load are frozen out of the cyclic GC (``gc.freeze``). A load
+      allocates enough to trigger a full collection, which walked every object of the process
+      with the GIL held: 180-185 ms, the worst decision of a load. With the older objects frozen
+      it walks the load's own: ~20 ms. A process that froze objects itself keeps its freeze and
+      pays the full collection.
+    """
+    global _loading_depth, _loading_restore
+    with _loading_lock:
+        if _loading_depth == 0:
+            interval = sys.getswitchinterval()
+            freeze = gc.get_freeze_count() == 0
+            sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
+            if freeze:
+                gc.freeze()
+
+            def restore() -> None:
+                sys.setswitchinterval(interval)
+                if freeze:
+                    gc.unfreeze()
+
+            _loading_restore = restore
+        _loading_depth += 1
+    try:
+        yield
+    finally:
+        with _loading_lock:
+            _loading_depth -= 1
+            if _loading_depth == 0 and _loading_restore is not None:
+                _loading_restore()
+                _loading_restore = None
