@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -52,6 +52,8 @@ from esper_core.tamiyo.precompile import (
     load_policy,
     loading,
     process_state,
+    recorded_vec_isa,
+    save_policy,
 )
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 from esper_core.threads import start_daemon
@@ -128,6 +130,15 @@ def guard_state_under(device: torch.device, dtype: torch.dtype | None) -> str:
         return guard_state()
 
 
+class _Job(NamedTuple):
+    """A background compile: the inputs, and the calling thread's settings (see ``warm``)."""
+
+    x_dict: XDict
+    edge_index_dict: EdgeDict
+    process: dict[str, Any]
+    guard_state: str
+
+
 class PreparedPolicy:
     """The policy as Tamiyo calls it: compiled when ready, eager otherwise, never blocking.
 
@@ -170,7 +181,7 @@ class PreparedPolicy:
         # decision can read it without the lock.
         self._compiled: tuple[CompiledPolicy, ...] = ()
         self._lock = threading.Lock()  # held while compiled code runs or this process compiles
-        self._jobs: queue.SimpleQueue[tuple[XDict, EdgeDict] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._shapes: set[tuple[tuple[int, ...], ...]] = set()
         self._idle = threading.Event()
         self._idle.set()
@@ -263,7 +274,8 @@ class PreparedPolicy:
             if self._worker is None:
                 # Started without waiting for it to run: see ``esper_core.threads``.
                 self._worker = start_daemon(self._work, name="tamiyo-policy-compile")
-        self._jobs.put((x_dict, edge_index_dict))
+        # The settings the compiled policy's guards will check, read on the thread that calls it.
+        self._jobs.put(_Job(x_dict, edge_index_dict, process_state(), guard_state_under(self.device, self.dtype)))
         return True
 
     def wait_until_idle(self, timeout: float | None = None) -> bool:
@@ -297,75 +309,94 @@ class PreparedPolicy:
             if job is None:
                 return
             try:
-                self._compile_isolated(*job)
+                self._compile_isolated(job)
             finally:
                 with self._state_lock:
                     self._pending -= 1
                     if self._pending == 0:
                         self._idle.set()
 
-    def _compile_isolated(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
+    def _compile_isolated(self, job: _Job) -> None:
         """The background job: the compile in a child process (skipped when the compiled policy
         is already stored, see ``artifact_path``), then loading it here, yielding the GIL often."""
         assert self.config is not None
         start = time.perf_counter()
-        inputs = (x_dict, edge_index_dict)
-        stored = artifact_path(self.model, inputs, config=self.config, device=self.device, dtype=self.dtype)
+        x_dict, edge_index_dict = inputs = (job.x_dict, job.edge_index_dict)
+        stored = artifact_path(
+            self.model, inputs, config=self.config, device=self.device, dtype=self.dtype, process=job.process
+        )
         with tempfile.TemporaryDirectory(prefix="esper-tamiyo-policy-") as tmp:
             path = stored or Path(tmp) / "policy.bin"
-            fn: CompiledPolicy | None = None
-            for attempt in ("stored", "fresh"):
-                if attempt == "stored" and not path.exists():
-                    continue
-                if attempt == "fresh":
+            loaded = time.perf_counter()
+            self.cache_warm_s = 0.0
+            self.stage = "loading"
+            with loading(), recorded_vec_isa():
+                fn = self._load_stored(path)
+            try:
+                if fn is None:
                     self.stage = "warming"
-                    try:
-                        warm_in_subprocess(
-                            self.model,
-                            inputs,
-                            out=path,
-                            config=self.config,
-                            device=self.device,
-                            dtype=self.dtype,
-                            timeout_s=self.config.warmup_timeout_s,
-                        )
-                    # A child that failed to compile would fail here too: serve eagerly for good.
-                    except RuntimeError as e:
-                        self._fall_back(e)
-                        break
-                loaded = time.perf_counter()
-                self.cache_warm_s = loaded - start
-                self.stage = "loading"
-                try:
-                    with loading():
+                    warm_in_subprocess(
+                        self.model,
+                        inputs,
+                        out=path,
+                        process=job.process,
+                        guard_state=job.guard_state,
+                        config=self.config,
+                        device=self.device,
+                        dtype=self.dtype,
+                        timeout_s=self.config.warmup_timeout_s,
+                    )
+                    loaded = time.perf_counter()
+                    self.cache_warm_s = loaded - start
+                    self.stage = "loading"
+                    with loading(), recorded_vec_isa():
                         fn = load_policy(path, model=self.model)
-                        self._install(fn, x_dict, edge_index_dict)
-                    self.load_s = time.perf_counter() - loaded
-                    break
-                # A stored policy another PyTorch or machine wrote (or a damaged file) is compiled
-                # afresh once; a fresh one that does not load means compiling does not work here.
-                except Exception as e:  # noqa: BLE001
-                    if attempt == "fresh":
-                        self._fall_back(e)
-                    else:
-                        log.info("Tamiyo: the stored compiled policy %s did not load (%s); compiling it again", path, e)
-                        path.unlink(missing_ok=True)
+                with loading(), recorded_vec_isa():
+                    self._install(fn, x_dict, edge_index_dict)
+                self.load_s = time.perf_counter() - loaded
+            # A child that failed to compile, or a policy it compiled that does not load or run
+            # here, would fail again: serve eagerly for good.
+            except Exception as e:  # noqa: BLE001
+                self._fall_back(e)
         self.stage = "idle"
 
     def _compile(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
-        """Compile in this process (``background=False``): benchmarks, tests and the warm-up child."""
+        """Compile in this process (``background=False``; benchmarks, tests): the stored policy when
+        there is one (an ahead-of-time compile does not use Inductor's caches: 10-20 s each time
+        on 2 cores), else a compile here, stored for the next process."""
         assert self.config is not None
+        inputs = (x_dict, edge_index_dict)
+        stored = artifact_path(
+            self.model, inputs, config=self.config, device=self.device, dtype=self.dtype, process=process_state()
+        )
         try:
             with self._lock:
                 if not self._enabled:
                     return
-                with compiled_context(self.device, self.dtype):
-                    fn = compile_policy(self.model, (x_dict, edge_index_dict), config=self.config)
+                with recorded_vec_isa():
+                    fn = self._load_stored(stored)
+                if fn is None:
+                    with compiled_context(self.device, self.dtype):
+                        fn = compile_policy(self.model, inputs, config=self.config)
+                    if stored is not None:
+                        save_policy(fn, stored, model=self.model)
             self._install(fn, x_dict, edge_index_dict)
         # Compiler failures surface as many exception types (BackendCompilerFailed, Unsupported,
         # InductorError, ...): each means "serve eagerly", not "crash".
         except Exception as e:  # noqa: BLE001
             self._fall_back(e)
+
+    def _load_stored(self, path: Path | None) -> CompiledPolicy | None:
+        """The policy stored at ``path``; None when there is none or it does not load (another
+        PyTorch or machine wrote it, or the file is damaged: it is removed, to be compiled again)."""
+        if path is None or not path.exists():
+            return None
+        try:
+            return load_policy(path, model=self.model)
+        except Exception as e:  # noqa: BLE001 - unpickling and PyTorch's compatibility checks raise many types
+            log.info("Tamiyo: the stored compiled policy %s did not load (%s); compiling it again", path, e)
+            path.unlink(missing_ok=True)
+            return None
 
     def _install(self, fn: CompiledPolicy, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
         """Make ``fn`` servable after one call on its own inputs (lazy initialisation and, on
@@ -400,6 +431,8 @@ def warm_in_subprocess(
     inputs: tuple[dict[Any, torch.Tensor], dict[Any, torch.Tensor]],
     *,
     out: Path,
+    process: dict[str, Any],
+    guard_state: str,
     config: PolicyCompileConfig,
     device: torch.device,
     dtype: torch.dtype | None,
@@ -407,15 +440,18 @@ def warm_in_subprocess(
 ) -> None:
     """Compile ``model`` for ``inputs`` in a child process and store the compiled policy at ``out``.
 
-    The child also fills the shared compiler cache. It takes this process's settings that the
-    compiled policy's guards check (``precompile.process_state``: the intra-op thread count,
-    which Inductor also bakes into its CPU kernels, matmul precision, determinism, ...) and fails
-    naming the difference if Dynamo still sees another global state than this process does.
+    The child also fills the shared compiler cache. It takes the serving thread's settings that
+    the compiled policy's guards check (``process``: the intra-op thread count, which Inductor
+    also bakes into its CPU kernels, matmul precision, determinism, ...) and fails naming the
+    difference if Dynamo still sees another global state than ``guard_state``.
 
     Args:
         model: The served policy network (its config and weights are copied to the child).
         inputs: ``(x_dict, edge_index_dict)`` of the shapes to compile for.
         out: Where the child writes the compiled policy (``precompile.save_policy``).
+        process: The serving thread's settings (``precompile.process_state``) the child takes.
+        guard_state: Dynamo's global state on the serving thread (``guard_state_under``); the
+            child fails if it sees another after taking ``process``.
         config: The compile settings the serving process will use (same mode and dynamic).
         device: Where the policy runs.
         dtype: The autocast dtype, or None.
@@ -435,8 +471,8 @@ def warm_in_subprocess(
         "backend": config.backend,
         "device": str(device),
         "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-        "process": process_state(),
-        "guard_state": guard_state_under(device, dtype),
+        "process": process,
+        "guard_state": guard_state,
         "out": str(out),
     }
     with tempfile.TemporaryDirectory(prefix="esper-tamiyo-warmup-") as tmp:

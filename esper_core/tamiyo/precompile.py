@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch._inductor.config as inductor_config
 from torch import Tensor
+from torch._inductor import cpu_vec_isa
 
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.model import PolicyOutput, TamiyoGNN
@@ -56,12 +58,13 @@ def artifact_path(
     config: PolicyCompileConfig,
     device: torch.device,
     dtype: torch.dtype | None,
+    process: dict[str, Any],
 ) -> Path | None:
     """Where the compiled policy for this network, these settings and these shapes is stored.
 
     It lives inside the compiler cache directory (``build.use_compiler_cache``): removing the cache
-    removes it too. The key holds the process settings the compiled policy's guards check
-    (``process_state``), so a process with other settings compiles its own.
+    removes it too. The key holds ``process``, the serving thread's settings that the compiled
+    policy's guards check (``process_state``): a process with other settings compiles its own.
 
     Returns:
         The file's path; None when no cache directory is set.
@@ -78,7 +81,7 @@ def artifact_path(
             "device": str(device),
             "dtype": str(dtype),
             "shapes": shapes,
-            "process": process_state(),
+            "process": process,
             "torch": torch.__version__,
         },
         sort_keys=True,
@@ -88,11 +91,14 @@ def artifact_path(
 
 
 def process_state() -> dict[str, Any]:
-    """The process-wide settings a compiled policy's guards check, as this process has them.
+    """The settings a compiled policy's guards check, as the calling thread sees them.
 
     Dynamo's global-state guard compares them at every call (grad and autocast mode are set by
     the calling context): a policy compiled in a child process with other settings would never
-    pass its guards here. ``apply_process_state`` sets them in the child.
+    pass its guards here. ``apply_process_state`` sets them in the child. Read it on the thread
+    that will call the policy: the intra-op thread count is per thread, and a thread started
+    while an eager decision ran on one thread took that count (measured: a child compiled for 1
+    thread, and the serving thread's calls, on 2, all failed their guards).
     """
     return {
         "threads": torch.get_num_threads(),
@@ -125,11 +131,14 @@ def compile_policy(model: TamiyoGNN, inputs: Inputs, *, config: PolicyCompileCon
 
     Call it under the context the compiled policy will be called in (``no_grad``, autocast): the
     guards record it. The whole forward is one graph (``fullgraph``); a graph break is an error.
+    Inductor's caches do not serve an ahead-of-time compile: each one is a full compile.
     """
     compiled = torch.compile(
         model.forward, fullgraph=True, dynamic=config.dynamic, mode=config.mode, backend=config.backend
     )
-    return compiled.aot_compile((inputs, {}))
+    fn = compiled.aot_compile((inputs, {}))
+    fn.disable_guard_check()  # as in ``load_policy``
+    return fn
 
 
 def save_policy(fn: CompiledPolicy, path: Path, *, model: TamiyoGNN) -> None:
@@ -148,6 +157,47 @@ def load_policy(path: Path, *, model: TamiyoGNN) -> CompiledPolicy:
         fn = torch.compiler.load_compiled_function(file, external_data={"model": model})
     fn.disable_guard_check()  # type: ignore[attr-defined]
     return fn  # type: ignore[return-value]
+
+
+def vec_isa_record() -> Path | None:
+    """Where a compiling process records the vector ISAs Inductor's probe found usable here."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return None if cache is None else Path(cache) / "tamiyo-aot" / "vec-isa.json"
+
+
+def record_vec_isa() -> None:
+    """Record the ISAs this process's probe found usable, if a compile made it probe (it caches
+    the answer); a compile that generated no CPU code records nothing."""
+    path = vec_isa_record()
+    if path is not None and cpu_vec_isa.valid_vec_isa_list.cache_info().currsize > 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]))
+
+
+@contextlib.contextmanager
+def recorded_vec_isa() -> Iterator[None]:
+    """Run the block without Inductor's vector-ISA probe when a recorded probe vouches for it.
+
+    Loading a CPU kernel makes Inductor pick the vector ISA its flags were built for, and the
+    first pick in a process probes every ISA the CPU lists by building and loading a test library
+    in child processes: 1.2-1.6 s of the 2.5 s a cached load took on a 2-core machine. The
+    warm-up child ran that probe on this machine and recorded what it found; when every ISA the
+    CPU lists passed it, Inductor's own switch (``cpp.vec_isa_ok``) skips the probe with the same
+    result. Otherwise (another CPU, an ISA that failed to build) the probe runs as usual.
+    """
+    path = vec_isa_record()
+    probed = cpu_vec_isa.valid_vec_isa_list.cache_info().currsize > 0
+    if probed or path is None or not path.exists():
+        yield
+        return
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        # The uncached function: what the switch would give, without fixing the process's answer.
+        listed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list.__wrapped__()]
+    if json.loads(path.read_text()) != listed:
+        yield
+        return
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        yield
 
 
 LOADING_SWITCH_INTERVAL_S = 2e-5
@@ -170,25 +220,29 @@ def loading() -> Iterator[None]:
     Two process-wide settings, restored when the last block ends:
 
     - the switch interval is ``LOADING_SWITCH_INTERVAL_S``;
-    - the objects alive before the load are frozen out of the cyclic GC (``gc.freeze``). A load
-      allocates enough to trigger a full collection, which walked every object of the process
-      with the GIL held: 180-185 ms, the worst decision of a load. With the older objects frozen
-      it walks the load's own: ~20 ms. A process that froze objects itself keeps its freeze and
-      pays the full collection.
+    - the cyclic GC is off. A load allocates enough objects to set off full collections, which
+      walk every object of the process with the GIL held: 180-185 ms, the worst decision of a
+      load, before this; 20-47 ms with the process's older objects frozen out of the walk. At the
+      end the load's objects are moved to the oldest generation unwalked (``gc.freeze`` then
+      ``gc.unfreeze``), to be collected at the process's next full collection, as if they had
+      aged there. A process that froze objects itself keeps its freeze, and its young
+      generation walks the load's objects at its next collection instead.
     """
     global _loading_depth, _loading_restore
     with _loading_lock:
         if _loading_depth == 0:
             interval = sys.getswitchinterval()
-            freeze = gc.get_freeze_count() == 0
+            collecting = gc.isenabled()
             sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
-            if freeze:
-                gc.freeze()
+            gc.disable()
 
             def restore() -> None:
                 sys.setswitchinterval(interval)
-                if freeze:
+                if gc.get_freeze_count() == 0:
+                    gc.freeze()
                     gc.unfreeze()
+                if collecting:
+                    gc.enable()
 
             _loading_restore = restore
         _loading_depth += 1

@@ -25,7 +25,7 @@ import torch._inductor.config as inductor_config
 from esper_core.tamiyo.build import compiled_context, guard_state_under
 from esper_core.tamiyo.config import PolicyCompileConfig
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
-from esper_core.tamiyo.precompile import apply_process_state, compile_policy, save_policy
+from esper_core.tamiyo.precompile import apply_process_state, compile_policy, record_vec_isa, save_policy
 
 NICE = 10
 """Niceness added in the child: the serving process (and training) keep the CPU first."""
@@ -57,6 +57,7 @@ def main(job_path: str) -> int:
         with compiled_context(device, dtype):
             fn = compile_policy(model, inputs, config=config)
         save_policy(fn, Path(job["out"]), model=model)
+        record_vec_isa()
     # Whatever the compiler raises, the parent needs its text on stderr and a failing exit code.
     except Exception as e:  # noqa: BLE001
         print(f"compile failed: {type(e).__name__}: {e}", file=sys.stderr)

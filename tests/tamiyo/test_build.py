@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import sys
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 import torch
+import torch._inductor.config as inductor_config
 from torch._dynamo import register_backend
+from torch._inductor import cpu_vec_isa
 
 from esper_core.tamiyo.build import (
     PreparedPolicy,
@@ -25,7 +28,14 @@ from esper_core.tamiyo.build import (
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import build_graph
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
-from esper_core.tamiyo.precompile import LOADING_SWITCH_INTERVAL_S, artifact_path, loading
+from esper_core.tamiyo.precompile import (
+    LOADING_SWITCH_INTERVAL_S,
+    artifact_path,
+    loading,
+    process_state,
+    recorded_vec_isa,
+    vec_isa_record,
+)
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 
 CPU = torch.device("cpu")
@@ -56,7 +66,9 @@ class _Compiled:
 
 def _fake_compile(monkeypatch: pytest.MonkeyPatch, fn: Callable[[TamiyoGNN], _Compiled]) -> None:
     """Make this process's compiles return ``fn(model)`` (the real compiler runs in the slow
-    tests and in warm-up child processes, which do not see the fake)."""
+    tests and in warm-up child processes, which do not see the fake). No compiler cache: a fake
+    is not stored."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr("esper_core.tamiyo.build.compile_policy", lambda model, inputs, **_: fn(model))
 
 
@@ -179,11 +191,13 @@ def test_a_stored_compiled_policy_is_loaded_without_a_warmup_process(
     config = PolicyCompileConfig(backend="eager", mode=None)
     first = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
     inputs = _inputs()
-    stored = artifact_path(first.model, inputs, config=config, device=CPU, dtype=None)
+    stored = artifact_path(first.model, inputs, config=config, device=CPU, dtype=None, process=process_state())
     assert stored is not None and not stored.exists()
     assert first.warm(*inputs) and first.wait_until_idle(300)
     assert first.compile_enabled and stored.is_file()
-    other = artifact_path(first.model, _inputs(num_slots=3), config=config, device=CPU, dtype=None)
+    other = artifact_path(
+        first.model, _inputs(num_slots=3), config=config, device=CPU, dtype=None, process=process_state()
+    )
     assert other != stored  # another shape signature is another compile
     children = _count_children(monkeypatch)
     again = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
@@ -194,7 +208,7 @@ def test_a_stored_compiled_policy_is_loaded_without_a_warmup_process(
     first.close(timeout=10)
     again.close(timeout=10)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    assert artifact_path(first.model, inputs, config=config, device=CPU, dtype=None) is None
+    assert artifact_path(first.model, inputs, config=config, device=CPU, dtype=None, process=process_state()) is None
 
 
 def test_a_stored_policy_that_does_not_load_is_compiled_again_once(
@@ -204,7 +218,7 @@ def test_a_stored_policy_that_does_not_load_is_compiled_again_once(
     config = PolicyCompileConfig(backend="eager", mode=None)
     policy = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
     inputs = _inputs()
-    stored = artifact_path(policy.model, inputs, config=config, device=CPU, dtype=None)
+    stored = artifact_path(policy.model, inputs, config=config, device=CPU, dtype=None, process=process_state())
     assert stored is not None
     stored.parent.mkdir(parents=True)
     stored.write_bytes(b"written by another PyTorch, or cut short")
@@ -218,29 +232,54 @@ def test_a_stored_policy_that_does_not_load_is_compiled_again_once(
     policy.close(timeout=10)
 
 
-def test_loading_yields_the_interpreter_often_freezes_older_objects_and_restores_both() -> None:
+def test_loading_yields_the_interpreter_often_pauses_the_collector_and_restores_both() -> None:
     before = sys.getswitchinterval()
-    assert gc.get_freeze_count() == 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
     with loading():
         assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
-        frozen = gc.get_freeze_count()
-        assert frozen > 0  # the objects alive before the load are out of the collector's walk
+        assert not gc.isenabled()  # no full collection walks the process during the load
+        loaded = [[] for _ in range(1000)]  # the load's objects
         with loading():  # a second policy loading at the same time
             pass
-        assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S)
-        assert gc.get_freeze_count() == frozen
-    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+        assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S) and not gc.isenabled()
+    assert sys.getswitchinterval() == before and gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.get_count()[0] < len(loaded)  # aged into the oldest generation, not left young
 
 
-def test_loading_keeps_a_freeze_the_process_made_itself() -> None:
+def test_loading_keeps_a_freeze_the_process_made_and_a_collector_it_turned_off() -> None:
     gc.freeze()
+    gc.disable()
     try:
         frozen = gc.get_freeze_count()
         with loading():
             pass
-        assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen and not gc.isenabled()
     finally:
+        gc.enable()
         gc.unfreeze()
+
+
+def test_a_recorded_isa_probe_skips_the_probe_only_when_it_vouches_for_this_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(inductor_config.cpp, "vec_isa_ok", None)
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()  # as in a process that has not compiled yet
+    with recorded_vec_isa():
+        assert inductor_config.cpp.vec_isa_ok is None  # nothing recorded: Inductor probes
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        listed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list.__wrapped__()]
+    record = vec_isa_record()
+    assert record is not None
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps(listed))  # the child's probe passed every ISA this CPU lists
+    with recorded_vec_isa():
+        assert inductor_config.cpp.vec_isa_ok is True
+    record.write_text(json.dumps([*listed[1:], "an ISA this CPU lacks"]))  # another CPU's, or one failed
+    with recorded_vec_isa():
+        assert inductor_config.cpp.vec_isa_ok is None
+    assert inductor_config.cpp.vec_isa_ok is None
+    assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0  # checking fixed no answer
 
 
 @register_backend
@@ -287,6 +326,23 @@ def test_a_shape_that_needs_a_recompile_is_served_eagerly_and_compiled_later(
     assert not policy.last_call_compiled and policy.fallback_total == 0
     policy(*_inputs(num_slots=3))
     assert policy.last_call_compiled and seen == [2, 2, 3, 3]  # each compile's first call, then served
+
+
+def test_an_in_process_compile_is_stored_and_the_next_one_loads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    config = PolicyCompileConfig(backend="eager", mode=None, background=False)
+    first = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+    assert first.warm(*_inputs())
+    stored = artifact_path(first.model, _inputs(), config=config, device=CPU, dtype=None, process=process_state())
+    assert stored is not None and stored.is_file()
+    compiles: list[object] = []
+    monkeypatch.setattr("esper_core.tamiyo.build.compile_policy", lambda *a, **k: compiles.append(a))
+    again = PreparedPolicy(_model(), device=CPU, compile_config=config, dtype=None)
+    assert again.warm(*_inputs())
+    again(*_inputs())
+    assert again.last_call_compiled and compiles == [], again.fallback_reason
 
 
 def test_max_shapes_caps_the_shapes_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -404,23 +460,42 @@ def test_the_warmup_child_takes_the_serving_process_settings(tmp_path: Path, mon
         torch.set_float32_matmul_precision(precision)
 
 
+@pytest.mark.usefixtures("two_threads")
+def test_the_child_gets_the_calling_threads_settings_not_the_background_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A thread started after another set one intra-op thread (as an eager decision does) takes
+    # that count; the serving thread keeps two, and its calls are what the guards will check.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    setter = threading.Thread(target=torch.set_num_threads, args=(1,))
+    setter.start()
+    setter.join()
+    seen: list[int] = []
+    monkeypatch.setattr(
+        "esper_core.tamiyo.build.warm_in_subprocess", lambda *a, process, **k: seen.append(process["threads"])
+    )
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(backend="eager"), dtype=None)
+    assert torch.get_num_threads() == 2
+    assert policy.warm(*_inputs()) and policy.wait_until_idle(60)
+    assert seen == [2]
+    policy.close(timeout=10)
+
+
 def test_a_warmup_child_that_cannot_match_the_serving_state_says_so(tmp_path: Path) -> None:
-    from esper_core.tamiyo.build import warm_in_subprocess
+    from esper_core.tamiyo.build import guard_state_under, warm_in_subprocess
 
-    x, e = _inputs()
-    model = _model()
-    config = PolicyCompileConfig(backend="eager", mode=None)
-    real_save = torch.save
-
-    def tampered(obj: dict, path: Path) -> None:  # the job as a serving process with a setting the child cannot copy
-        real_save(
-            {**obj, "guard_state": obj["guard_state"].replace('"num_threads":', '"num_threads":99999, "was":')}, path
+    # A serving thread with a setting the child cannot copy: its policy would never pass its guards.
+    unmatched = guard_state_under(CPU, None).replace('"num_threads":', '"num_threads":99999, "was":')
+    with pytest.raises(RuntimeError, match="global state differs from the serving process"):
+        warm_in_subprocess(
+            _model(),
+            _inputs(),
+            out=tmp_path / "p.bin",
+            process=process_state(),
+            guard_state=unmatched,
+            config=PolicyCompileConfig(backend="eager", mode=None),
+            device=CPU,
+            dtype=None,
+            timeout_s=300,
         )
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch, "save", tampered)
-        with pytest.raises(RuntimeError, match="global state differs from the serving process"):
-            warm_in_subprocess(
-                model, (x, e), out=tmp_path / "p.bin", config=config, device=CPU, dtype=None, timeout_s=300
-            )
     assert not (tmp_path / "p.bin").exists()
