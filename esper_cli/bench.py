@@ -54,6 +54,12 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         f"    ratio  p50 {result['ratio_p50']:.2f}  p95 {result['ratio_p95']:.2f} "
         f"(eager p50 {result['eager_ratio_p50']:.2f})  budget {result['budget_ms']} ms"
     )
+    if "ratio_unmerged_p50" in result:
+        print(
+            f"    against the width seed unmerged in plain PyTorch (the same computation): bare "
+            f"p50 {result['bare_unmerged_p50_ms']:.3f} ms, ratio p50 {result['ratio_unmerged_p50']:.2f}  "
+            f"p95 {result['ratio_unmerged_p95']:.2f}"
+        )
     print(
         f"  whole epoch (validation, gates, signals) vs bare epoch + validation: esper p50 "
         f"{result['epoch_esper_p50_ms']:.3f} ms, bare p50 {result['epoch_bare_p50_ms']:.3f} ms, "

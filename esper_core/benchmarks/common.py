@@ -155,6 +155,60 @@ def _bare_user_model(trainer: Trainer, host: GrowableModel, spec: ModelSpec) -> 
     return model
 
 
+def unmerged_twin(trainer: Trainer, spec: ModelSpec | None) -> nn.Module | None:
+    """The bare twin with each active width seed kept beside its layer, as it trains: the same
+    computation as Esper's, in plain PyTorch. None when no width seed is active.
+
+    ``bare_twin`` merges a width seed into its layer: the static network of the grown size, the
+    yardstick a user compares growth against. While the seed trains in isolation Esper computes
+    more than that network (the seed's fan-in and fan-out beside the host's layers, and a host
+    that does not see the seed's gradient), so against it the ratio holds the seed's structural
+    cost too. Here the seed is a copy of itself (``WidthSeed`` is plain PyTorch), the widened
+    layer's input is kept by a forward pre-hook and the seed's delta joins the consumer's output
+    by a forward hook, with the isolation's arithmetic (``Slot.apply_seed`` in TRAINING): the
+    ratio against this twin is Esper's machinery alone, as it is for a branch seed.
+
+    Args:
+        trainer: The trainer whose host (and seeds) the twin copies.
+        spec: The recipe's ``ModelSpec``; width seeds grow only a user's model.
+    """
+    widths = [s for s in trainer.manager.slots.values() if isinstance(s, WidthSlot) and isinstance(s.seed, WidthSeed)]
+    if not widths or spec is None or not isinstance(trainer.model, GrowableModel):
+        return None
+    model = spec.build()
+    model.load_state_dict(trainer.model.model.state_dict())
+    for slot in widths:
+        assert isinstance(slot.seed, WidthSeed)
+        side = WidthSeed(slot.seed.site, model, units=slot.seed.units)
+        side.load_state_dict(slot.seed.state_dict())
+        _attach_side(model, side, name=slot.slot_id.replace(".", "_").replace("+", "_"))
+    for slot_id, slot in trainer.manager.slots.items():
+        block = None if isinstance(slot, WidthSlot) else _seed_block(trainer, slot_id)
+        if block is not None:
+            parent_name, _, child = slot_id.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, nn.Sequential(getattr(parent, child), block))
+    return model
+
+
+def _attach_side(model: nn.Module, side: WidthSeed, *, name: str) -> None:
+    """Run ``side`` from its layer's input into its consumer's output, isolated (its delta adds
+    nothing to the value, and no gradient reaches the host through it)."""
+    model.add_module(name, side)
+    modules = dict(model.named_modules())
+    kept: list[torch.Tensor] = []
+
+    def keep(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        kept.append(args[0])
+
+    def join(_m: nn.Module, _args: object, out: torch.Tensor) -> torch.Tensor:
+        delta = side(kept.pop().detach())
+        return out + (delta - delta.detach())
+
+    modules[side.site.layer].register_forward_pre_hook(keep)
+    modules[side.site.consumer].register_forward_hook(join)
+
+
 def _shape_args(layer: nn.Module) -> tuple:
     if isinstance(layer, nn.Conv2d):
         return (layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding)

@@ -6,8 +6,11 @@ start from the same weights: Esper with the eager step, Esper on the path its st
 (``esper_core.benchmarks.common.bare_twin``) in a plain loop with the same optimizer,
 learning-rate schedule, loss and batches, carrying the same seed (if one is active): a branch
 seed as an ordinary residual block, a width seed merged into its layer (the static network of
-the grown size). Their epochs are interleaved so all three see the same machine state, in an
-order that rotates every epoch. The seed is the one the host grows (``common.germinate_one``):
+the grown size). With a width seed a fourth path, ``bare_unmerged``
+(``common.unmerged_twin``), keeps the seed beside its layer as it trains, isolated: the same
+computation as Esper's in plain PyTorch, so ``ratio_unmerged_*`` is Esper's machinery alone and
+``ratio_*`` adds the seed's structural cost until its merge. Their epochs are interleaved so all
+paths see the same machine state, in an order that rotates every epoch. The seed is the one the host grows (``common.germinate_one``):
 a low-rank adapter or the recipe's first fitting blueprint on a branch slot, a doubling on a
 host that grows in width only. Reported per path, p50/p95 over the timed epochs:
 
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_core.benchmarks import NO_PROGRESS, Progress
-from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one
+from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one, unmerged_twin
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig
@@ -39,6 +42,7 @@ from esper_core.tolaria.loop import Trainer
 _HOLD_TRAINING = 10**6
 
 PATHS = ("esper_chosen", "esper_eager", "bare")
+UNMERGED = "bare_unmerged"
 
 
 def _trainer(recipe: str, config: BenchConfig, *, compile: str, graphs: bool = False) -> tuple[Trainer, RunConfig]:
@@ -73,6 +77,9 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
     chosen, _ = _trainer(recipe, config, compile=config.compile, graphs=config.cuda_graphs)
     spec = run_config.host if isinstance(run_config.host, ModelSpec) else None
     bare = BareLoop(bare_twin(eager, spec), eager)
+    side = unmerged_twin(eager, spec)
+    loops = {"bare": bare} if side is None else {"bare": bare, UNMERGED: BareLoop(side, eager)}
+    paths = PATHS if side is None else (*PATHS, UNMERGED)
     steps = math.ceil(len(eager.data.train) / eager.batch_size)
 
     # Warm-up: whole epochs, and for the chosen path until its engine has decided.
@@ -83,41 +90,43 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
     bare_ms = 0.0
     while epoch < warmup_epochs or not chosen.engine.decided:
         eager.train_epoch(), chosen.train_epoch()
-        bare_ms = bare.epoch(epoch)
-        bare.validate()
+        for loop in reversed(loops.values()):  # "bare" last: its time sizes the timed part
+            bare_ms = loop.epoch(epoch)
+            loop.validate()
         epoch += 1
         progress("warm-up epochs" if chosen.engine.decided else "warm-up (step engine deciding)", epoch, None)
         if epoch > warmup_epochs + 50:
             raise RuntimeError("the step engine did not decide within 50 warm-up epochs")
-    train: dict[str, list[float]] = {name: [] for name in PATHS}
-    whole: dict[str, list[float]] = {name: [] for name in PATHS}
+    train: dict[str, list[float]] = {name: [] for name in paths}
+    whole: dict[str, list[float]] = {name: [] for name in paths}
     trainers = {"esper_eager": eager, "esper_chosen": chosen}
-    epochs = _timed_epochs(config, bare_ms)
+    epochs = _timed_epochs(config, bare_ms, len(paths))
     for timed in range(epochs):
         # The order rotates every epoch: a path's place in the round is worth a few per cent on
         # the smallest workloads (whichever Esper path ran second was 3-4 % slower on
         # seed-reference and digits-mlp, whether eager or chosen), so no path keeps one place.
-        for name in PATHS[timed % 3 :] + PATHS[: timed % 3]:
-            if name == "bare":
-                train_ms = bare.epoch(epoch)
-                train["bare"].append(train_ms)
-                whole["bare"].append(train_ms + bare.validate())
+        turn = timed % len(paths)
+        for name in paths[turn:] + paths[:turn]:
+            if name in loops:
+                train_ms = loops[name].epoch(epoch)
+                train[name].append(train_ms)
+                whole[name].append(train_ms + loops[name].validate())
             else:
                 result = trainers[name].train_epoch()
                 train[name].append(result.train_ms)
                 whole[name].append(result.total_ms)
         epoch += 1
         progress("timed epochs", len(train["bare"]), epochs)
-    return _report(recipe, config, eager, chosen, bare, steps, train, whole)
+    return _report(recipe, config, eager, chosen, loops, steps, train, whole)
 
 
-def _timed_epochs(config: BenchConfig, bare_ms: float) -> int:
+def _timed_epochs(config: BenchConfig, bare_ms: float, paths: int) -> int:
     """``config.epochs``, or more to fill ``config.min_timed_s`` of bare epochs of ``bare_ms``
-    (the last warm-up epoch's), in whole rounds of the three paths."""
+    (the last warm-up epoch's), in whole rounds of the ``paths``."""
     if config.min_timed_s == 0:
         return config.epochs
     wanted = max(config.epochs, math.ceil(config.min_timed_s * 1e3 / bare_ms))
-    return -(-wanted // len(PATHS)) * len(PATHS)
+    return -(-wanted // paths) * paths
 
 
 def _report(
@@ -125,7 +134,7 @@ def _report(
     config: BenchConfig,
     eager: Trainer,
     chosen: Trainer,
-    bare: BareLoop,
+    loops: dict[str, BareLoop],
     steps: int,
     train: dict[str, list[float]],
     whole: dict[str, list[float]],
@@ -133,6 +142,16 @@ def _report(
     stats = {name: latency_stats(values) for name, values in train.items()}
     epoch_stats = {name: latency_stats(values) for name, values in whole.items()}
     test = eager.data.test
+    unmerged = {}
+    if UNMERGED in stats:
+        unmerged = {
+            "bare_unmerged_p50_ms": stats[UNMERGED].p50_ms,
+            "bare_unmerged_p95_ms": stats[UNMERGED].p95_ms,
+            "ratio_unmerged_p50": stats["esper_chosen"].p50_ms / stats[UNMERGED].p50_ms,
+            "ratio_unmerged_p95": stats["esper_chosen"].p95_ms / stats[UNMERGED].p95_ms,
+            "epoch_ratio_unmerged_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats[UNMERGED].p50_ms,
+            "accuracy_bare_unmerged": loops[UNMERGED].accuracy(test),
+        }
     return {
         "workload": recipe,
         "device": str(eager.device),
@@ -164,7 +183,8 @@ def _report(
         # The chosen path trained its own copy: a graph or compiled step that computed something
         # else than the eager one shows here.
         "accuracy_chosen": chosen.evaluate(test).accuracy,
-        "accuracy_bare": bare.accuracy(test),
+        "accuracy_bare": loops["bare"].accuracy(test),
+        **unmerged,
         "budget_ms": eager.config.latency_budget_ms,
         "samples_ms": {**train, **{f"epoch_{name}": values for name, values in whole.items()}},
     }

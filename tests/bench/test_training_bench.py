@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one
+from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one, unmerged_twin
 from esper_core.benchmarks.training import _timed_epochs, _trainer, run
 from esper_core.contracts import SeedStage
 from esper_core.kasmina.width import WidthSeed
@@ -119,6 +119,30 @@ def test_a_width_grown_host_benches_a_width_seed_against_the_wider_static_networ
         assert torch.allclose(twin(x), trainer.model(x), atol=1e-5)
 
 
+def test_the_unmerged_twin_computes_what_esper_computes_while_a_width_seed_trains() -> None:
+    trainer, run_config = _trainer(WIDTH_RECIPE, BenchConfig(epochs=5, seeds=0), compile="off")
+    assert unmerged_twin(trainer, run_config.host) is None  # type: ignore[arg-type]  # no width seed yet
+    slot = trainer.manager.slots[germinate_one(trainer, run_config)]
+    assert isinstance(slot.seed, WidthSeed)
+    slot.stage = SeedStage.TRAINING
+    with torch.no_grad():
+        slot.seed.fan_out.normal_()  # a seed that has learned something: its gradient is not zero
+    twin = unmerged_twin(trainer, run_config.host)  # type: ignore[arg-type]
+    assert twin is not None
+    x, y = trainer.data.train.x[:16], trainer.data.train.y[:16]
+    ours, theirs = trainer.model(x), twin(x)
+    assert torch.equal(ours, theirs)  # isolation: the seed's delta adds nothing to the value
+    torch.nn.functional.cross_entropy(ours, y).backward()
+    torch.nn.functional.cross_entropy(theirs, y).backward()
+    side = next(m for m in twin.modules() if isinstance(m, WidthSeed))
+    assert side.fan_out.grad is not None and side.fan_out.grad.abs().sum() > 0
+    for mine, twins in ((slot.seed, side), (trainer.model.model, twin)):
+        for (name, p), (_, q) in zip(mine.named_parameters(), twins.named_parameters(), strict=False):
+            assert torch.allclose(p.grad, q.grad, atol=1e-6), name  # host and seed: the same gradients
+    result = run(WIDTH_RECIPE, BenchConfig(epochs=5, warmup_batches=0, compile="off"))
+    assert result["ratio_unmerged_p50"] > 0 and len(result["samples_ms"]["bare_unmerged"]) == result["epochs"]
+
+
 def test_a_host_with_no_fitting_blueprint_is_refused_with_the_fix() -> None:
     trainer, run_config = _trainer("digits-mlp", BenchConfig(epochs=5, seeds=0), compile="off")
     for slot in trainer.manager.slots.values():
@@ -129,9 +153,10 @@ def test_a_host_with_no_fitting_blueprint_is_refused_with_the_fix() -> None:
 
 def test_short_epochs_are_timed_for_at_least_min_timed_s_in_whole_rounds() -> None:
     config = BenchConfig(epochs=30, min_timed_s=2.0)
-    assert _timed_epochs(config, bare_ms=1.5) == 1335  # ceil(2000 / 1.5) = 1334, in rounds of 3
-    assert _timed_epochs(config, bare_ms=100.0) == 30  # long epochs: --epochs already fills it
-    assert _timed_epochs(BenchConfig(epochs=31), bare_ms=1.5) == 31  # 0 s: exactly --epochs
+    assert _timed_epochs(config, bare_ms=1.5, paths=3) == 1335  # ceil(2000 / 1.5) = 1334, in rounds of 3
+    assert _timed_epochs(config, bare_ms=1.5, paths=4) == 1336  # with the unmerged twin, rounds of 4
+    assert _timed_epochs(config, bare_ms=100.0, paths=3) == 30  # long epochs: --epochs already fills it
+    assert _timed_epochs(BenchConfig(epochs=31), bare_ms=1.5, paths=3) == 31  # 0 s: exactly --epochs
     # No warm-up asked for: one untimed round still measures the bare epoch.
     result = run("seed-reference", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0, min_timed_s=0.01))
     assert result["epochs"] >= 6 and result["epochs"] % 3 == 0
