@@ -1,16 +1,17 @@
 """policy-graph: Tamiyo's policy forward on a ~50-node graph, eager vs compiled vs bare PyG.
 
-- ``eager`` and ``compiled``: ``PreparedPolicy`` as Tamiyo serves it (inference mode, the
-  compiled call under ``fail_on_recompile``), so the numbers include the serving overhead.
+- ``eager`` and ``compiled``: ``PreparedPolicy`` as Tamiyo serves it (eager under inference
+  mode; the compiled call after its guard check), so the numbers include the serving overhead.
 - ``bare``: the textbook torch-geometric model, ``HeteroConv({r: SAGEConv}, aggr="sum")`` with the
   same weights (``TamiyoGNN`` computes the same function in fused form), called eagerly.
 - ``warmup_cold_s`` / ``warmup_cached_s``: time to the first compiled result in a fresh process,
   with an empty compiler cache directory and then with the directory the first one filled (what
   a second Tamiyo process of the same installation pays); ``*_child_s`` is the part spent in the
-  niced child process that compiles into the cache, ``*_load_s`` the hot compile in the serving
-  process. ``eager_during_*_warmup_*_ms``: calls made every 100 ms while the background compile
-  runs; eager serves them without waiting for the compiler, but they share the CPU with the
-  child and, while loading, the GIL with this process's compile thread, which is what their tail
+  niced child process that compiles and stores the policy, ``*_load_s`` loading it into the
+  serving process. ``in_process_warmup_s``: the compiled path of this process, loaded from what
+  the probes stored. ``eager_during_*_warmup_*_ms``: calls made every 100 ms while the
+  background compile runs; eager serves them without waiting for the compiler, but they share the CPU with the
+  child and, while loading, the GIL with this process's loading thread, which is what their tail
   shows. ``worst_decision_during_warmup_ms`` is the worst of them, next to Tamiyo's deadline
   (``SafetyConfig.tamiyo_deadline_ms``) and how many calls went over it.
 
