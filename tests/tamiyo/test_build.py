@@ -263,22 +263,22 @@ def test_a_recorded_isa_probe_skips_the_probe_only_when_it_vouches_for_this_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(inductor_config.cpp, "vec_isa_ok", None)
     cpu_vec_isa.valid_vec_isa_list.cache_clear()  # as in a process that has not compiled yet
-    with recorded_vec_isa():
-        assert inductor_config.cpp.vec_isa_ok is None  # nothing recorded: Inductor probes
-    with inductor_config.patch({"cpp.vec_isa_ok": True}):
-        listed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list.__wrapped__()]
-    record = vec_isa_record()
-    assert record is not None
-    record.parent.mkdir(parents=True)
-    record.write_text(json.dumps(listed))  # the child's probe passed every ISA this CPU lists
-    with recorded_vec_isa():
-        assert inductor_config.cpp.vec_isa_ok is True
-    record.write_text(json.dumps([*listed[1:], "an ISA this CPU lacks"]))  # another CPU's, or one failed
-    with recorded_vec_isa():
+    with inductor_config.patch({"cpp.vec_isa_ok": None}):  # Inductor's default: probe
+        with recorded_vec_isa():
+            assert inductor_config.cpp.vec_isa_ok is None  # nothing recorded: Inductor probes
+        with inductor_config.patch({"cpp.vec_isa_ok": True}):
+            listed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list.__wrapped__()]
+        record = vec_isa_record()
+        assert record is not None
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps(listed))  # the child's probe passed every ISA this CPU lists
+        with recorded_vec_isa():
+            assert inductor_config.cpp.vec_isa_ok is True
+        record.write_text(json.dumps([*listed[1:], "an ISA this CPU lacks"]))  # another CPU's, or one failed
+        with recorded_vec_isa():
+            assert inductor_config.cpp.vec_isa_ok is None
         assert inductor_config.cpp.vec_isa_ok is None
-    assert inductor_config.cpp.vec_isa_ok is None
     assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0  # checking fixed no answer
 
 
