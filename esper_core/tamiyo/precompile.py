@@ -4,9 +4,11 @@
 guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on the
 ``policy-graph`` workload (2-core machine, one thread), while eager decisions wait for the
 interpreter. PyTorch's AOT precompile (``torch.compile(...).aot_compile``) captures the traced
-graph, its guards and Inductor's output in one artifact; loading it skips tracing: 0.7-0.8 s
-on the same machine, plus Inductor's one-time vector-ISA probe (1.2-1.6 s of child processes,
-waited for without the GIL) when nothing in the process has compiled yet.
+graph, its guards and Inductor's output in one artifact; loading it skips tracing. Measured
+by ``esper bench policy`` on the same machine, a cached warm-up (the load, the first imports of
+Inductor's runtime and one call) went from 3.77 s to 1.41-1.63 s, Inductor's vector-ISA probe
+skipped (``recorded_vec_isa``; it took 1.2-1.6 s of child processes the first time a process
+loaded CPU kernels).
 
 The API is marked experimental in PyTorch 2.13, so everything that touches it is here: a change
 of PyTorch is a change of this module. The artifact holds no weights: the policy network is
