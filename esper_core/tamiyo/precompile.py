@@ -6,7 +6,7 @@ guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on t
 interpreter. PyTorch's AOT precompile (``torch.compile(...).aot_compile``) captures the traced
 graph, its guards and Inductor's output in one artifact; loading it skips tracing. Measured
 by ``esper bench policy`` on the same machine, a cached warm-up (the load, the first imports of
-Inductor's runtime and one call) went from 3.77 s to 1.41-1.63 s, Inductor's vector-ISA probe
+Inductor's runtime and one call) went from 3.77 s to 1.13-1.63 s over seven runs, Inductor's vector-ISA probe
 skipped (``recorded_vec_isa``; it took 1.2-1.6 s of child processes the first time a process
 loaded CPU kernels).
 
