@@ -1,4 +1,4 @@
-"""Tamiyo's compiled policy as a file: compiled once, in the warm-up child, and loaded in a second.
+"""Tamiyo's compiled policy as a file: compiled once, in the warm-up child, loaded in ~1.5 s.
 
 ``torch.compile`` against a hot cache still traces the GNN again with Dynamo and rebuilds its
 guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on the
@@ -6,9 +6,9 @@ guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on t
 interpreter. PyTorch's AOT precompile (``torch.compile(...).aot_compile``) captures the traced
 graph, its guards and Inductor's output in one artifact; loading it skips tracing. Measured
 by ``esper bench policy`` on the same machine, a cached warm-up (the load, the first imports of
-Inductor's runtime and one call) went from 3.77 s to 1.13-1.63 s over seven runs, Inductor's vector-ISA probe
-skipped (``recorded_vec_isa``; it took 1.2-1.6 s of child processes the first time a process
-loaded CPU kernels).
+Inductor's runtime and one call) went from 3.77 s to 1.13-1.63 s over seven runs, with
+Inductor's vector-ISA probe skipped (``recorded_vec_isa``; it took 1.2-1.6 s of child processes
+the first time a process loaded CPU kernels).
 
 The API is marked experimental in PyTorch 2.13, so everything that touches it is here: a change
 of PyTorch is a change of this module. The artifact holds no weights: the policy network is
