@@ -29,7 +29,10 @@ class PolicyCompileConfig:
             same as the default on CPU.
         dynamic: Compile with dynamic shapes (graphs differ in node and edge counts).
         backend: ``torch.compile`` backend; ``eager`` or ``aot_eager`` skip code generation
-            (fast, for tests).
+            (fast, for tests). The compiled policy is stored as a file
+            (``esper_core.tamiyo.precompile``), so the backend must return code PyTorch can
+            serialise (Inductor and those two do); with another one compiling falls back to eager
+            after the first attempt.
         background: Compile on a background thread while eager serves decisions; False
             compiles before ``prepare_policy`` returns (benchmarks, tests).
         max_shapes: Shape signatures compiled at most (each new one is compiled in the
