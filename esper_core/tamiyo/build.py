@@ -400,11 +400,22 @@ class PreparedPolicy:
 
     def _install(self, fn: CompiledPolicy, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
         """Make ``fn`` servable after one call on its own inputs (lazy initialisation and, on
-        CUDA, graph capture happen here rather than in a decision)."""
+        CUDA, graph capture happen here rather than in a decision).
+
+        Raises:
+            RuntimeError: ``fn``'s guards reject the very inputs it was compiled for: it would
+                never serve a decision (a process setting the child did not share, say).
+        """
         with self._lock:
             if not self._enabled:
                 return
             with compiled_context(self.device, self.dtype):
+                if not fn.guard_check(self.model, x_dict, edge_index_dict):
+                    raise RuntimeError(
+                        "the compiled policy's guards reject the inputs it was compiled for, so it would never "
+                        "serve: this process's global state differs from the compiling one's (compare "
+                        "esper_core.tamiyo.precompile.process_state in both)"
+                    )
                 fn(self.model, x_dict, edge_index_dict)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

@@ -481,6 +481,20 @@ def test_the_child_gets_the_calling_threads_settings_not_the_background_threads(
     policy.close(timeout=10)
 
 
+def test_a_compiled_policy_that_rejects_its_own_inputs_falls_back_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a stored policy compiled under other process settings looks like here: it loads and
+    # runs, but no decision would ever pass its guards. Said once, rather than eager in silence.
+    _fake_compile(monkeypatch, lambda model: _Compiled(model, accepts=lambda x_dict: False))
+    policy = PreparedPolicy(_model(), device=CPU, compile_config=PolicyCompileConfig(background=False), dtype=None)
+    with caplog.at_level(logging.WARNING, logger="esper_core.tamiyo.build"):
+        assert policy.warm(*_inputs())
+    assert not policy.compile_enabled and policy.fallback_total == 1
+    assert "guards reject the inputs it was compiled for" in (policy.fallback_reason or "")
+    assert len(caplog.records) == 1
+
+
 def test_a_warmup_child_that_cannot_match_the_serving_state_says_so(tmp_path: Path) -> None:
     from esper_core.tamiyo.build import guard_state_under, warm_in_subprocess
 
