@@ -13,8 +13,9 @@ graph memory pool when ``enable_graph_pool_reuse`` is set (seed 004: ~5 s -> ~63
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -30,6 +31,27 @@ def shared_pool() -> tuple[int, int]:
     if _SHARED_POOL is None:
         _SHARED_POOL = torch.cuda.graph_pool_handle()
     return _SHARED_POOL
+
+
+@contextlib.contextmanager
+def _generator_restored_on_failure() -> Iterator[None]:
+    """Put the current device's default CUDA generator back as it was if the block raises.
+
+    A capture registers that generator and marks its state as capturing; only a capture that ends
+    cleanly unmarks it. When a capture fails (a host sync inside the step, say), PyTorch raises
+    from ``capture_end`` before that, and every later random op on the device fails with "Offset
+    increment outside graph capture encountered unexpectedly": on the first GPU lease, after a
+    capture fell back to eager, a width seed's initialisation and Inductor's seeds both did. The
+    failed capture executed nothing, so the state from before it (a clone: seed and offset, not
+    capturing) is the right one to continue from.
+    """
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    before = generator.clone_state()
+    try:
+        yield
+    except BaseException:
+        generator.graphsafe_set_state(before)
+        raise
 
 
 class GraphRunner:
@@ -92,7 +114,7 @@ class GraphRunner:
         zero_grad()  # grads are (re)allocated inside the graph's pool and stay static
         graph = torch.cuda.CUDAGraph()
         pool = shared_pool() if self.reuse_pool else None
-        with torch.cuda.graph(graph, pool=pool):
+        with _generator_restored_on_failure(), torch.cuda.graph(graph, pool=pool):
             self._static_loss = self.step_fn(self._static_x, self._static_y)
         graph.replay()  # the capture itself does not execute: run this batch's step once
         self._grads = [(p, p.grad) for p in self.parameters() if p.grad is not None]

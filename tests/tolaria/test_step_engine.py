@@ -15,7 +15,7 @@ from esper_core.run.build import build_trainer
 from esper_core.run.recipes import get_recipe
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.precision import Precision
-from esper_core.tolaria.step import StepEngineConfig
+from esper_core.tolaria.step import StepEngine, StepEngineConfig
 from tests.helpers.runif import requires_cuda
 
 
@@ -216,6 +216,37 @@ def test_cuda_graph_replay_matches_eager() -> None:
     # Train accuracy is measured after the epoch, outside the graph (a near-tie's argmax may flip
     # with the graph's float order: allow two samples).
     assert second.packet.train_accuracy == pytest.approx(eager_packets[1].train_accuracy, abs=2 / 512)
+
+
+@requires_cuda("a CUDA graph capture that fails, and the device's random numbers after it")
+def test_a_failed_capture_trains_eagerly_and_leaves_the_cuda_generator_usable() -> None:
+    model = torch.nn.Linear(4, 2, device="cuda")
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        # A host sync: fine on the warm-up's side stream, refused while the stream captures.
+        return loss.detach() * (1.0 if loss.item() >= 0 else 0.0)
+
+    engine = StepEngine(
+        step,
+        zero_grad=lambda: model.zero_grad(set_to_none=True),
+        parameters=model.parameters,
+        config=StepEngineConfig(compile="off", enable_graphs=True),
+        device=torch.device("cuda"),
+        workload="sync-inside-the-step",
+    )
+    x, y = torch.randn(8, 4, device="cuda"), torch.randn(8, 2, device="cuda")
+    loss = engine.run(x, y)
+    _, events = engine.end_epoch()
+    assert engine.graphs is None and engine.describe() == "eager"
+    assert [e.attributes["reason"] for e in events if e.name == "tolaria.graph_fallback"] == ["capture_failed"]
+    assert torch.isfinite(loss) and model.weight.grad is not None
+    # Before the generator was restored, both raised "Offset increment outside graph capture
+    # encountered unexpectedly" (a width seed's initialisation, an Inductor-compiled dropout).
+    torch.nn.init.kaiming_uniform_(torch.empty(4, 4, device="cuda"))
+    assert torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5).sum() > 0
+    assert engine.run(x, y).isfinite()
 
 
 @requires_cuda("bf16/fp16 autocast and GradScaler")
