@@ -21,6 +21,7 @@ from esper_core.kasmina.width import (
     width_batches,
 )
 from esper_core.models.mnist1d import MNIST1DCNN, MNIST1DMLP
+from tests.helpers.runif import requires_cuda
 
 
 class BNConvNet(nn.Module):
@@ -196,6 +197,23 @@ def test_tiny_units_lower_the_loss_to_first_order() -> None:
         with torch.no_grad():
             losses.append(float(F.cross_entropy(model(x), y)))
     assert losses[1] < losses[0]
+
+
+@requires_cuda("width seeds' data-aware inits on the GPU (CUDA's lstsq lacks gelsd)")
+@pytest.mark.parametrize("init", ["gradmax", "tiny"])
+def test_data_aware_inits_on_cuda_capture_what_they_do_on_the_cpu(init: str) -> None:
+    torch.manual_seed(0)
+    cpu_model = MNIST1DCNN(channels=4)
+    cuda_model = copy.deepcopy(cpu_model).cuda()
+    x, y = torch.randn(128, 40), torch.randint(0, 10, (128,))
+    energy = {}
+    for model, device in ((cpu_model, "cpu"), (cuda_model, "cuda")):
+        slot, seed = _grown(model, "conv2", (40,), 2)
+        batches = width_batches(model, seed.site, [(x.to(device), y.to(device))], F.cross_entropy)
+        energy[device] = init_width_seed_(seed, init, batches)["init_energy"]
+        assert seed.fan_out.device.type == device and torch.isfinite(seed.fan_out).all()
+    # Singular vectors' signs may differ between LAPACK and cuSOLVER; the captured energy may not.
+    assert energy["cuda"] == pytest.approx(energy["cpu"], rel=1e-3)
 
 
 def test_the_merge_keeps_adam_state_and_new_entries_take_the_seeds_step_sizes() -> None:

@@ -152,7 +152,7 @@ def _data_aware(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]) -> 
         return {"init_energy": float((s[: cols.shape[0]] ** 2).sum() / (s**2).sum().clamp_min(1e-30))}
     s_cov = _input_covariance(seed, batches)  # (d_in, d_in)
     ridge = _RIDGE * s_cov.diagonal().mean().clamp_min(1e-12)
-    evals, evecs = torch.linalg.eigh(s_cov + ridge * torch.eye(s_cov.shape[0], dtype=s_cov.dtype))
+    evals, evecs = torch.linalg.eigh(s_cov + ridge * torch.eye(s_cov.shape[0], dtype=s_cov.dtype, device=s_cov.device))
     inv_sqrt = evecs @ torch.diag(evals.rsqrt()) @ evecs.T
     p, s, qh = torch.linalg.svd(inv_sqrt @ a, full_matrices=False)
     r = min(k, int((s > s[0] * _RANK_TOLERANCE).sum()) if s.numel() and s[0] > 0 else 0)
@@ -225,7 +225,10 @@ def _residual_gradient(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
     # Outputs per row: a Linear's on the last dim (any leading dims), a convolution's on dim 1.
     g = batch.g if _is_linear(seed) else batch.g.movedim(1, -1)
     g_rows = g.reshape(-1, g.shape[-1])
-    fit = torch.linalg.lstsq(h_rows, g_rows, driver="gelsd").solution  # (d_h, out)
+    # gelsd (SVD) because the rows are rank-deficient whenever a unit is dead; CUDA's lstsq has
+    # only gels (QR, full rank), so the solve runs on the CPU, once per germination (found on the
+    # first GPU lease: every TINY germination on CUDA failed here).
+    fit = torch.linalg.lstsq(h_rows.cpu(), g_rows.cpu(), driver="gelsd").solution.to(h_rows.device)  # (d_h, out)
     residual = (g_rows - h_rows @ fit).reshape(g.shape)
     return residual if _is_linear(seed) else residual.movedim(-1, 1)
 
@@ -291,7 +294,7 @@ def _slopes(seed: WidthSeed) -> dict[int, float]:
         if step.func in _RELUS:
             slopes[i] = 1.0
             continue
-        z = torch.zeros((), requires_grad=True)
+        z = seed.fan_in.new_zeros((), requires_grad=True)  # on the seed's device: a step may hold tensors
         with torch.enable_grad():
             (d,) = torch.autograd.grad(seed._replay(i, step, z), z)
         slopes[i] = float(d)
@@ -300,7 +303,7 @@ def _slopes(seed: WidthSeed) -> dict[int, float]:
 
 def _check_zero_at_zero(seed: WidthSeed) -> None:
     for i, step in enumerate(seed.site.steps):
-        if step.kind == "elementwise" and float(seed._replay(i, step, torch.zeros(()))) != 0.0:
+        if step.kind == "elementwise" and float(seed._replay(i, step, seed.fan_in.new_zeros(()))) != 0.0:
             name = getattr(step.func, "__name__", step.func)
             raise ValueError(
                 f"gradmax zeroes the new units' fan-in, but {name} is not 0 at 0, so the network would change; "
