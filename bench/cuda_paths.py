@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             f"epoch x{row['epoch_ratio_p50']:.2f}  acc eager {row['accuracy_esper']:.3f} "
             f"chosen {row['accuracy_chosen']:.3f} bare {row['accuracy_bare']:.3f}"
         )
+        for fallback in row["fallbacks"]:
+            print(f"{'':<27} fell back: {fallback[:300]}")
     return 1 if any("error" in row for row in rows) else 0
 
 

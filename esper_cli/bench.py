@@ -47,6 +47,8 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         f"{result['workload']} on {result['device']}: {result['epochs']} epochs of {result['steps_per_epoch']} steps, "
         f"{result['active_seeds']} active seed(s), {result['precision']}, chosen path {result['chosen_path']}"
     )
+    for fallback in result["fallbacks"]:
+        print(f"  fell back: {fallback}")
     print("  training part of an epoch (tolaria.training.latency_ms) vs the bare loop's epoch:")
     for label, key in (("esper", "esper"), ("eager", "eager"), ("bare", "bare")):
         print(f"    {label:<6} p50 {result[key + '_p50_ms']:.3f} ms  p95 {result[key + '_p95_ms']:.3f} ms")

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from esper_core.benchmarks import NO_PROGRESS, Progress
 from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one, unmerged_twin
+from esper_core.contracts import TelemetryEvent, TelemetryLevel
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig
@@ -88,8 +90,12 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
         warmup_epochs = max(warmup_epochs, 1)  # the last warm-up epoch's bare time sizes the timed part
     epoch = 0
     bare_ms = 0.0
+    # Why the chosen path is not the one asked for (a capture or compile that fell back): the
+    # first GPU lease saw "eager" for a --cuda-graphs case and nothing said why.
+    fallbacks: list[str] = []
     while epoch < warmup_epochs or not chosen.engine.decided:
-        eager.train_epoch(), chosen.train_epoch()
+        eager.train_epoch()
+        fallbacks += _fallbacks(chosen.train_epoch().events)
         for loop in reversed(loops.values()):  # "bare" last: its time sizes the timed part
             bare_ms = loop.epoch(epoch)
             loop.validate()
@@ -113,11 +119,21 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
                 whole[name].append(train_ms + loops[name].validate())
             else:
                 result = trainers[name].train_epoch()
+                if name == "esper_chosen":
+                    fallbacks += _fallbacks(result.events)
                 train[name].append(result.train_ms)
                 whole[name].append(result.total_ms)
         epoch += 1
         progress("timed epochs", len(train["bare"]), epochs)
-    return _report(recipe, config, eager, chosen, loops, steps, train, whole)
+    return {**_report(recipe, config, eager, chosen, loops, steps, train, whole), "fallbacks": fallbacks}
+
+
+def _fallbacks(events: Sequence[TelemetryEvent]) -> list[str]:
+    """The step engine's warnings that it left the configured path (not the routine INFO that a
+    short last batch runs eagerly)."""
+    return [
+        f"{e.name}: {e.message}" for e in events if e.name.endswith("_fallback") and e.level is TelemetryLevel.WARNING
+    ]
 
 
 def _timed_epochs(config: BenchConfig, bare_ms: float, paths: int) -> int:

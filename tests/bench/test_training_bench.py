@@ -19,11 +19,15 @@ def test_bare_twin_matches_the_host_and_trains_the_same_without_seeds() -> None:
     result = run("digits-mlp", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0))
     assert result["accuracy_esper"] == result["accuracy_bare"]
     assert {"esper_p95_ms", "bare_p95_ms", "ratio_p95", "chosen_path"} <= result.keys()
+    assert result["fallbacks"] == []
 
 
 def test_cuda_graphs_asked_for_on_cpu_are_skipped_and_every_path_stays_fp32() -> None:
     result = run("digits-mlp", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0, cuda_graphs=True))
     assert result["chosen_path"] == "eager" and result["precision"] == "fp32 (amp off on cpu)"
+    assert result["fallbacks"] == [
+        "tolaria.graph_fallback: CUDA graphs need a CUDA device; training on cpu runs the eager step"
+    ]
     assert result["accuracy_chosen"] == result["accuracy_esper"] == result["accuracy_bare"]
 
 
@@ -40,6 +44,7 @@ def test_a_graphed_step_trains_as_the_eager_one_on_cuda() -> None:
         "digits-mlp", BenchConfig(epochs=6, warmup_batches=0, compile="off", seeds=0, device="cuda", cuda_graphs=True)
     )
     assert result["chosen_path"] == "eager + CUDA graph" and result["precision"] == "bf16 autocast"
+    assert result["fallbacks"] == []
     # Six timed epochs after the warm-up: a path that stopped learning after one sits lower.
     assert result["accuracy_chosen"] == pytest.approx(result["accuracy_esper"], abs=0.02)
     assert result["accuracy_bare"] == pytest.approx(result["accuracy_esper"], abs=0.02)
