@@ -50,12 +50,12 @@ from esper_core.tamiyo.precompile import (
     compile_policy,
     guard_state,
     load_policy,
-    loading,
     process_state,
     recorded_vec_isa,
     save_policy,
 )
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+from esper_core.tamiyo.yielding import deciding, loading
 from esper_core.threads import start_daemon
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,13 @@ class PreparedPolicy:
 
         Compiled when a ready compiled policy's guards accept these inputs; otherwise eager under
         ``inference_mode`` (and autocast on CUDA), and inputs no compiled policy accepts are
-        queued for a background compile of their own.
+        queued for a background compile of their own. A compiled policy loading meanwhile on
+        another thread pauses at its imports until the call returns (``yielding.deciding``).
         """
+        with deciding():
+            return self._decide(x_dict, edge_index_dict)
+
+    def _decide(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:
         if self.compile_enabled and self._lock.acquire(blocking=False):
             unseen = False
             try:

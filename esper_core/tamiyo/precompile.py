@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import hashlib
 import json
 import os
-import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -200,59 +197,3 @@ def recorded_vec_isa() -> Iterator[None]:
         return
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
         yield
-
-
-LOADING_SWITCH_INTERVAL_S = 2e-5
-"""The interpreter's thread switch interval while this process loads a compiled policy.
-
-Loading runs Python on a background thread; each torch op of an eager decision releases the GIL
-and then waits for it for up to the switch interval (5 ms by default), so a ~200-op decision took
-up to 1 s while loading. At 0.02 ms the worst decision during a load was 21-24 ms on a quiet
-2-core machine (``esper bench policy``). Process-wide, so it is set only while loading.
-"""
-_loading_lock = threading.Lock()
-_loading_depth = 0
-_loading_restore: Callable[[], None] | None = None
-
-
-@contextlib.contextmanager
-def loading() -> Iterator[None]:
-    """Run the block as a load that must not stall decisions (nested or concurrent blocks share it).
-
-    Two process-wide settings, restored when the last block ends:
-
-    - the switch interval is ``LOADING_SWITCH_INTERVAL_S``;
-    - the cyclic GC is off. A load allocates enough objects to set off full collections, which
-      walk every object of the process with the GIL held: 180-185 ms, the worst decision of a
-      load, before this; 20-47 ms with the process's older objects frozen out of the walk. At the
-      end the load's objects are moved to the oldest generation unwalked (``gc.freeze`` then
-      ``gc.unfreeze``), to be collected at the process's next full collection, as if they had
-      aged there. A process that froze objects itself keeps its freeze, and its young
-      generation walks the load's objects at its next collection instead.
-    """
-    global _loading_depth, _loading_restore
-    with _loading_lock:
-        if _loading_depth == 0:
-            interval = sys.getswitchinterval()
-            collecting = gc.isenabled()
-            sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
-            gc.disable()
-
-            def restore() -> None:
-                sys.setswitchinterval(interval)
-                if gc.get_freeze_count() == 0:
-                    gc.freeze()
-                    gc.unfreeze()
-                if collecting:
-                    gc.enable()
-
-            _loading_restore = restore
-        _loading_depth += 1
-    try:
-        yield
-    finally:
-        with _loading_lock:
-            _loading_depth -= 1
-            if _loading_depth == 0 and _loading_restore is not None:
-                _loading_restore()
-                _loading_restore = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import torch._inductor.config as inductor_config
 from torch._dynamo import register_backend
 from torch._inductor import cpu_vec_isa
 
+from esper_core.tamiyo import yielding
 from esper_core.tamiyo.build import (
     PreparedPolicy,
     autocast_dtype,
@@ -29,14 +31,13 @@ from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import build_graph
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.precompile import (
-    LOADING_SWITCH_INTERVAL_S,
     artifact_path,
-    loading,
     process_state,
     recorded_vec_isa,
     vec_isa_record,
 )
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+from esper_core.tamiyo.yielding import LOADING_SWITCH_INTERVAL_S, deciding, loading
 
 CPU = torch.device("cpu")
 SMALL = TamiyoGNNConfig(hidden_dim=8, num_layers=1)
@@ -244,6 +245,46 @@ def test_loading_yields_the_interpreter_often_pauses_the_collector_and_restores_
         assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_INTERVAL_S) and not gc.isenabled()
     assert sys.getswitchinterval() == before and gc.isenabled() and gc.get_freeze_count() == 0
     assert gc.get_count()[0] < len(loaded)  # aged into the oldest generation, not left young
+
+
+def test_a_load_pauses_at_its_imports_while_a_decision_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Long enough that an import made during the decision cannot finish by the bound instead.
+    monkeypatch.setattr(yielding, "IMPORT_PAUSE_MAX_S", 60.0)
+    for name in ("esper_probe_loader", "esper_probe_decider"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    go, imported = threading.Event(), threading.Event()
+
+    def load() -> None:
+        with loading():
+            go.wait()
+            importlib.import_module("esper_probe_loader")
+            imported.set()
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        with deciding():
+            go.set()
+            assert not imported.wait(0.5)  # paused at the import while the decision runs
+            importlib.import_module("esper_probe_decider")  # the deciding thread never pauses
+        assert imported.wait(30)
+    finally:
+        go.set()
+        loader.join(30)
+    assert yielding._PAUSE not in sys.meta_path  # only while a load runs
+
+
+def test_a_thread_that_decides_while_it_loads_does_not_wait_for_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float | None] = []
+    monkeypatch.setattr(yielding._no_decision, "wait", lambda timeout=None: waits.append(timeout) or True)
+    (tmp_path / "esper_probe_self.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with loading(), deciding():
+        importlib.import_module("esper_probe_self")
+    assert waits == []
 
 
 def test_loading_keeps_a_freeze_the_process_made_and_a_collector_it_turned_off() -> None:
