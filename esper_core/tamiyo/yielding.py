@@ -8,23 +8,25 @@ them up for the loading thread, ``deciding`` marks a decision:
   of an eager decision releases the GIL and then waits up to the switch interval to get it back;
 - the cyclic GC is off, since a full collection walks every object of the process with the GIL
   held;
-- the loading thread pauses at each module it imports while a decision is in flight. A first load
-  imports ~740 modules (Inductor's code generators, networkx through functorch's partitioner, redis
-  through Inductor's remote cache), and executing them held the GIL in chunks of up to ~55 ms;
-  those chunks were most of the slow decisions. An import is a point where the loader holds no
-  lock a decision needs, and pausing there costs the load nothing measurable.
+- the loading thread pauses at each Python call while a decision is in flight (a call-only trace
+  function, ``_pause_for_decisions``). Even with the short switch interval, the load held the GIL
+  in chunks of up to ~55 ms: a first load imports ~740 modules (Inductor's code generators,
+  networkx through functorch's partitioner, redis through Inductor's remote cache) and builds the
+  guard tree, and both run C calls (compiling and unmarshalling code) that no switch interrupts.
+  A decision that met two or three of them took 30-65 ms. Paused, the loader starts no new chunk
+  while a decision runs. ``esper bench policy``, three runs each way interleaved on a 2-core
+  machine: worst decision during warm-up 60.7-68.6 ms before, 7.3-8.7 ms after; cached warm-up
+  1.26-1.76 s before, 1.92-2.20 s after (the trace function's cost: it is called at every call).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.abc
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from importlib.machinery import ModuleSpec
-from types import ModuleType
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 LOADING_SWITCH_INTERVAL_S = 2e-5
 """The interpreter's thread switch interval while this process loads a compiled policy.
@@ -34,12 +36,12 @@ decision during a load was 21-24 ms on a quiet 2-core machine (``esper bench pol
 Process-wide, so it is set only while loading.
 """
 
-IMPORT_PAUSE_MAX_S = 0.05
-"""The longest a loading thread waits at one import for decisions to end.
+PAUSE_MAX_S = 0.05
+"""The longest a loading thread waits at one call for decisions to end.
 
-Bounded because a decision could itself wait for the loading thread: importing a module that the
-loader is half-way through importing waits for that module's lock. The pause then ends after this
-long and both go on; a decision never waits for the pause.
+Bounded because a decision could itself wait for the paused loader: importing a module the loader
+is half-way through importing waits for that module's lock, say. The pause then ends after this
+long and both go on; a decision never waits for the pause itself.
 """
 
 _loading_lock = threading.Lock()
@@ -52,39 +54,33 @@ _no_decision.set()
 _thread = threading.local()
 
 
-class _PauseForDecisions(importlib.abc.MetaPathFinder):
-    """First on ``sys.meta_path`` while a policy loads: a loading thread that imports a module
-    while a decision runs waits for it here, then the ordinary finders find the module."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        # A thread that decides and loads at once (a synchronous compile) must not wait for itself.
-        if not _no_decision.is_set() and getattr(_thread, "loading", 0) and not getattr(_thread, "deciding", 0):
-            _no_decision.wait(IMPORT_PAUSE_MAX_S)
-        return None
-
-
-_PAUSE = _PauseForDecisions()
+def _pause_for_decisions(frame: FrameType, event: str, arg: object) -> None:
+    """The trace function of a loading thread: called at each Python call it makes (and nothing
+    else: it returns no local tracer), it waits while a decision runs on another thread."""
+    # A thread that decides and loads at once (a synchronous compile) must not wait for itself.
+    if _decisions_in_flight and not getattr(_thread, "deciding", 0):
+        _no_decision.wait(PAUSE_MAX_S)
 
 
 @contextlib.contextmanager
 def deciding() -> Iterator[None]:
-    """Run the block as a decision: a load on another thread pauses at its next import until
-    no decision is in flight. Costs a lock and an event, a few microseconds."""
+    """Run the block as a decision: a load on another thread pauses at its next Python call
+    until no decision is in flight. Costs a lock and an event, a few microseconds."""
     global _decisions_in_flight
+    # Marked first and unmarked last: the event's own methods are Python calls, which a trace
+    # function on this thread (one that also loads) would otherwise see as another's decision.
+    _thread.deciding = getattr(_thread, "deciding", 0) + 1
     with _decisions_lock:
         _decisions_in_flight += 1
         _no_decision.clear()
-    _thread.deciding = getattr(_thread, "deciding", 0) + 1
     try:
         yield
     finally:
-        _thread.deciding -= 1
         with _decisions_lock:
             _decisions_in_flight -= 1
             if _decisions_in_flight == 0:
                 _no_decision.set()
+        _thread.deciding -= 1
 
 
 @contextlib.contextmanager
@@ -100,7 +96,8 @@ def loading() -> Iterator[None]:
       unwalked (``gc.freeze`` then ``gc.unfreeze``), to be collected at the process's next full
       collection, as if they had aged there. A process that froze objects itself keeps its
       freeze, and its young generation walks the load's objects at its next collection instead;
-    - imports pause for decisions (``_PauseForDecisions``), on the threads inside this block only.
+    - the threads inside this block pause for decisions (``_pause_for_decisions``). A thread that
+      already has a trace function (a debugger, coverage) keeps it and does not pause.
     """
     global _loading_depth, _loading_restore
     with _loading_lock:
@@ -109,10 +106,8 @@ def loading() -> Iterator[None]:
             collecting = gc.isenabled()
             sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
             gc.disable()
-            sys.meta_path.insert(0, _PAUSE)
 
             def restore() -> None:
-                sys.meta_path.remove(_PAUSE)
                 sys.setswitchinterval(interval)
                 if gc.get_freeze_count() == 0:
                     gc.freeze()
@@ -122,11 +117,14 @@ def loading() -> Iterator[None]:
 
             _loading_restore = restore
         _loading_depth += 1
-    _thread.loading = getattr(_thread, "loading", 0) + 1
+    tracer = sys.gettrace()
+    if tracer is None:
+        sys.settrace(_pause_for_decisions)
     try:
         yield
     finally:
-        _thread.loading -= 1
+        if tracer is None:
+            sys.settrace(None)
         with _loading_lock:
             _loading_depth -= 1
             if _loading_depth == 0 and _loading_restore is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 import logging
 import os
@@ -247,44 +246,55 @@ def test_loading_yields_the_interpreter_often_pauses_the_collector_and_restores_
     assert gc.get_count()[0] < len(loaded)  # aged into the oldest generation, not left young
 
 
-def test_a_load_pauses_at_its_imports_while_a_decision_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Long enough that an import made during the decision cannot finish by the bound instead.
-    monkeypatch.setattr(yielding, "IMPORT_PAUSE_MAX_S", 60.0)
-    for name in ("esper_probe_loader", "esper_probe_decider"):
-        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    go, imported = threading.Event(), threading.Event()
+def test_a_load_pauses_while_a_decision_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Long enough that the load cannot go on by the bound instead.
+    monkeypatch.setattr(yielding, "PAUSE_MAX_S", 60.0)
+    go, progressed = threading.Event(), threading.Event()
 
     def load() -> None:
         with loading():
             go.wait()
-            importlib.import_module("esper_probe_loader")
-            imported.set()
+            progressed.set()  # a Python call: the load pauses before it while a decision runs
 
     loader = threading.Thread(target=load)
     loader.start()
     try:
         with deciding():
             go.set()
-            assert not imported.wait(0.5)  # paused at the import while the decision runs
-            importlib.import_module("esper_probe_decider")  # the deciding thread never pauses
-        assert imported.wait(30)
+            assert not progressed.wait(0.5)
+            assert _Compiled(lambda: 1).call() == 1  # the deciding thread's own calls never pause
+        assert progressed.wait(30)
     finally:
         go.set()
         loader.join(30)
-    assert yielding._PAUSE not in sys.meta_path  # only while a load runs
+    assert sys.gettrace() is None
 
 
-def test_a_thread_that_decides_while_it_loads_does_not_wait_for_itself(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_thread_that_decides_while_it_loads_does_not_wait_for_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[float | None] = []
     monkeypatch.setattr(yielding._no_decision, "wait", lambda timeout=None: waits.append(timeout) or True)
-    (tmp_path / "esper_probe_self.py").write_text("VALUE = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     with loading(), deciding():
-        importlib.import_module("esper_probe_self")
+        assert _Compiled(lambda: 1).call() == 1
     assert waits == []
+
+
+def test_a_loading_thread_keeps_a_trace_function_it_already_has() -> None:
+    def tracer(frame: Any, event: str, arg: object) -> None:  # noqa: ANN401 - sys.settrace's signature
+        return None
+
+    with loading():
+        assert sys.gettrace() is yielding._pause_for_decisions
+        with loading():  # nested: the outer block restores
+            pass
+        assert sys.gettrace() is yielding._pause_for_decisions
+    assert sys.gettrace() is None
+    sys.settrace(tracer)
+    try:
+        with loading():
+            assert sys.gettrace() is tracer
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
 
 
 def test_loading_keeps_a_freeze_the_process_made_and_a_collector_it_turned_off() -> None:
