@@ -10,9 +10,10 @@ Never blocking a decision on the compiler: a cold compile costs 30-45 s on 2 bus
 eager serves until a compiled policy is ready, and the compile happens off the decision path in
 two stages: a low-priority child process (``esper_core.tamiyo.warmup``) compiles the same module
 and shapes and stores the compiled policy (``esper_core.tamiyo.precompile``), then a background
-thread loads it into this process (under a second; no tracing). A compile on a thread of this
-process would hold its GIL for the whole compile, and eager decisions made meanwhile took
-seconds (2.8 s measured). A stored policy is loaded without a child at all.
+thread loads it into this process (1-2 s; no tracing), pausing while a decision runs
+(``esper_core.tamiyo.yielding``). A compile on a thread of this process would hold its GIL for
+the whole compile, and eager decisions made meanwhile took seconds (2.8 s measured). A stored
+policy is loaded without a child at all.
 
 Each compiled policy carries the guards of its compile (shapes, dtypes, grad mode); a decision
 whose inputs no loaded policy accepts (e.g. a first graph with one slot after compiling on six)
