@@ -246,6 +246,13 @@ def test_loading_yields_the_interpreter_often_pauses_the_collector_and_restores_
     assert gc.get_count()[0] < len(loaded)  # aged into the oldest generation, not left young
 
 
+_UNTRACED = pytest.mark.skipif(
+    sys.gettrace() is not None or threading.gettrace() is not None,
+    reason="a tracer (coverage, a debugger) is installed: a loading thread keeps it and does not pause",
+)
+
+
+@_UNTRACED
 def test_a_load_pauses_while_a_decision_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # Long enough that the load cannot go on by the bound instead.
     monkeypatch.setattr(yielding, "PAUSE_MAX_S", 60.0)
@@ -278,6 +285,7 @@ def test_a_thread_that_decides_while_it_loads_does_not_wait_for_itself(monkeypat
     assert waits == []
 
 
+@_UNTRACED
 def test_a_loading_thread_keeps_a_trace_function_it_already_has() -> None:
     def tracer(frame: Any, event: str, arg: object) -> None:  # noqa: ANN401 - sys.settrace's signature
         return None
