@@ -208,7 +208,7 @@ class PreparedPolicy:
         Compiled when a ready compiled policy's guards accept these inputs; otherwise eager under
         ``inference_mode`` (and autocast on CUDA), and inputs no compiled policy accepts are
         queued for a background compile of their own. A compiled policy loading meanwhile on
-        another thread pauses at its imports until the call returns (``yielding.deciding``).
+        another thread pauses at its next Python call until this one returns (``yielding.deciding``).
         """
         with deciding():
             return self._decide(x_dict, edge_index_dict)
