@@ -10,7 +10,7 @@ from esper_core.hosts import CNNHost, HostConfig, MLPHost, build_host_from_confi
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -45,7 +45,7 @@ def test_vector_blueprint_fits_the_cnn_classifier_slot_but_not_a_feature_map(com
     trainer = build_trainer(eager_recipe("digits-cnn"), catalog=default_catalog(), run_id="t")
     kernel = kernel_from_registry(compiled_home, "residual_mlp", "f128-b512")
     args = dict(params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)
-    refused = trainer.manager.germinate("slot1", kernel, **args)
+    refused = trainer.manager.germinate("slot1", kernel.artifact.blueprint_id, kernels=given(kernel), **args)
     assert not refused.passed and "(batch *, 16, 8, 8)" in refused.reason
-    assert trainer.manager.germinate("slot2", kernel, **args).passed
+    assert trainer.manager.germinate("slot2", kernel.artifact.blueprint_id, kernels=given(kernel), **args).passed
     trainer.train_epoch()

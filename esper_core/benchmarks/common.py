@@ -15,10 +15,10 @@ from esper_core.contracts import BlendSchedule
 from esper_core.data import AnySplit, Split, epoch_batches, epoch_order
 from esper_core.hosts import CNNHost
 from esper_core.karn.catalog import default_catalog
+from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.graft import GrowableModel
-from esper_core.kasmina.loader import load_kernel
-from esper_core.kasmina.width import WidthSeed, WidthSlot, merge_width_seed
-from esper_core.run.commands import germinate_width
+from esper_core.kasmina.kinds import Residual
+from esper_core.kasmina.loader import LoadedKernel, load_kernel
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.plan import slot_blueprints
 from esper_core.tezzeret.compiler import compile_blueprint
@@ -76,17 +76,6 @@ BENCH_WIDTH = "width-100"
 learned width policies take (README, width growth)."""
 
 
-class _Residual(nn.Module):
-    """``x + block(x)``: how a plain PyTorch model would carry the seed's block."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)
-
-
 def bare_twin(trainer: Trainer, spec: ModelSpec | None = None) -> nn.Module:
     """A plain module doing the same computation as the trainer's host, seeds included.
 
@@ -125,88 +114,50 @@ def bare_twin(trainer: Trainer, spec: ModelSpec | None = None) -> nn.Module:
 
 
 def _seed_block(trainer: Trainer, slot_id: str) -> nn.Module | None:
-    """The seed in ``slot_id`` as a plain residual block, or None for an empty slot."""
+    """The seed in ``slot_id`` of a built-in host as a plain residual block, or None for an empty
+    slot (a built-in host has branch slots only)."""
     slot = trainer.manager.slots[slot_id]
     state = next(s for s in trainer.manager.export_seed_states() if s.slot_id == slot_id)
     if slot.seed is None or state.blueprint_id is None:
         return None
     block = default_catalog().build(state.blueprint_id, slot.profile)
     block.load_state_dict(slot.seed.state_dict())
-    return _Residual(block)
+    return Residual(block)
 
 
 def _bare_user_model(trainer: Trainer, host: GrowableModel, spec: ModelSpec) -> nn.Module:
-    """The user's model built afresh (no slot hooks) with the host's weights. An active branch
-    seed follows the module it grows on inside an ``nn.Sequential``; an active width seed is
-    merged into its layer, so the twin is the static network at the widened size."""
+    """The user's model built afresh (no slot hooks) with the host's weights and every live seed
+    as plain PyTorch, merged where its kind merges (``SeedManager.copy_seeds_into``): an active
+    width seed widens its layer, so the twin is the static network at the widened size."""
     model = spec.build()
     model.load_state_dict(host.model.state_dict())
-    for slot_id, slot in trainer.manager.slots.items():
-        if isinstance(slot, WidthSlot):
-            if isinstance(slot.seed, WidthSeed):
-                merge_width_seed(model, slot.seed)
-            continue
-        block = _seed_block(trainer, slot_id)
-        if block is None:
-            continue
-        parent_name, _, child = slot_id.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, nn.Sequential(getattr(parent, child), block))
+    trainer.manager.copy_seeds_into(model, merged=True)
     return model
 
 
 def unmerged_twin(trainer: Trainer, spec: ModelSpec | None) -> nn.Module | None:
-    """The bare twin with each active width seed kept beside its layer, as it trains: the same
-    computation as Esper's, in plain PyTorch. None when no width seed is active.
+    """The bare twin with each live seed that would merge kept beside its layer, as it trains: the
+    same computation as Esper's, in plain PyTorch. None when no such seed is live.
 
     ``bare_twin`` merges a width seed into its layer: the static network of the grown size, the
     yardstick a user compares growth against. While the seed trains in isolation Esper computes
     more than that network (the seed's fan-in and fan-out beside the host's layers, and a host
     that does not see the seed's gradient), so against it the ratio holds the seed's structural
-    cost too. Here the seed is a copy of itself (``WidthSeed`` is plain PyTorch), the widened
-    layer's input is kept by a forward pre-hook and the seed's delta joins the consumer's output
-    by a forward hook, with the isolation's arithmetic (``Slot.apply_seed`` in TRAINING): the
-    ratio against this twin is Esper's machinery alone, as it is for a branch seed.
+    cost too. Here the seed is a plain copy of itself, run by hooks with the isolation's
+    arithmetic (``SeedKind.copy_into`` unmerged): the ratio against this twin is Esper's
+    machinery alone, as it is for a branch seed.
 
     Args:
         trainer: The trainer whose host (and seeds) the twin copies.
         spec: The recipe's ``ModelSpec``; width seeds grow only a user's model.
     """
-    widths = [s for s in trainer.manager.slots.values() if isinstance(s, WidthSlot) and isinstance(s.seed, WidthSeed)]
-    if not widths or spec is None or not isinstance(trainer.model, GrowableModel):
+    merging = [s for s in trainer.manager.slots.values() if s.seed is not None and s.kind.merges]
+    if not merging or spec is None or not isinstance(trainer.model, GrowableModel):
         return None
     model = spec.build()
     model.load_state_dict(trainer.model.model.state_dict())
-    for slot in widths:
-        assert isinstance(slot.seed, WidthSeed)
-        side = WidthSeed(slot.seed.site, model, units=slot.seed.units)
-        side.load_state_dict(slot.seed.state_dict())
-        _attach_side(model, side, name=slot.slot_id.replace(".", "_").replace("+", "_"))
-    for slot_id, slot in trainer.manager.slots.items():
-        block = None if isinstance(slot, WidthSlot) else _seed_block(trainer, slot_id)
-        if block is not None:
-            parent_name, _, child = slot_id.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, nn.Sequential(getattr(parent, child), block))
+    trainer.manager.copy_seeds_into(model, merged=False)
     return model
-
-
-def _attach_side(model: nn.Module, side: WidthSeed, *, name: str) -> None:
-    """Run ``side`` from its layer's input into its consumer's output, isolated (its delta adds
-    nothing to the value, and no gradient reaches the host through it)."""
-    model.add_module(name, side)
-    modules = dict(model.named_modules())
-    kept: list[torch.Tensor] = []
-
-    def keep(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        kept.append(args[0])
-
-    def join(_m: nn.Module, _args: object, out: torch.Tensor) -> torch.Tensor:
-        delta = side(kept.pop().detach())
-        return out + (delta - delta.detach())
-
-    modules[side.site.layer].register_forward_pre_hook(keep)
-    modules[side.site.consumer].register_forward_hook(join)
 
 
 def _shape_args(layer: nn.Module) -> tuple:
@@ -334,36 +285,33 @@ def germinate_one(trainer: Trainer, config: RunConfig) -> str:
     """
     catalog = default_catalog()
     slots = trainer.manager.slots
-    branch = {sid: slot.profile for sid, slot in slots.items() if not isinstance(slot, WidthSlot)}
-    listed = slot_blueprints(config, catalog=catalog, slot_profiles=branch, approved=config.approved_blueprints)
+    compiled = {sid: slot.profile for sid, slot in slots.items() if slot.kind.compiled}
+    listed = slot_blueprints(config, catalog=catalog, slot_profiles=compiled, approved=config.approved_blueprints)
     adapter = catalog.get("lowrank_adapter")
-    candidates = [("lowrank_adapter", sid) for sid, profile in branch.items() if adapter.supports(profile)]
+    candidates = [("lowrank_adapter", sid) for sid, profile in compiled.items() if adapter.supports(profile)]
     candidates += [
         (b, sid) for b in dict.fromkeys(b for bs in listed.values() for b in bs) for sid in listed if b in listed[sid]
     ]
-    choice = candidates[0] if candidates else None
-    if choice is not None:
-        blueprint_id, slot_id = choice
-        kernel = compile_blueprint(catalog, blueprint_id, branch[slot_id], device=trainer.device)
-        loaded = load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device=trainer.device)
-        verdict = trainer.manager.germinate(
-            slot_id, loaded, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
-        )
-    else:
-        width = next((slot for slot in slots.values() if isinstance(slot, WidthSlot)), None)
-        if width is None:
-            raise ValueError(f"no blueprint of recipe {config.recipe} fits a slot of this host; bench with --seeds 0")
-        slot_id = width.slot_id
-        verdict = germinate_width(
-            trainer,
-            width,
-            BENCH_WIDTH,
-            config=config.kasmina,
-            loss=config.loss,
-            blend_schedule=BlendSchedule.LINEAR,
-            blend_epochs=1,
-            lr_scale=1.0,
-        )
+    if not candidates:
+        # A host that grows from itself only (width slots): the first such slot.
+        candidates = [(BENCH_WIDTH, sid) for sid, slot in slots.items() if not slot.kind.compiled][:1]
+    if not candidates:
+        raise ValueError(f"no blueprint of recipe {config.recipe} fits a slot of this host; bench with --seeds 0")
+    blueprint_id, slot_id = candidates[0]
+
+    def compile_in_memory(blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
+        kernel = compile_blueprint(catalog, blueprint_id, profile, device=trainer.device)
+        return load_kernel(kernel.artifact, kernel.blob, catalog=catalog, device=trainer.device)
+
+    verdict = trainer.manager.germinate(
+        slot_id,
+        blueprint_id,
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
+        kernels=compile_in_memory,
+    )
     if not verdict.passed:
         raise RuntimeError(f"benchmark seed refused by G0: {verdict.reason}")
     trainer.manager.drain_events()

@@ -391,7 +391,7 @@ class GrowableModel(nn.Module):
                 "from an earlier commit"
             )
         plain = copy.deepcopy(self.model)
-        ids = set(self._hook_ids).union(*(s.hook_ids for s in self.seed_slots.values() if isinstance(s, WidthSlot)))
+        ids = set(self._hook_ids).union(*(s.hook_ids for s in self.seed_slots.values()))
         for module in plain.modules():
             for hooks in (module._forward_hooks, module._forward_pre_hooks):
                 for hook_id in ids & set(hooks):

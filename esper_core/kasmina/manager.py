@@ -9,7 +9,6 @@ captured region.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -28,23 +27,17 @@ from esper_core.contracts import (
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina import gates
 from esper_core.kasmina.config import KasminaConfig
-from esper_core.kasmina.fastpath import prepare_seed
+from esper_core.kasmina.kinds import KernelSource, Nursery
 from esper_core.kasmina.lifecycle import blend_alpha, check_transition
-from esper_core.kasmina.loader import LoadedKernel, check_guard
+from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.param_groups import SeedParamGroups
-from esper_core.kasmina.records import WIDTH_BLUEPRINT, SeedRecord
-from esper_core.kasmina.seed_init import gradmax_init_
+from esper_core.kasmina.records import SeedRecord
+from esper_core.kasmina.signals import GrowthSignals
 from esper_core.kasmina.slot import SeedSlot
-from esper_core.kasmina.width import WidthSeed, WidthSlot, resize_width
-from esper_core.kasmina.width_commands import WidthCommands
 
 S = SeedStage
 # Stages whose seed parameters are updated by the optimizer.
 TRAINABLE = frozenset({S.TRAINING, S.BLENDING, S.PROBATIONARY})
-
-SlotGradients = Callable[[str, int], list[tuple[torch.Tensor, torch.Tensor]]]
-"""``(slot_id, batches) -> [(x, g), ...]``: the activation entering a slot and the loss gradient at
-its output for up to ``batches`` training batches (``Trainer.slot_gradients``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,8 +57,9 @@ class EpochObservation:
     sample_input: Callable[[str], torch.Tensor]
 
 
-class SeedManager(WidthCommands):
-    """Owns the seed slots of one host model."""
+class SeedManager:
+    """Owns the seed slots of one host model and runs every seed's lifecycle; the steps where
+    kinds of seed differ are each slot's ``kind`` (``kinds.SeedKind``)."""
 
     def __init__(
         self,
@@ -83,7 +77,7 @@ class SeedManager(WidthCommands):
         self._events: list[TelemetryEvent] = []
         self._samples: dict[str, int] = {}
         self.param_groups = SeedParamGroups()
-        self._slot_gradients: SlotGradients | None = None
+        self._signals: GrowthSignals | None = None
         for slot in slots.values():
             slot.blend_mode = self.config.blend_mode
 
@@ -93,9 +87,9 @@ class SeedManager(WidthCommands):
         """Give each seed its own parameter group in ``optimizer`` (learning rate scaled)."""
         self.param_groups.bind(optimizer, base_lr=base_lr)
 
-    def bind_slot_gradients(self, source: SlotGradients) -> None:
-        """Where ``seed_init="gradmax"`` reads a slot's activations and gradients (Tolaria's trainer)."""
-        self._slot_gradients = source
+    def bind_signals(self, source: GrowthSignals) -> None:
+        """Where data-aware initialisations read the host's signals (Tolaria's trainer)."""
+        self._signals = source
 
     def optimizer_param_count(self, slot_id: str) -> int:
         """Parameters of ``slot_id`` still registered with the optimizer (G5 checks 0)."""
@@ -106,61 +100,52 @@ class SeedManager(WidthCommands):
     def germinate(
         self,
         slot_id: str,
-        kernel: LoadedKernel,
+        blueprint_id: str,
         *,
         params: dict[str, float],
         blend_schedule: BlendSchedule,
         blend_epochs: int,
         lr_scale: float,
+        kernels: KernelSource | None = None,
     ) -> GateVerdict:
-        """Attach a loaded kernel to a DORMANT slot if G0 passes.
+        """Grow a seed of the slot's kind in a DORMANT slot if G0 passes.
+
+        Args:
+            slot_id: The slot.
+            blueprint_id: A Karn blueprint for a branch slot, a width-menu entry for a width slot.
+            params: The seed's parameters (empty: the blueprint's defaults).
+            blend_schedule: The alpha ramp once it blends.
+            blend_epochs: The ramp's length.
+            lr_scale: The seed's learning rate against the host's.
+            kernels: How to fetch a compiled kernel, for kinds whose seeds are registry kernels.
 
         Returns:
             The G0 verdict; on failure the slot stays DORMANT.
         """
         slot = self._slot(slot_id)
-        if isinstance(slot, WidthSlot):
-            raise ValueError(
-                f"slot {slot_id} widens {slot.site.layer}: it takes width seeds (germinate_width), not kernels"
-            )
         check_transition(slot_id, slot.stage, S.GERMINATED)
-        artifact = kernel.artifact
-        verdict = gates.g0_sanity(
-            self.catalog,
-            blueprint_id=artifact.blueprint_id,
-            params=params or artifact.params,
-            guard=artifact.guard,
-            profile=slot.profile,
-        )
-        self._gate(slot_id, verdict)
-        if not verdict.passed:
-            return verdict
-        if kernel.fallback:
-            self._event(
-                "kasmina.kernel.fallback",
-                TelemetryLevel.WARNING,
-                f"{artifact.blueprint_id} runs eagerly: {artifact.fallback_reason}",
-                slot_id=slot_id,
-                blueprint_id=artifact.blueprint_id,
-            )
-        # G0 verified the guard against the slot's fixed shape: the per-call checks can go.
-        module = prepare_seed(kernel.module, slot.profile)
-        slot.seed = module
+        nursery = self._nursery(kernels)
+        sprout = slot.kind.sprout(slot, blueprint_id, params=params, nursery=nursery)
+        self._gate(slot_id, sprout.verdict)
+        if not sprout.verdict.passed:
+            return sprout.verdict
+        self._events.extend(sprout.events)
+        slot.seed = sprout.module
         slot.alpha = 0.0
-        self._seeds[slot_id] = SeedRecord(
-            blueprint_id=artifact.blueprint_id,
-            params=dict(params or artifact.params),
-            artifact=artifact,
+        record = SeedRecord(
+            blueprint_id=sprout.blueprint_id,
+            params=sprout.params,
+            artifact=sprout.artifact,
             lr_scale=lr_scale,
             schedule=blend_schedule,
             blend_epochs=blend_epochs,
+            metrics=dict(sprout.metrics),
         )
+        self._seeds[slot_id] = record
         self._set_stage(slot_id, S.GERMINATED)
-        self._initialise(slot_id, artifact.blueprint_id, module)
-        first_use_ms = self._prewarm(slot)
-        self._seeds[slot_id].metrics.update({"kernel_load_ms": kernel.load_ms, "kernel_first_use_ms": first_use_ms})
-        self.param_groups.add(slot_id, self.seed_parameters(slot_id), lr_scale=self._seeds[slot_id].lr_scale)
-        return verdict
+        self._events.extend(slot.kind.settle(slot, record, nursery))
+        self.param_groups.add(slot_id, self.seed_parameters(slot_id), lr_scale=lr_scale)
+        return sprout.verdict
 
     def advance(self, slot_id: str) -> SeedStage:
         """Tamiyo's ADVANCE: move a seed one stage on now, if its gates allow."""
@@ -192,14 +177,18 @@ class SeedManager(WidthCommands):
                 f"slot {slot_id} cannot be fossilized: it must be probationary with a passed G4 "
                 f"(stage {slot.stage.value}, last gate {last.gate.value if last else 'none'})"
             )
-        if isinstance(slot, WidthSlot):
-            self._merge_width(slot)
-            return
+        merge = slot.kind.fossilize(slot, self.param_groups.optimizer)
         self.param_groups.remove(slot_id)
-        for p in self.seed_parameters(slot_id):
-            p.requires_grad_(False)
-        slot.alpha = 1.0
+        if merge is None:  # the seed stays in its slot, frozen
+            self._set_stage(slot_id, S.FOSSILIZED)
+            return
+        # The seed is part of the host now: the slot is free to grow it again.
+        slot.seed = None
+        slot.alpha = 0.0
         self._set_stage(slot_id, S.FOSSILIZED)
+        self._seeds.pop(slot_id)
+        self._set_stage(slot_id, S.DORMANT, reason=merge.reason)
+        self._events.append(merge.event)
 
     def cull(self, slot_id: str, *, reason: str) -> None:
         """Remove a seed, free its parameters and optimizer state, and embargo the slot."""
@@ -232,7 +221,7 @@ class SeedManager(WidthCommands):
         """What the forward pass's code path depends on (stage and seed of each slot); alphas are
         left out because slots read them from device buffers."""
         return tuple(
-            (sid, slot.stage.value, self._seed_key(sid), getattr(slot, "site", None) and slot.site.width)
+            (sid, slot.stage.value, self._seed_key(sid), slot.kind.architecture(slot))
             for sid, slot in self.slots.items()
         )
 
@@ -345,10 +334,8 @@ class SeedManager(WidthCommands):
         x = obs.sample_input(sid)
         with torch.inference_mode():
             y = slot.seed(x)
-        # A width seed maps the layer's input to a delta of the consumer's output.
-        expected = (x.shape[0], *slot.site.output_shape) if isinstance(slot, WidthSlot) else tuple(x.shape)
         verdict = gates.g3_interface(
-            input_shape=tuple(expected),
+            input_shape=slot.delta_shape(x),
             output_shape=tuple(y.shape),
             input_dtype=x.dtype,
             output_dtype=y.dtype,
@@ -411,6 +398,18 @@ class SeedManager(WidthCommands):
             )
         return tuple(states)
 
+    def copy_seeds_into(self, model: nn.Module, *, merged: bool) -> None:
+        """Put every live seed into ``model``, a plain copy of the host with the same module names
+        (``SeedKind.copy_into``): seeds that merge first, while the host's names are unchanged.
+
+        Args:
+            model: The plain copy, changed in place.
+            merged: Fold seeds that merge into the host's layers, or keep them beside as they train.
+        """
+        live = [(sid, slot) for sid, slot in self.slots.items() if slot.seed is not None and sid in self._seeds]
+        for sid, slot in sorted(live, key=lambda item: not item[1].kind.merges):
+            slot.kind.copy_into(slot, self._seeds[sid], model, catalog=self.catalog, merged=merged)
+
     def drain_events(self) -> list[TelemetryEvent]:
         """Events recorded since the last call (gate verdicts, stage changes, fallbacks)."""
         events, self._events = self._events, []
@@ -448,9 +447,10 @@ class SeedManager(WidthCommands):
                     "frozen": slot.stage is S.FOSSILIZED,
                 },
             }
-        # The architecture: every width slot's layer width, so a restore reshapes the host first.
-        widths = {sid: slot.site.width for sid, slot in self.slots.items() if isinstance(slot, WidthSlot)}
-        state = {"slots": slots, "group_order": self.param_groups.order(), "widths": widths}
+        # The part of the host's shape each slot owns (a width slot's layer width), so that a
+        # restore reshapes the host before its weights load.
+        architecture = {sid: a for sid, slot in self.slots.items() if (a := slot.kind.architecture(slot)) is not None}
+        state = {"slots": slots, "group_order": self.param_groups.order(), "architecture": architecture}
         return {**state, "events": list(self._events)} if in_memory else state
 
     def load_state_dict(self, state: dict, *, load_kernel: Callable[[KernelArtifact], LoadedKernel]) -> None:
@@ -463,10 +463,10 @@ class SeedManager(WidthCommands):
         self._seeds.clear()
         self._last_gate.clear()
         self._embargo_left.clear()
-        for sid, width in state.get("widths", {}).items():
+        # Checkpoints before seed kinds recorded only widths, under "widths".
+        for sid, value in state.get("architecture", state.get("widths", {})).items():
             slot = self._slot(sid)
-            assert isinstance(slot, WidthSlot)
-            slot.site = resize_width(slot.host, slot.site, int(width))
+            slot.kind.restore_architecture(slot, value)
         for sid, entry in state["slots"].items():
             slot = self._slot(sid)
             slot.stage = S(entry["stage"])
@@ -479,21 +479,10 @@ class SeedManager(WidthCommands):
             s = entry["seed"]
             if s is None:
                 continue
-            artifact = None if s["artifact"] is None else KernelArtifact.from_json(s["artifact"])
-            if artifact is None:
-                assert isinstance(slot, WidthSlot)
-                # Its weights come with the host's state dict, loaded after this.
-                slot.seed = WidthSeed(slot.site, slot.host, units=int(s["params"]["units"]))
-            else:
-                check_guard(artifact.guard, feature_shape=slot.profile.feature_shape, dtype=slot.profile.dtype)
-                slot.seed = prepare_seed(load_kernel(artifact).module, slot.profile)
-            if s["frozen"]:
-                for p in slot.seed.parameters():
-                    p.requires_grad_(False)
-            self._seeds[sid] = SeedRecord(
+            record = SeedRecord(
                 blueprint_id=s["blueprint_id"],
                 params=dict(s["params"]),
-                artifact=artifact,
+                artifact=None if s["artifact"] is None else KernelArtifact.from_json(s["artifact"]),
                 lr_scale=float(s["lr_scale"]),
                 schedule=BlendSchedule(s["schedule"]),
                 blend_epochs=int(s["blend_epochs"]),
@@ -502,6 +491,11 @@ class SeedManager(WidthCommands):
                 with_seed_losses=list(s["with_seed_losses"]),
                 metrics=dict(s["metrics"]),
             )
+            slot.seed = slot.kind.restore(slot, record, load_kernel)
+            if s["frozen"]:
+                for p in slot.seed.parameters():
+                    p.requires_grad_(False)
+            self._seeds[sid] = record
         for sid in state["group_order"]:
             self.param_groups.add(sid, self.seed_parameters(sid), lr_scale=self._seeds[sid].lr_scale)
         if "events" in state:
@@ -513,7 +507,7 @@ class SeedManager(WidthCommands):
         seed = self._seeds.get(slot_id)
         if seed is None:
             return None
-        return seed.artifact.sha256 if seed.artifact else f"{WIDTH_BLUEPRINT}:{int(seed.params['units'])}"
+        return self.slots[slot_id].kind.seed_key(seed)
 
     def _slot(self, slot_id: str) -> SeedSlot:
         slot = self.slots.get(slot_id)
@@ -527,38 +521,10 @@ class SeedManager(WidthCommands):
             raise ValueError(f"slot {slot_id} holds no seed (stage {self.slots[slot_id].stage.value})")
         return seed
 
-    def _initialise(self, slot_id: str, blueprint_id: str, module: nn.Module) -> None:
-        """Apply ``KasminaConfig.seed_init`` to a freshly attached seed (one pass over a few batches)."""
-        if self.config.seed_init != "gradmax":
-            return
-        layers = self.catalog.get(blueprint_id).gradmax
-        source = self._slot_gradients
-        if layers is None or source is None:
-            why = "the blueprint names no GradMax layers" if layers is None else "no trainer supplies slot gradients"
-            self._event("kasmina.seed.init", TelemetryLevel.INFO, f"default init kept: {why}", slot_id=slot_id)
-            return
-        result = gradmax_init_(module, layers, source(slot_id, self.config.seed_init_batches))
-        self._seeds[slot_id].metrics.update(result.metrics())
-        self._event(
-            "kasmina.seed.init",
-            TelemetryLevel.INFO,
-            f"gradmax: {result.rows}/{result.hidden} input rows capture {result.energy:.0%} of the slot's "
-            f"gradient statistic ({result.samples} samples)",
-            slot_id=slot_id,
+    def _nursery(self, kernels: KernelSource | None) -> Nursery:
+        return Nursery(
+            catalog=self.catalog, config=self.config, slots=self.slots, signals=self._signals, kernels=kernels
         )
-
-    def _prewarm(self, slot: SeedSlot) -> float:
-        # One call on a representative batch so the first training step pays no warm-up.
-        assert slot.seed is not None
-        param = next(slot.seed.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
-        x = torch.zeros((2, *slot.profile.feature_shape), device=device)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            slot.seed(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
 
     def _set_stage(self, slot_id: str, stage: SeedStage, *, reason: str = "") -> None:
         slot = self.slots[slot_id]

@@ -6,9 +6,6 @@ from dataclasses import dataclass, field
 
 from esper_core.contracts import BlendSchedule, KernelArtifact
 
-WIDTH_BLUEPRINT = "width"
-"""The blueprint id a width seed reports (it is built from the host's own layers, not Karn's)."""
-
 
 @dataclass(kw_only=True, slots=True)
 class SeedRecord:
@@ -17,7 +14,7 @@ class SeedRecord:
     blueprint_id: str
     params: dict[str, float]
     artifact: KernelArtifact | None
-    """The kernel a branch seed was loaded from; None for a width seed."""
+    """The registry kernel the seed was loaded from; None for a seed built from the host."""
     lr_scale: float
     schedule: BlendSchedule
     blend_epochs: int

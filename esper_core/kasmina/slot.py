@@ -16,13 +16,20 @@ from torch import nn
 
 from esper_core.contracts import BlendMode, SeedStage
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.kinds import BRANCH, SeedKind
 
 # Stages in which the seed's output is blended into the host's forward pass.
 BLENDED_STAGES = frozenset({SeedStage.BLENDING, SeedStage.PROBATIONARY, SeedStage.FOSSILIZED})
 
 
 class SeedSlot(nn.Module):
-    """Holds at most one seed module and applies it according to the slot's stage."""
+    """Holds at most one seed module and applies it according to the slot's stage.
+
+    A plain slot takes branch seeds; a subclass that grows the host another way names its kind.
+    """
+
+    kind: SeedKind = BRANCH
+    """What the seeds of this slot are (``kinds.SeedKind``): the manager asks it, never the type."""
 
     def __init__(self, *, slot_id: str, layer: str, profile: ShapeProfile) -> None:
         super().__init__()
@@ -49,6 +56,25 @@ class SeedSlot(nn.Module):
 
     def _seed_changed(self) -> None:
         """``seed`` was just set (a slot with hooks on the host adds or removes them)."""
+
+    @property
+    def reader(self) -> nn.Module:
+        """The module whose input a seed here reads: the slot itself."""
+        return self
+
+    @property
+    def joiner(self) -> nn.Module:
+        """The module whose output a seed here adds to: the slot itself."""
+        return self
+
+    @property
+    def hook_ids(self) -> frozenset[int]:
+        """Ids of hooks the slot itself keeps on the host's modules (a plain slot keeps none)."""
+        return frozenset()
+
+    def delta_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The shape a seed's output must have for the input ``x`` it reads (G3): that of ``x``."""
+        return tuple(x.shape)
 
     @property
     def profile_name(self) -> str:

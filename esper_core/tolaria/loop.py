@@ -28,7 +28,7 @@ from esper_core.determinism import capture_rng, restore_rng
 from esper_core.hosts import Host
 from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
-from esper_core.kasmina.width import WidthSlot
+from esper_core.kasmina.signals import SiteSignals, site_signals
 from esper_core.tolaria.aggregation import AggregationStats, aggregate_microbatches
 from esper_core.tolaria.buffers import GradientBufferPool
 from esper_core.tolaria.collective import Collective, Solo
@@ -44,7 +44,6 @@ from esper_core.tolaria.slotgrads import (
     classifies,
     sample_accuracy,
     slot_activation_grad_norms,
-    slot_input_and_gradient,
 )
 from esper_core.tolaria.staging import BatchSource
 from esper_core.tolaria.step import DecisionCache, StepEngine
@@ -142,7 +141,7 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.optimizer = _optimizer(model.host_parameters(), config)
         manager.bind_optimizer(self.optimizer, base_lr=config.lr)
-        manager.bind_slot_gradients(self.slot_gradients)
+        manager.bind_signals(self)
         self.precision = Precision(device, config.amp)
         self.engine = StepEngine(
             self._train_step,
@@ -449,8 +448,7 @@ class Trainer:
         """The activation a seed in ``slot_id`` reads, for the probe batch: the activation entering
         a branch slot, or the widened layer's input for a width slot."""
         captured: list[torch.Tensor] = []
-        slot = self.manager.slots[slot_id]
-        reader = slot.host.get_submodule(slot.site.layer) if isinstance(slot, WidthSlot) else slot
+        reader = self.manager.slots[slot_id].reader
         handle = reader.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
         try:
             with torch.inference_mode():
@@ -459,18 +457,14 @@ class Trainer:
             handle.remove()
         return captured[0]
 
-    def slot_gradients(self, slot_id: str, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The activation entering ``slot_id`` and the loss gradient at its output, per batch.
-
-        Reads the first ``batches`` training batches in data order (no RNG drawn), each through
-        ``slotgrads.slot_input_and_gradient`` (eval mode, no parameter gradient kept). Kasmina's
-        GradMax-style initialisation reads it once, at germination.
-
-        Returns:
-            ``(x, g)`` pairs, each (B, *feature_shape).
-        """
-        slot = self.manager.slots[slot_id]
-        return [slot_input_and_gradient(self.model, slot, self.loss_fn, x, y) for x, y in self.first_batches(batches)]
+    def site_signals(self, reader: nn.Module, joiner: nn.Module, batches: int) -> list[SiteSignals]:
+        """The host's signals at a seed's site on the first ``batches`` training batches, in data
+        order (``kasmina.signals.GrowthSignals``): eval mode (a BatchNorm's running statistics are
+        read, not updated, and dropout draws nothing), no parameter gradient kept, no RNG drawn,
+        so a resumed run germinates the same seed. Kasmina's data-aware initialisations read
+        them once, at germination."""
+        with eval_mode(self.model):
+            return site_signals(self.model, reader, joiner, self.first_batches(batches), self.loss_fn)
 
     def first_batches(self, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first ``batches`` training batches in data order, on the device (no RNG drawn):

@@ -136,41 +136,5 @@ def slot_activation_grad_norms(
     return {sid: _finite(values.get(sid)) for sid in slots}
 
 
-def slot_input_and_gradient(
-    model: nn.Module, slot: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The activation entering ``slot`` and the loss gradient at its output, on one batch.
-
-    As ``slot_activation_grad_norms``: eval mode, no ``.grad`` touched, no RNG drawn. The slot's
-    output is replaced by a detached leaf, so the backward stops at the slot.
-
-    Args:
-        model: The host (``slot`` must be called in its forward).
-        slot: The slot module.
-        loss_fn: The training loss (mean over the batch).
-        x: The batch's inputs.
-        y: Its targets.
-
-    Returns:
-        ``(activation, gradient)``, each (B, *feature_shape), detached.
-    """
-    captured: list[torch.Tensor] = []
-
-    def cut(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
-        captured[:] = [args[0].detach(), out.detach().requires_grad_()]
-        return captured[1]
-
-    handle = slot.register_forward_hook(cut)
-    try:
-        with eval_mode(model), torch.enable_grad():
-            loss = loss_fn(model(x), y)
-    finally:
-        handle.remove()
-    if not captured:
-        raise ValueError("the slot was not called in the model's forward: attach it to a layer the forward runs")
-    (grad,) = torch.autograd.grad(loss, captured[1])
-    return captured[0], grad
-
-
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.kinds import KernelSource
 from esper_core.kasmina.loader import LoadedKernel, load_kernel
 from esper_core.settings import EsperSettings
 from esper_core.tezzeret.compiler import environment_key
@@ -17,3 +18,9 @@ def kernel_from_registry(settings: EsperSettings, blueprint_id: str, profile: st
     finally:
         urza.close()
     return load_kernel(artifact, blob, catalog=default_catalog(), device="cpu")
+
+
+def given(kernel: LoadedKernel) -> KernelSource:
+    """A kernel source that hands over ``kernel`` whatever it is asked for (``SeedManager.germinate``'s
+    ``kernels``): a test that fetched its kernel itself germinates exactly that one."""
+    return lambda _blueprint_id, _profile: kernel

@@ -13,7 +13,7 @@ from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -23,7 +23,13 @@ def test_device_accumulation_matches_eager_per_step_reduction(
     trainer = build_trainer(eager_recipe("digits-mlp"), catalog=default_catalog(), run_id="t")
     kernel = kernel_from_registry(compiled_home, "residual_mlp", "f64-b512")
     trainer.manager.germinate(
-        "slot1", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot1",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     seed_norms: list[float] = []
     layer_norms: list[list[float]] = []
@@ -55,7 +61,13 @@ def test_convex_blend_replaces_the_activation(compiled_home: EsperSettings) -> N
     slot = trainer.manager.slots["slot1"]
     kernel = kernel_from_registry(compiled_home, "residual_mlp", "f64-b512")
     trainer.manager.germinate(
-        "slot1", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=2, lr_scale=1.0
+        "slot1",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=2,
+        lr_scale=1.0,
     )
     trainer.train_epoch()
     assert slot.stage is SeedStage.BLENDING and slot.alpha == 0.5

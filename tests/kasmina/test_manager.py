@@ -15,7 +15,7 @@ from esper_core.kasmina.loader import LoadedKernel
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.loop import Trainer
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 PROFILE = "f16-b64"  # the seed-reference slot: 16 features, batches up to 64
@@ -30,7 +30,13 @@ def _trainer(**kasmina: int) -> Trainer:
 def _germinate(trainer: Trainer, settings: EsperSettings, *, blend_epochs: int = 1, lr_scale: float = 0.5) -> None:
     kernel = kernel_from_registry(settings, "lowrank_adapter", PROFILE)
     verdict = trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=blend_epochs, lr_scale=lr_scale
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=blend_epochs,
+        lr_scale=lr_scale,
     )
     assert verdict.passed, verdict.reason
 
@@ -56,7 +62,13 @@ def test_g0_refuses_a_kernel_built_for_another_shape(compiled_home: EsperSetting
     trainer = _trainer()
     wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")
     verdict = trainer.manager.germinate(
-        "slot0", wrong, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot0",
+        wrong.artifact.blueprint_id,
+        kernels=given(wrong),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     assert not verdict.passed
     assert "(batch *, 16)" in verdict.reason and "(batch 1..512, 64)" in verdict.reason
@@ -151,7 +163,8 @@ def test_cull_frees_then_embargo_then_g5_reset(compiled_home: EsperSettings) -> 
     with pytest.raises(IllegalTransitionError):
         trainer.manager.germinate(
             "slot0",
-            kernel_from_registry(compiled_home, "lowrank_adapter", PROFILE),
+            "lowrank_adapter",
+            kernels=given(kernel_from_registry(compiled_home, "lowrank_adapter", PROFILE)),
             params={},
             blend_schedule=BlendSchedule.LINEAR,
             blend_epochs=1,
@@ -199,7 +212,13 @@ def test_undrained_events_travel_in_memory_never_in_a_checkpoint(compiled_home: 
     trainer = _trainer()
     wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")
     refused = trainer.manager.germinate(
-        "slot0", wrong, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot0",
+        wrong.artifact.blueprint_id,
+        kernels=given(wrong),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     assert not refused.passed  # its G0 verdict is an event waiting to be drained
     checkpoint, live = trainer.state_dict()["manager"], trainer.state_dict(in_memory=True)["manager"]

@@ -16,7 +16,7 @@ from esper_core.kasmina.seed_init import gradmax_init_
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.loop import Trainer
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 PROFILE = "f16-b64"  # the seed-reference slot: 16 features, batches up to 64
@@ -32,7 +32,13 @@ def _trainer(seed_init: str) -> Trainer:
 def _germinate(trainer: Trainer, settings: EsperSettings, blueprint: str = "lowrank_adapter") -> torch.nn.Module:
     kernel = kernel_from_registry(settings, blueprint, PROFILE)
     verdict = trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     assert verdict.passed, verdict.reason
     seed = trainer.manager.slots["slot0"].seed
@@ -97,7 +103,13 @@ def test_gradmax_keeps_the_default_for_a_blueprint_without_gradmax_layers(compil
         [dataclasses.replace(b, gradmax=None) if b.blueprint_id == "lowrank_adapter" else b for b in entries]
     )
     trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     assert all(torch.equal(kernel.module.state_dict()[k], v) for k, v in expected.items())
     messages = [e.message for e in trainer.manager.drain_events() if e.name == "kasmina.seed.init"]

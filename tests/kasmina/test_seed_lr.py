@@ -12,7 +12,7 @@ from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.seed_lr import IsolationLRConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -39,7 +39,13 @@ def test_seed_group_follows_the_schedule_then_returns_to_its_rate(compiled_home:
     trainer = build_trainer(config, catalog=default_catalog(), run_id="test")
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
     trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=2, lr_scale=0.5
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=2,
+        lr_scale=0.5,
     )
     seed_lr = config.trainer.lr * 0.5
     rates, stages = [], []

@@ -9,12 +9,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from esper_core.contracts import BlendSchedule, SeedStage
+from esper_core.contracts import BlendSchedule, GateVerdict, SeedStage
 from esper_core.karn.catalog import default_catalog
+from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
-from esper_core.kasmina.width import width_batches
 from esper_core.models.mnist1d import MNIST1DMLP
+from tests.helpers.signals import FixedSignals
 
 SLOT = "fc1+width"
 
@@ -22,16 +23,18 @@ SLOT = "fc1+width"
 class Run:
     """A GrowableModel with a width slot on ``fc1``, its seed manager and an Adam optimizer."""
 
-    def __init__(self, *, width: int = 6) -> None:
+    def __init__(self, *, width: int = 6, init: str = "gradmax") -> None:
         torch.manual_seed(0)
         self.model = GrowableModel(
             MNIST1DMLP(width=width), slots=("act2",), sample_shape=(40,), batch_max=64, widen=("fc1",)
         )
-        self.manager = SeedManager(self.model.slots(), catalog=default_catalog())
+        config = KasminaConfig(width_init=init)  # type: ignore[arg-type]
+        self.manager = SeedManager(self.model.slots(), catalog=default_catalog(), config=config)
         self.opt = torch.optim.Adam(self.model.host_parameters(), lr=1e-2)
         self.manager.bind_optimizer(self.opt, base_lr=1e-2)
         gen = torch.Generator().manual_seed(1)
         self.x, self.y = torch.randn(64, 40, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+        self.manager.bind_signals(FixedSignals(self.model, [(self.x, self.y)], F.cross_entropy))
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -42,17 +45,9 @@ class Run:
         with torch.no_grad():
             return float(F.cross_entropy(self.model(self.x), self.y))
 
-    def germinate(self, init: str = "gradmax", units: int = 3) -> None:
-        slot = self.model.slots()[SLOT]
-        batches = width_batches(slot.host, slot.site, [(self.x, self.y)], F.cross_entropy)
-        verdict = self.manager.germinate_width(
-            SLOT,
-            units=units,
-            init=init,
-            batches=batches,
-            blend_schedule=BlendSchedule.LINEAR,
-            blend_epochs=2,
-            lr_scale=1.0,
+    def germinate(self, units: int = 3) -> None:
+        verdict = self.manager.germinate(
+            SLOT, "width-50", params={"units": units}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=2, lr_scale=1.0
         )
         assert verdict.passed, verdict.reason
 
@@ -76,20 +71,19 @@ class Run:
 
 
 def test_a_width_slot_takes_width_seeds_only_and_g0_bounds_the_units() -> None:
-    run = Run()
-    with pytest.raises(ValueError, match="takes width seeds"):
-        run.manager.germinate(SLOT, None, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)  # type: ignore[arg-type]
+    run = Run(init="random")
+    args = {"blend_schedule": BlendSchedule.LINEAR, "blend_epochs": 1, "lr_scale": 1.0}
+    with pytest.raises(ValueError, match="'lowrank_adapter' is not on the width menu"):
+        run.manager.germinate(SLOT, "lowrank_adapter", params={}, **args)
     slot = run.model.slots()[SLOT]
-    verdict = run.manager.germinate_width(
-        SLOT, units=7, init="random", batches=[], blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
-    )
+    verdict = run.manager.germinate(SLOT, "width-100", params={"units": 7}, **args)
     assert not verdict.passed and "may add 1..6 at once" in verdict.reason
     assert slot.stage is SeedStage.DORMANT and slot.seed is None
 
 
 def test_a_width_seed_grows_through_every_gate_and_merges_into_a_wider_host() -> None:
-    run = Run()
-    run.germinate("gradmax")
+    run = Run(init="gradmax")
+    run.germinate()
     for _ in range(12):
         run.manager.start_epoch()
         for _ in range(3):
@@ -117,8 +111,8 @@ def test_a_width_seed_grows_through_every_gate_and_merges_into_a_wider_host() ->
 
 
 def test_a_culled_width_seed_leaves_the_host_bit_identical_to_one_that_never_had_it() -> None:
-    grown, plain = Run(), Run()
-    grown.germinate("random")
+    grown, plain = Run(init="random"), Run()
+    grown.germinate()
     grown.manager.start_epoch()  # TRAINING: isolated
     plain.manager.start_epoch()
     for _ in range(3):
@@ -133,8 +127,8 @@ def test_a_culled_width_seed_leaves_the_host_bit_identical_to_one_that_never_had
 
 
 def test_a_checkpoint_after_a_merge_restores_the_wider_network_exactly() -> None:
-    run = Run()
-    run.germinate("tiny")
+    run = Run(init="tiny")
+    run.germinate()
     slot = run.model.slots()[SLOT]
     # Straight to PROBATIONARY with G4 passed, as the gates would after training.
     run.manager.start_epoch()
@@ -161,20 +155,13 @@ def test_a_width_seed_waits_while_an_adjacent_layer_has_one_in_flight() -> None:
     it (a run's periodic arm hit this as a shape error), so G0 refuses the second one."""
     torch.manual_seed(0)
     model = GrowableModel(MNIST1DMLP(width=6), slots=("act2",), sample_shape=(40,), batch_max=64, widen=("fc1", "fc2"))
-    manager = SeedManager(model.slots(), catalog=default_catalog())
+    manager = SeedManager(model.slots(), catalog=default_catalog(), config=KasminaConfig(width_init="random"))
     manager.bind_optimizer(torch.optim.Adam(model.host_parameters(), lr=1e-2), base_lr=1e-2)
-    x, y = torch.randn(8, 40), torch.randint(0, 10, (8,))
+    x, _ = torch.randn(8, 40), torch.randint(0, 10, (8,))
 
-    def germinate(slot_id: str) -> object:
-        slot = model.slots()[slot_id]
-        return manager.germinate_width(
-            slot_id,
-            units=2,
-            init="random",
-            batches=width_batches(slot.host, slot.site, [(x, y)], F.cross_entropy),
-            blend_schedule=BlendSchedule.LINEAR,
-            blend_epochs=1,
-            lr_scale=1.0,
+    def germinate(slot_id: str) -> GateVerdict:
+        return manager.germinate(
+            slot_id, "width-25", params={"units": 2}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
         )
 
     assert germinate("fc2+width").passed

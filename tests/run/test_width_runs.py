@@ -96,8 +96,8 @@ def test_a_scheduled_width_seed_merges_and_a_resumed_run_is_the_same_network(esp
             for key in ("model", "optimizer"):
                 assert_same_state(expected[key], got[key], key)
             assert (
-                got["manager"]["widths"]
-                == expected["manager"]["widths"]
+                got["manager"]["architecture"]
+                == expected["manager"]["architecture"]
                 == {
                     "features.0+width": 12,
                     "features.3+width": 16,

@@ -17,7 +17,7 @@ from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer
 from esper_core.urza.service import Urza
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -41,7 +41,13 @@ def test_cosine_scales_every_group_and_keeps_a_seeds_lr_scale(compiled_home: Esp
     seen = [trainer.train_epoch().packet.learning_rate]
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
     trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=0.5
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=0.5,
     )
     # A learning-rate command between epochs (as RunSession applies one) must survive the schedule.
     trainer.optimizer.param_groups[0]["lr"] *= 2.0
@@ -57,7 +63,13 @@ def test_cosine_schedule_resumes_exactly_from_a_checkpoint(tmp_path: Path, compi
     trainer = _cosine_trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
     trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=0.5
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=0.5,
     )
     trainer.train_epoch()
     trainer.train_epoch()

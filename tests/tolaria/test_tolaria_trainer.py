@@ -14,7 +14,7 @@ from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointSto
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer
 from esper_core.urza.service import Urza
-from tests.helpers.kernels import kernel_from_registry
+from tests.helpers.kernels import given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -69,7 +69,13 @@ def test_restored_checkpoint_reproduces_the_epoch_exactly(tmp_path, compiled_hom
     trainer = _trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
     trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     trainer.train_epoch()
     store = CheckpointStore(tmp_path / "ckpt")
@@ -108,7 +114,10 @@ def test_two_trainable_seeds_aggregate_host_gradients(compiled_home: EsperSettin
     args = dict(params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0)
     for slot in ("slot1", "slot2"):
         assert trainer.manager.germinate(
-            slot, kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512"), **args
+            slot,
+            "lowrank_adapter",
+            kernels=given(kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")),
+            **args,
         ).passed
     result = trainer.train_epoch()
     metrics = {m.name: m.value for m in result.metrics}
@@ -122,7 +131,13 @@ def test_one_trainable_seed_short_circuits_aggregation(compiled_home: EsperSetti
     trainer = _trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
     trainer.manager.germinate(
-        "slot0", kernel, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
+        "slot0",
+        kernel.artifact.blueprint_id,
+        kernels=given(kernel),
+        params={},
+        blend_schedule=BlendSchedule.LINEAR,
+        blend_epochs=1,
+        lr_scale=1.0,
     )
     metrics = {m.name: m.value for m in trainer.train_epoch().metrics}
     assert metrics["tolaria.grad_agg.steps"] == 0.0

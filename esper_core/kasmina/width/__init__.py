@@ -5,9 +5,10 @@
 - ``seed``: the k new units as a side module (``WidthSeed``) while they are young.
 - ``init``: random, GradMax and TINY initialisations from the host's own signals.
 - ``merge``: fold a blended seed into physically wider layers, optimizer state included.
+- ``kind``: the width kind (``kinds.SeedKind``) the seed manager asks at the steps kinds differ.
 """
 
-from esper_core.kasmina.width.init import WIDTH_INITS, WidthBatch, init_width_seed_, width_batches
+from esper_core.kasmina.width.init import WIDTH_INITS, init_width_seed_, width_batches
 from esper_core.kasmina.width.merge import merge_width_seed, resize_width
 from esper_core.kasmina.width.seed import WidthSeed
 from esper_core.kasmina.width.slot import WIDTH_SLOT_SUFFIX, WidthSlot, graft_width_slot
@@ -17,7 +18,6 @@ __all__ = [
     "WIDTH_INITS",
     "WIDTH_SLOT_SUFFIX",
     "Step",
-    "WidthBatch",
     "WidthSeed",
     "WidthSite",
     "WidthSlot",

@@ -30,7 +30,6 @@ is implemented here from the paper.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +37,7 @@ from torch.func import grad, jacfwd, jacrev
 from torch.nn import functional as F
 
 from esper_core._capabilities import one_thread
+from esper_core.kasmina.signals import SiteSignals, site_signals
 from esper_core.kasmina.width.seed import _RELUS, WidthSeed, _apply
 from esper_core.kasmina.width.trace import WidthSite
 
@@ -50,58 +50,19 @@ _RANK_TOLERANCE = 1e-6
 _RIDGE = 1e-4
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WidthBatch:
-    """One batch of the host's signals at a width site.
-
-    Attributes:
-        x: The widened layer's input (B, *input_shape).
-        h: The consumer's input, the host's current units (B, ...).
-        g: The loss gradient at the consumer's output (B, ...).
-    """
-
-    x: torch.Tensor
-    h: torch.Tensor
-    g: torch.Tensor
-
-
 def width_batches(
     model: nn.Module,
     site: WidthSite,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> list[WidthBatch]:
-    """Run ``model`` forward and backward on ``batches`` and record the signals at ``site``.
-
-    The model's parameters receive no gradient (they are read, not trained); train/eval mode is
-    left as it was.
-    """
-    modules = dict(model.named_modules())
-    layer, consumer = modules[site.layer], modules[site.consumer]
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep_input(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        seen["x"] = args[0].detach()
-
-    def keep_consumer(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-        seen["h"], seen["y"] = args[0].detach(), out
-
-    out: list[WidthBatch] = []
-    handles = [layer.register_forward_pre_hook(keep_input), consumer.register_forward_hook(keep_consumer)]
-    try:
-        for inputs, targets in batches:
-            with torch.enable_grad():
-                loss = loss_fn(model(inputs), targets)
-                (g,) = torch.autograd.grad(loss, seen["y"])
-            out.append(WidthBatch(x=seen["x"], h=seen["h"], g=g.detach()))
-    finally:
-        for h in handles:
-            h.remove()
-    return out
+) -> list[SiteSignals]:
+    """The host's signals at a width site (``signals.site_signals`` with the widened layer as the
+    reader and its consumer as the joiner), for initialising a seed outside a run."""
+    return site_signals(model, model.get_submodule(site.layer), model.get_submodule(site.consumer), batches, loss_fn)
 
 
 @torch.no_grad()
-def init_width_seed_(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]) -> dict[str, float]:
+def init_width_seed_(seed: WidthSeed, method: str, batches: Sequence[SiteSignals]) -> dict[str, float]:
     """Set ``seed``'s fan-in and fan-out by ``method``; the host is not touched.
 
     Args:
@@ -132,7 +93,7 @@ def init_width_seed_(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]
         return _data_aware(seed, method, batches)
 
 
-def _data_aware(seed: WidthSeed, method: str, batches: Sequence[WidthBatch]) -> dict[str, float]:
+def _data_aware(seed: WidthSeed, method: str, batches: Sequence[SiteSignals]) -> dict[str, float]:
     """GradMax or TINY (``init_width_seed_``'s data-aware half)."""
     with torch.enable_grad():
         a = _bilinear(seed, batches, project=method == "tiny")  # (d_in, d_out)
@@ -188,13 +149,13 @@ def _set_out_rows(seed: WidthSeed, rows: torch.Tensor) -> None:
             seed.fan_out[:, j : j + 1] = unit
 
 
-def _bilinear(seed: WidthSeed, batches: Sequence[WidthBatch], *, project: bool) -> torch.Tensor:
+def _bilinear(seed: WidthSeed, batches: Sequence[SiteSignals], *, project: bool) -> torch.Tensor:
     """``A`` (d_in, d_out): the first-order loss change of one unit is ``u^T A v``."""
     d_in = seed.fan_in[0].numel()
     d_out = seed.fan_out.numel() // seed.units
     slopes = _slopes(seed)
 
-    def change(u: torch.Tensor, v: torch.Tensor, batch: WidthBatch, g: torch.Tensor) -> torch.Tensor:
+    def change(u: torch.Tensor, v: torch.Tensor, batch: SiteSignals, g: torch.Tensor) -> torch.Tensor:
         z = _apply(seed._layer_geometry, batch.x, u.view(1, *seed.fan_in.shape[1:]), None)
         for i, step in enumerate(seed.site.steps):
             if step.kind == "elementwise":
@@ -218,7 +179,7 @@ def _bilinear(seed: WidthSeed, batches: Sequence[WidthBatch], *, project: bool) 
     return total / sum(b.x.shape[0] for b in batches)
 
 
-def _residual_gradient(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
+def _residual_gradient(seed: WidthSeed, batch: SiteSignals) -> torch.Tensor:
     """``g`` less its least-squares fit by a change of the consumer's existing weights (TINY's
     projection: only what the current units cannot express is a bottleneck)."""
     h_rows = _rows(seed._consumer_geometry, batch.h, _consumer_unit_weight(seed, batch))  # (N, d_h)
@@ -233,14 +194,14 @@ def _residual_gradient(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
     return residual if _is_linear(seed) else residual.movedim(-1, 1)
 
 
-def _consumer_unit_weight(seed: WidthSeed, batch: WidthBatch) -> torch.Tensor:
+def _consumer_unit_weight(seed: WidthSeed, batch: SiteSignals) -> torch.Tensor:
     """A one-output weight of the consumer's shape: (1, d_h) or (1, C, *kernel)."""
     if _is_linear(seed):
         return batch.h.new_zeros(1, batch.h.shape[-1])
     return batch.h.new_zeros(1, batch.h.shape[1], *seed.fan_out.shape[2:])
 
 
-def _input_covariance(seed: WidthSeed, batches: Sequence[WidthBatch]) -> torch.Tensor:
+def _input_covariance(seed: WidthSeed, batches: Sequence[SiteSignals]) -> torch.Tensor:
     """``S`` (d_in, d_in): second moment of what one new unit's fan-in reads (rows or patches)."""
     unit = seed.fan_in[:1]
     total, n = None, 0

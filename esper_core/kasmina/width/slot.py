@@ -20,7 +20,9 @@ from torch.utils.hooks import RemovableHandle
 
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.width import WIDTH_PROFILE
+from esper_core.kasmina.kinds import SeedKind
 from esper_core.kasmina.slot import SeedSlot
+from esper_core.kasmina.width.kind import WIDTH
 from esper_core.kasmina.width.trace import WidthSite
 
 WIDTH_SLOT_SUFFIX = "+width"
@@ -34,6 +36,8 @@ class WidthSlot(SeedSlot):
         site: The layer, its consumer and the ops in between (``trace_width_site``).
         batch_max: The largest batch a seed must accept.
     """
+
+    kind: SeedKind = WIDTH
 
     def __init__(self, *, site: WidthSite, batch_max: int) -> None:
         super().__init__(
@@ -78,6 +82,20 @@ class WidthSlot(SeedSlot):
     def hook_ids(self) -> frozenset[int]:
         """Ids of the hooks the slot has on the host's modules now (none while it holds no seed)."""
         return frozenset(h.id for h in self._handles)
+
+    @property
+    def reader(self) -> nn.Module:
+        """The widened layer: a width seed's new units read its input."""
+        return self.host.get_submodule(self.site.layer)
+
+    @property
+    def joiner(self) -> nn.Module:
+        """The layer's consumer: a width seed's new units add to its output."""
+        return self.host.get_submodule(self.site.consumer)
+
+    def delta_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        """A width seed maps the layer's input to a delta of the consumer's output."""
+        return (x.shape[0], *self.site.output_shape)
 
     @property
     def profile_name(self) -> str:
