@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -24,7 +24,8 @@ def capture_rng() -> dict[str, Any]:
     pickle, half the cost of a small model's whole checkpoint.
     """
     version, internal, gauss = random.getstate()
-    kind, keys, *rest = np.random.get_state()
+    # The legacy form (the default) of the global MT19937: a tuple, never the dict form.
+    kind, keys, *rest = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     state: dict[str, Any] = {
         "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), *rest],

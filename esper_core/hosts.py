@@ -76,17 +76,16 @@ class MLPHost(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in itertools.pairwise(widths))
         self.layer_names = tuple(f"fc{i}" for i in range(len(self.layers)))
         self.layer_widths = tuple(widths[1:])
-        self.seed_slots = nn.ModuleDict(
-            {
-                f"slot{i}": SeedSlot(
-                    slot_id=f"slot{i}",
-                    layer=self.layer_names[i],
-                    profile=ShapeProfile(feature_shape=(widths[i],), batch_max=config.batch_max),
-                )
-                for i in config.slot_inputs
-            }
-        )
-        self._slot_at = {int(k[4:]): slot for k, slot in self.seed_slots.items()}
+        slots = {
+            f"slot{i}": SeedSlot(
+                slot_id=f"slot{i}",
+                layer=self.layer_names[i],
+                profile=ShapeProfile(feature_shape=(widths[i],), batch_max=config.batch_max),
+            )
+            for i in config.slot_inputs
+        }
+        self.seed_slots = nn.ModuleDict(slots)
+        self._slot_at = {int(k[4:]): slot for k, slot in slots.items()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
@@ -134,17 +133,16 @@ class CNNHost(nn.Module):
         self.layer_widths = (*config.hidden, num_classes)
         # The activation entering layer i: the image for i = 0, conv maps after, a vector for fc.
         shapes = [(w, height, width) for w in widths[:-1]] + [(widths[-1] * _POOL * _POOL,)]
-        self.seed_slots = nn.ModuleDict(
-            {
-                f"slot{i}": SeedSlot(
-                    slot_id=f"slot{i}",
-                    layer=self.layer_names[i],
-                    profile=ShapeProfile(feature_shape=shapes[i], batch_max=config.batch_max),
-                )
-                for i in config.slot_inputs
-            }
-        )
-        self._slot_at = {int(k[4:]): slot for k, slot in self.seed_slots.items()}
+        slots = {
+            f"slot{i}": SeedSlot(
+                slot_id=f"slot{i}",
+                layer=self.layer_names[i],
+                profile=ShapeProfile(feature_shape=shapes[i], batch_max=config.batch_max),
+            )
+            for i in config.slot_inputs
+        }
+        self.seed_slots = nn.ModuleDict(slots)
+        self._slot_at = {int(k[4:]): slot for k, slot in slots.items()}
         self._n_convs = len(convs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
 
@@ -33,6 +34,7 @@ def deferred_interrupts() -> Iterator[None]:
     def hold(signum: int, frame: FrameType | None) -> None:
         caught.append((signum, frame))
 
+    previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None]
     previous = {s: signal.signal(s, hold) for s in _HELD}
     try:
         yield

@@ -71,7 +71,8 @@ def write_atomic(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            # The stub types **kwds as also filling allow_pickle (a bool); the names are array names.
+            np.savez(f, **arrays)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)

@@ -122,7 +122,7 @@ def encode(text: bytes) -> np.ndarray:
 
 def chars_cache_path(config: CharCorpusConfig, *, home: str | Path | None = None) -> Path:
     """Where ``load_chars`` caches ``config``'s arrays: ``<home>/cache/datasets/chars-<hash>.npz``."""
-    root = EsperSettings(home=home).home if home is not None else EsperSettings().home
+    root = EsperSettings(home=Path(home)).home if home is not None else EsperSettings().home
     corpus = hashlib.sha256(read_corpus(CORPUS_FILES)).hexdigest()
     key = {"format": _FORMAT_VERSION, "corpus": corpus, **asdict(config)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

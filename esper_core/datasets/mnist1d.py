@@ -121,7 +121,7 @@ def mnist1d_cache_path(config: MNIST1DConfig, *, home: str | Path | None = None)
         ``<home>/cache/datasets/mnist1d-<hash>.npz``, the hash covering the config, the
         ``mnist1d`` package version and this module's format version.
     """
-    root = EsperSettings(home=home).home if home is not None else EsperSettings().home
+    root = EsperSettings(home=Path(home)).home if home is not None else EsperSettings().home
     key = {"format": _FORMAT_VERSION, "mnist1d": version("mnist1d"), **asdict(config)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / "cache" / "datasets" / f"mnist1d-{digest}.npz"

@@ -34,7 +34,7 @@ def _conv(dims: int) -> type[nn.Conv1d] | type[nn.Conv2d]:
     return _CONV[dims]
 
 
-_Layer = TypeVar("_Layer", nn.Conv1d, nn.Conv2d, nn.Linear)
+_Layer = TypeVar("_Layer", bound=nn.Conv1d | nn.Conv2d | nn.Linear)
 
 
 def _zero_(layer: _Layer) -> _Layer:

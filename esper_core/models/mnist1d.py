@@ -72,6 +72,14 @@ class MNIST1DCNN(nn.Module):
         num_classes: Output logits.
     """
 
+    # Registered by name in __init__ (add_module); declared here for the type checker.
+    conv1: nn.Conv1d
+    conv2: nn.Conv1d
+    conv3: nn.Conv1d
+    act1: nn.ReLU
+    act2: nn.ReLU
+    act3: nn.ReLU
+
     def __init__(self, *, channels: int = 25, in_length: int = 40, num_classes: int = 10) -> None:
         super().__init__()
         _check_positive(channels=channels, in_length=in_length, num_classes=num_classes)

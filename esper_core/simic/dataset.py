@@ -97,11 +97,11 @@ def choice_of(
     action = ACTION_INDEX[(command.command_type, command.seed_operation)]
     slot = blueprint = blend = NO_CHOICE
     if command.seed_operation is not None:
-        if command.slot_id not in slot_ids:
+        if command.slot_id is None or command.slot_id not in slot_ids:
             raise ValueError(f"command names slot {command.slot_id!r}, not among the graph's slots {list(slot_ids)}")
         slot = list(slot_ids).index(command.slot_id)
     if command.seed_operation is SeedOperation.GERMINATE:
-        if command.blueprint_id not in blueprint_ids:
+        if command.blueprint_id is None or command.blueprint_id not in blueprint_ids:
             raise ValueError(f"command names blueprint {command.blueprint_id!r}, not among {list(blueprint_ids)}")
         blueprint = list(blueprint_ids).index(command.blueprint_id)
         blend = BLEND_SCHEDULES.index(command.blend_schedule)

@@ -212,11 +212,12 @@ class SimicStore:
                     same = select(PolicyRow.version).where(
                         PolicyRow.sha256 == sha, PolicyRow.method == method, parent_match
                     )
-                    version = conn.execute(same).scalar()
-                    if version is None:
+                    found = conn.execute(same).scalar()
+                    if found is None:
                         version = (conn.execute(select(func.max(PolicyRow.version))).scalar() or 0) + 1
                         conn.execute(PolicyRow.__table__.insert().values(version=version, **values, **signature))
                     else:
+                        version = found
                         # Re-publishing signs a version left unsigned or signed with an older key.
                         conn.execute(
                             PolicyRow.__table__.update().where(PolicyRow.version == version).values(**signature)

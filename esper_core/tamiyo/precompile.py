@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch._inductor.config as inductor_config
@@ -122,7 +122,8 @@ def apply_process_state(state: dict[str, Any]) -> None:
 
 def guard_state() -> str:
     """Dynamo's own record of the global state its guards check, as text (to compare processes)."""
-    return torch._C._dynamo.guards.GlobalStateGuard().__getstate__()
+    # A str at run time; the stub leaves __getstate__ as object's.
+    return cast(str, torch._C._dynamo.guards.GlobalStateGuard().__getstate__())
 
 
 def compile_policy(model: TamiyoGNN, inputs: Inputs, *, config: PolicyCompileConfig) -> CompiledPolicy:
@@ -135,7 +136,8 @@ def compile_policy(model: TamiyoGNN, inputs: Inputs, *, config: PolicyCompileCon
     compiled = torch.compile(
         model.forward, fullgraph=True, dynamic=config.dynamic, mode=config.mode, backend=config.backend
     )
-    fn = compiled.aot_compile((inputs, {}))
+    # torch.compile's stub returns the compiled callable's own type, which lacks the wrapper's aot_compile.
+    fn = compiled.aot_compile((inputs, {}))  # type: ignore[attr-defined]
     fn.disable_guard_check()  # as in ``load_policy``
     return fn
 

@@ -105,7 +105,7 @@ def capture_environment(device: torch.device | str) -> dict[str, Any]:
         driver = _nvidia_driver_version()
     else:
         device_name, capability, memory, driver = dev.type, None, None, None
-    cudnn_version = torch.backends.cudnn.version() if is_cuda else None  # type: ignore[no-untyped-call]
+    cudnn_version = torch.backends.cudnn.version() if is_cuda else None
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return {
         "python": platform.python_version(),

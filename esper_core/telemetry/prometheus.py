@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Self, TypeVar, cast
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -89,7 +89,7 @@ LATENCY_BUCKETS_S = (
 _Update = Callable[[float], None]
 _LabelItems = tuple[tuple[str, str], ...]
 _MetricKey = tuple[str, str, str, _LabelItems]  # (dotted name, source, workload, sorted labels)
-_MetricT = TypeVar("_MetricT", Gauge, Counter, Histogram)
+_MetricT = TypeVar("_MetricT", bound=Gauge | Counter | Histogram)
 _OWN_LABELS = ("source", "workload")
 
 
@@ -283,16 +283,15 @@ class PrometheusSink:
         base_name = full_name.removesuffix(COUNTER_SUFFIX) if is_counter else full_name
         label_values = (*(v for _, v in label_items), source, workload)
         with self._lock:
-            family = self._family(name, base_name, Counter if is_counter else Gauge, label_keys, unit=unit)
-            child = family.metric.labels(*label_values)
             update: _Update
-            if isinstance(child, Counter):
-                update = _counter_update(name, child.inc)
+            if is_counter:
+                counter = self._family(name, base_name, Counter, label_keys, unit=unit)
+                update = _counter_update(name, counter.labels(*label_values).inc)
             else:
-                update = child.set
+                update = self._family(name, base_name, Gauge, label_keys, unit=unit).labels(*label_values).set
             if not is_counter and (seconds_name := histogram_name(name)) is not None:
                 hist = self._family(name, seconds_name, Histogram, label_keys, unit="s")
-                update = _with_histogram(update, hist.metric.labels(*label_values).observe)
+                update = _with_histogram(update, hist.labels(*label_values).observe)
             self._updates[key] = update
         return update
 
@@ -300,12 +299,12 @@ class PrometheusSink:
         self,
         name: str,
         base_name: str,
-        metric_type: type[Gauge] | type[Counter] | type[Histogram],
+        metric_type: type[_MetricT],
         label_keys: tuple[str, ...],
         *,
         unit: str,
-    ) -> _Family:
-        """The family ``base_name``, registered on first use; the caller holds the lock."""
+    ) -> _MetricT:
+        """The metric of family ``base_name``, registered on first use; the caller holds the lock."""
         family = self._families.get(base_name)
         if family is None:
             suffix = f" ({unit})" if unit else ""
@@ -315,7 +314,8 @@ class PrometheusSink:
             self._register(name, metric_type, base_name, help_text, labels)
             family = self._families[base_name]
         self._check_family(family, name, label_keys)
-        return family
+        # Of ``metric_type``: the check pins the family to one dotted name, whose type never changes.
+        return cast(_MetricT, family.metric)
 
     def _register(
         self,
@@ -328,11 +328,10 @@ class PrometheusSink:
         reserved: bool = False,
     ) -> _MetricT:
         """Register a family in the registry and the cache, translating name collisions."""
+        metric: Gauge | Counter | Histogram
         try:
             if metric_type is Histogram:
-                metric = metric_type(
-                    base_name, help_text, label_names, registry=self.registry, buckets=LATENCY_BUCKETS_S
-                )
+                metric = Histogram(base_name, help_text, label_names, registry=self.registry, buckets=LATENCY_BUCKETS_S)
             else:
                 metric = metric_type(base_name, help_text, label_names, registry=self.registry)
         except ValueError as e:
@@ -343,7 +342,7 @@ class PrometheusSink:
             ) from e
         keys = tuple(label_names[: -len(_OWN_LABELS)])
         self._families[base_name] = _Family(dotted_name, keys, metric, reserved=reserved)
-        return metric
+        return cast(_MetricT, metric)  # metric_type's instance: a Histogram only when it is Histogram
 
     @staticmethod
     def _check_family(family: _Family, name: str, label_keys: tuple[str, ...]) -> None:

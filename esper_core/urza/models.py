@@ -14,6 +14,7 @@ JSON so a row round-trips to an equal message.
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING, ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -55,6 +57,9 @@ class Base(DeclarativeBase):
     """Declarative base carrying the naming convention."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    if TYPE_CHECKING:
+        # Every row class maps one Table; DeclarativeBase types __table__ as any FromClause.
+        __table__: ClassVar[Table]
 
 
 class BlueprintRow(Base):

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from typing import cast
 
 from sqlalchemy import Connection, Engine, Select, bindparam, func, select
 from sqlalchemy.engine import make_url
@@ -403,7 +404,10 @@ class SqlRegistry:
             row = session.get(ArtifactRow, artifact_id, with_for_update=True)
             if row is None:
                 raise ArtifactNotFoundError.for_id(artifact_id, self.url)
-            tier = session.scalar(select(BlueprintRow.tier).where(BlueprintRow.blueprint_id == row.blueprint_id))
+            # Never None: the artifact's foreign key (ON DELETE RESTRICT) keeps its blueprint row.
+            tier = cast(
+                str, session.scalar(select(BlueprintRow.tier).where(BlueprintRow.blueprint_id == row.blueprint_id))
+            )
             check_transition(artifact_id, ArtifactStatus(row.status), status, BlueprintTier(tier))
             row.status = status.value
             row.status_reason = reason
