@@ -8,9 +8,8 @@ import json
 from esper_core.data import DataConfig
 from esper_core.hosts import HostConfig
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.karn.width import WIDTH_PROFILE
 from esper_core.run.config import RunConfig
-from esper_core.run.plan import check_recipe
+from esper_core.run.plan import RunPlan, check_recipe
 from esper_core.run.recipes import RECIPES, get_recipe
 
 
@@ -45,6 +44,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _built_profile(plan: RunPlan, slot_id: str) -> str:
+    """The profile a slot whose kind builds its seeds from the host reports (its menu's)."""
+    fits = set(plan.slot_fits[slot_id])
+    return ",".join(
+        sorted({p for c in plan.built_candidates if c.descriptor.blueprint_id in fits for p in c.shape_profiles})
+    )
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     config = get_recipe(args.recipe)
     row = _describe(args.recipe, config)
@@ -59,8 +66,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         }
         for sid, profile in plan.slots.items()
     ] + [
-        {"slot": sid, "widens": layer, "profile": WIDTH_PROFILE, "blueprints": list(plan.slot_fits[sid])}
-        for sid, layer in plan.width_slots.items()
+        {"slot": sid, "widens": layer, "profile": _built_profile(plan, sid), "blueprints": list(plan.slot_fits[sid])}
+        for sid, layer in plan.built_slots.items()
     ]
     if args.json:
         print(json.dumps(row, indent=2))

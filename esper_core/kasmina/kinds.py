@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from esper_core.contracts import GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
+from esper_core.contracts import BlueprintDescriptor, GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina import gates
@@ -100,6 +100,17 @@ class SeedKind(Protocol):
     builds them from the host itself, and a run plans no compile for them)."""
     merges: bool
     """Keeping a seed folds it into the host (the slot is free again); False: it stays in its slot."""
+    menu: tuple[str, ...]
+    """What this kind builds from the host, offered to Tamiyo beside Karn's blueprints (empty for
+    a compiled kind: Karn's catalogue and the slot's profile say what fits)."""
+
+    def describe(self, entry: str) -> BlueprintDescriptor:
+        """The descriptor Tamiyo sees for ``entry`` of ``menu``."""
+        ...
+
+    def param_cost(self, slot: SeedSlot, entry: str) -> int:
+        """Parameters ``entry`` of ``menu`` adds in ``slot`` now (built on the meta device)."""
+        ...
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
         """Check G0 for ``blueprint_id`` in ``slot`` and build the seed (not attached yet)."""
@@ -148,6 +159,13 @@ class BranchKind:
     name = "branch"
     compiled = True
     merges = False
+    menu: tuple[str, ...] = ()
+
+    def describe(self, entry: str) -> BlueprintDescriptor:
+        raise ValueError(f"branch seeds are Karn blueprints: describe {entry!r} with the catalogue")
+
+    def param_cost(self, slot: SeedSlot, entry: str) -> int:
+        raise ValueError(f"branch seeds are Karn blueprints: the plan measures {entry!r} from the catalogue")
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
         if nursery.kernels is None:

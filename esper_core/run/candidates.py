@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 
 from esper_core.karn.catalog import KarnCatalog
-from esper_core.karn.width import WIDTH_MENU, WIDTH_PROFILE, width_descriptor
 from esper_core.run.plan import RunPlan
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tezzeret.compiler import environment_key
@@ -60,18 +59,3 @@ def kernel_candidates(*, plan: RunPlan, catalog: KarnCatalog, urza: Urza, device
             )
         )
     return KernelLookup(candidates=out, lookup_ms=lookup_s * 1e3 / max(lookups, 1))
-
-
-def width_candidates(plan: RunPlan) -> list[BlueprintCandidate]:
-    """The width menu, when the plan has width slots: built from the host, always available."""
-    if not plan.width_slots:
-        return []
-    return [
-        BlueprintCandidate(
-            descriptor=width_descriptor(entry),
-            shape_profiles=frozenset({WIDTH_PROFILE}),
-            latency_p95_ms=0.0,
-            param_cost=plan.param_costs[(entry, WIDTH_PROFILE)],
-        )
-        for entry in WIDTH_MENU
-    ]

@@ -10,7 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from esper_core.contracts import AdaptationCommand, MetricPoint, TelemetryEvent, TelemetryPacket
-from esper_core.run.candidates import kernel_candidates, width_candidates
+from esper_core.run.candidates import kernel_candidates
 from esper_core.simic.records import CounterfactualOutcome, DecisionRecord
 from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
@@ -39,10 +39,10 @@ class TamiyoDecisions:
             if not done:
                 # Registry unreachable: no kernel can be loaded, so no branch seed can germinate;
                 # width seeds need none. Look again next epoch.
-                return width_candidates(self.plan)
+                return list(self.plan.built_candidates)
             # Reported with the decision.
             self.record.lookup_ms = found.lookup_ms
-            self.record.candidates = found.candidates + width_candidates(self.plan)
+            self.record.candidates = found.candidates + list(self.plan.built_candidates)
         return self.record.candidates or []
 
     def decide(self: RunSession) -> AdaptationCommand:

@@ -22,13 +22,13 @@ from esper_core.karn.capacity import SeedCapacity, seed_capacity
 from esper_core.karn.catalog import KarnCatalog, default_catalog
 from esper_core.karn.policy import needs_approval, require_approval
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.karn.width import WIDTH_MENU, WIDTH_PROFILE, width_units
-from esper_core.kasmina.width import WidthSeed, WidthSlot
+from esper_core.kasmina.kinds import SeedKind
+from esper_core.kasmina.slot import SeedSlot
 from esper_core.pipeline import CompileJob
 from esper_core.run.build import build_host
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
-from esper_core.tamiyo.candidates import CandidateCapacity
+from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
 from esper_core.tezzeret.config import Backend
 
 
@@ -47,10 +47,13 @@ class RunPlan:
         slot_fits: Slot id -> the blueprints that fit it (Tamiyo's candidates for that slot).
         capacities: ``(blueprint_id, profile)`` -> what the seed adds there (parameters, FLOPs
             per sample, linear or not); filled by ``plan_run``, empty in compile-only plans.
-        width_slots: Width slot id -> the layer it widens (``ModelSpec.widen``). They are not in
-            ``slots`` (no kernel is compiled for them); ``slot_fits`` offers them the width menu,
-            and ``param_costs[(entry, WIDTH_PROFILE)]`` is the most an entry adds at any of them
-            (at the layers' starting widths).
+        built_slots: Slot id -> the layer it grows, for slots whose kind builds its seeds from
+            the host (``SeedKind.compiled`` False: a width slot of ``ModelSpec.widen``). They
+            are not in ``slots`` (no kernel is compiled for them); ``slot_fits`` offers them their
+            kind's menu, and ``param_costs[(entry, profile)]`` is the most an entry adds at any of
+            them (at the host's starting shape).
+        built_candidates: Tamiyo's candidates for the built slots: each menu entry, with the
+            profiles of the slots that offer it; always available (no registry involved).
     """
 
     recipe: str
@@ -61,7 +64,8 @@ class RunPlan:
     blueprints: tuple[str, ...] = ()
     slot_fits: dict[str, tuple[str, ...]] = field(default_factory=dict)
     capacities: dict[tuple[str, str], SeedCapacity] = field(default_factory=dict)
-    width_slots: dict[str, str] = field(default_factory=dict)
+    built_slots: dict[str, str] = field(default_factory=dict)
+    built_candidates: tuple[BlueprintCandidate, ...] = ()
 
     @property
     def profiles(self) -> list[str]:
@@ -116,8 +120,9 @@ def plan_run(
         approved=approved,
     )
     _check_every_slot_fits(config, catalog, plan)
-    # A width seed's capacity depends on the layer it widens, not on a profile: it has none here.
-    capacities = {key: _capacity(catalog, *key) for key in plan.param_costs if key[1] != WIDTH_PROFILE}
+    # A built seed's capacity depends on the layer it grows, not on a profile: it has none here.
+    built = {profile for c in plan.built_candidates for profile in c.shape_profiles}
+    capacities = {key: _capacity(catalog, *key) for key in plan.param_costs if key[1] not in built}
     return dataclasses.replace(plan, capacities=capacities)
 
 
@@ -169,10 +174,10 @@ def _plan(
     approved: Collection[str],
 ) -> RunPlan:
     host = meta_host(config, feature_shape, num_classes)
-    width_slots = {sid: slot for sid, slot in host.slots().items() if isinstance(slot, WidthSlot)}
-    slot_profiles = {sid: slot.profile for sid, slot in host.slots().items() if sid not in width_slots}
+    built_slots = {sid: slot for sid, slot in host.slots().items() if not slot.kind.compiled}
+    slot_profiles = {sid: slot.profile for sid, slot in host.slots().items() if sid not in built_slots}
     fits = slot_blueprints(config, catalog=catalog, slot_profiles=slot_profiles, approved=approved)
-    fits.update({sid: tuple(WIDTH_MENU) for sid in width_slots})
+    fits.update({sid: slot.kind.menu for sid, slot in built_slots.items()})
     # In the recipe's (or the catalogue's) order, as Tamiyo's candidates always were.
     blueprints = tuple(b for b in (config.blueprints or catalog.ids) if any(b in bs for bs in fits.values()))
     _check_schedule_fits(config, fits)
@@ -197,7 +202,8 @@ def _plan(
             with torch.device("meta"):
                 module = catalog.build(blueprint_id, p)
             costs[(blueprint_id, p.name)] = sum(t.numel() for t in module.parameters())
-    costs.update(_width_costs(width_slots.values()))
+    built_costs = _built_costs(built_slots.values())
+    costs.update(built_costs)
     return RunPlan(
         recipe=config.recipe,
         feature_shape=feature_shape,
@@ -206,21 +212,40 @@ def _plan(
         param_costs=costs,
         blueprints=blueprints,
         slot_fits=fits,
-        width_slots={sid: slot.site.layer for sid, slot in width_slots.items()},
+        built_slots={sid: slot.layer for sid, slot in built_slots.items()},
+        built_candidates=_built_candidates(built_slots.values(), built_costs),
     )
 
 
-def _width_costs(slots: Iterable[WidthSlot]) -> dict[tuple[str, str], int]:
-    """``(entry, WIDTH_PROFILE)`` -> the most parameters a width-menu entry adds at any of
-    ``slots`` (the new units' fan-in and fan-out, at the layers' current widths)."""
+def _built_costs(slots: Iterable[SeedSlot]) -> dict[tuple[str, str], int]:
+    """``(entry, profile)`` -> the most parameters a menu entry adds at any of ``slots`` (slots
+    whose kind builds its seeds from the host), at the host's current shape."""
     costs: dict[tuple[str, str], int] = {}
     for slot in slots:
-        for entry in WIDTH_MENU:
-            with torch.device("meta"):
-                seed = WidthSeed(slot.site, slot.host, units=width_units(entry, slot.site.width))
-            n = sum(t.numel() for t in seed.parameters())
-            costs[(entry, WIDTH_PROFILE)] = max(n, costs.get((entry, WIDTH_PROFILE), 0))
+        for entry in slot.kind.menu:
+            key = (entry, slot.profile_name)
+            costs[key] = max(slot.kind.param_cost(slot, entry), costs.get(key, 0))
     return costs
+
+
+def _built_candidates(
+    slots: Iterable[SeedSlot], costs: Mapping[tuple[str, str], int]
+) -> tuple[BlueprintCandidate, ...]:
+    """Each menu entry of the built slots' kinds, with the profiles that offer it (Tamiyo's
+    candidates for those slots; no kernel, so no latency)."""
+    offered: dict[str, tuple[SeedKind, set[str]]] = {}
+    for slot in slots:
+        for entry in slot.kind.menu:
+            offered.setdefault(entry, (slot.kind, set()))[1].add(slot.profile_name)
+    return tuple(
+        BlueprintCandidate(
+            descriptor=kind.describe(entry),
+            shape_profiles=frozenset(profiles),
+            latency_p95_ms=0.0,
+            param_cost=max(costs[(entry, p)] for p in profiles),
+        )
+        for entry, (kind, profiles) in offered.items()
+    )
 
 
 def slot_blueprints(

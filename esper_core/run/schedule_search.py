@@ -83,7 +83,7 @@ def candidate_schedules(config: RunConfig, plan: RunPlan, at: tuple[float, ...])
     last = config.epochs - 1
     epochs = sorted({min(last, round(f * last)) for f in at})
     # Width slots too: their "blueprints" are the width menu (``esper_core.karn.width``).
-    fits = {slot: list(plan.slot_fits[slot]) for slot in (*plan.slots, *plan.width_slots)}
+    fits = {slot: list(plan.slot_fits[slot]) for slot in (*plan.slots, *plan.built_slots)}
     singles = [
         (ScheduledGermination(epoch=e, slot=s, blueprint=b),) for e in epochs for s, bs in fits.items() for b in bs
     ]

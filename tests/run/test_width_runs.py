@@ -54,7 +54,7 @@ def test_the_width_menu_fits_width_slots_only_and_needs_no_kernel(esper_home: Es
     session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="plan")
     try:
         plan = session.plan
-        assert plan.width_slots == {"features.0+width": "features.0", "features.3+width": "features.3"}
+        assert plan.built_slots == {"features.0+width": "features.0", "features.3+width": "features.3"}
         # No kernel is compiled for a width slot, and no branch blueprint is offered to one.
         assert set(plan.slots) == {"features.2"}
         assert plan.slot_fits["features.0+width"] == ("width-25", "width-50", "width-100")

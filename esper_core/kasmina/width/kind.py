@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from esper_core.contracts import GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
+from esper_core.contracts import BlueprintDescriptor, GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
 from esper_core.karn.catalog import KarnCatalog
-from esper_core.karn.width import width_units
+from esper_core.karn.width import WIDTH_MENU, width_descriptor, width_units
 from esper_core.kasmina import gates
 from esper_core.kasmina.kinds import Merge, Nursery, Sprout
 from esper_core.kasmina.loader import LoadedKernel
@@ -39,6 +39,17 @@ class WidthKind:
     """Also the blueprint id a width seed reports: it is built from the host, not from Karn."""
     compiled = False
     merges = True
+    menu = tuple(WIDTH_MENU)
+
+    def describe(self, entry: str) -> BlueprintDescriptor:
+        return width_descriptor(entry)
+
+    def param_cost(self, slot: SeedSlot, entry: str) -> int:
+        """The new units' fan-in and fan-out at the layer's current width."""
+        ws = _width_slot(slot)
+        with torch.device("meta"):
+            seed = WidthSeed(ws.site, ws.host, units=width_units(entry, ws.site.width))
+        return sum(t.numel() for t in seed.parameters())
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
         """``blueprint_id`` is a width-menu entry (the units are that share of the layer's current
