@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -217,9 +218,9 @@ class SeedManager:
             self.param_groups.set_factor(slot_id, factor)
         self._samples.clear()
 
-    def structure_signature(self) -> tuple[tuple[str, str, str | None], ...]:
-        """What the forward pass's code path depends on (stage and seed of each slot); alphas are
-        left out because slots read them from device buffers."""
+    def structure_signature(self) -> tuple[tuple[str, str, str | None, Any], ...]:
+        """What the forward pass's code path depends on (stage, seed and owned shape of each slot);
+        alphas are left out because slots read them from device buffers."""
         return tuple(
             (sid, slot.stage.value, self._seed_key(sid), slot.kind.architecture(slot))
             for sid, slot in self.slots.items()
