@@ -37,23 +37,23 @@ from typing import Any
 import torch
 
 from bench._output import save_json
-from esper_core.benchmarks.growth import fresh_run_id
 from esper_core.contracts.enums import SeedOperation
 from esper_core.karn.catalog import default_catalog
-from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
-from esper_core.run.schedule_search import (
+from esper_core.run.task import EpisodeTask
+from esper_core.settings import EsperSettings
+from esper_core.simic.record_types import PolicyVersion
+from esper_core.simic.records import SimicStore
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.growth import fresh_run_id
+from esper_core.studies.schedule_search import (
     GERMINATION_POINTS,
     Schedule,
     candidate_schedules,
     schedule_name,
     search_schedules,
 )
-from esper_core.run.task import EpisodeTask
-from esper_core.settings import EsperSettings
-from esper_core.simic.record_types import PolicyVersion
-from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.config import ScheduledGermination
 from esper_core.telemetry.paired import paired_difference
 

@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 from bench._output import save_json
-from esper_core.benchmarks.growth import SPLIT_SEED, in_home
 from esper_core.kasmina.width import resize_width, trace_width_site
 from esper_core.run.config import ModelSpec
-from esper_core.run.episodes import episode_config, run_episode
 from esper_core.settings import EsperSettings
+from esper_core.studies.episodes import episode_config, run_episode
+from esper_core.studies.growth import SPLIT_SEED, in_home
 from esper_core.telemetry.paired import paired_difference
 
 SIGNAL = (40,)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.adapt import Task, germinations, main, parse_task, run
-from esper_core.run.simic_train import collect_episodes, get_plan, train_imitation
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
+from esper_core.studies.simic_train import collect_episodes, get_plan, train_imitation
 
 RECIPE = "mnist1d-mlp-width"
 

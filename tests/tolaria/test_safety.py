@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
-from esper_core.run.drills import run_rollback_drill, run_timeout_drill
+from esper_core.studies.drills import run_rollback_drill, run_timeout_drill
 from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
