@@ -1,8 +1,9 @@
-"""growth: does Simic's trained policy grow networks better than rules, and as well as a static net?
+"""The growth benchmark: every arm on every recipe and seed, against the static frontier.
 
-For each recipe and evaluation seed (0 .. seeds - 1, held out from Simic's training seeds, which
-start at 1000), whole runs in-process on the same seed (same initialisation, data order and,
-through ``DataConfig.split_seed``, the same test split for every seed and arm):
+Does Simic's trained policy grow networks better than rules, and as well as a static net? For
+each recipe and evaluation seed (0 .. seeds - 1, held out from Simic's training seeds, which start
+at 1000), whole runs in-process on the same seed (same initialisation, data order and, through
+``DataConfig.split_seed``, the same test split for every seed and arm):
 
 - a **frontier** of static hosts (policy ``none``) at several widths, the recipe's own width 1
   among them (that run is the ``none`` arm): accuracy against parameters and FLOPs;
