@@ -6,7 +6,7 @@ Every run is a whole episode (``run_episode``) of the ``chars-gpt`` recipe on th
 (same initialisation and data order per seed): ``none`` (the recipe's 64-wide, 2-block model
 alone), ``heuristic`` (Tamiyo's rules grow it), and static models at other widths and depths.
 The score is bits per character on the held-out test files (lower is better); differences are
-paired by seed with bootstrap 95 % intervals (``esper_core.benchmarks.growth_report``, lower-is-better metric).
+paired by seed with bootstrap 95 % intervals (``esper_core.studies.growth_report``, lower-is-better metric).
 The growth benchmark's learned arm (a Simic-trained policy) is not run here: training it costs
 hours of CPU on this workload.
 """
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from esper_core.benchmarks.growth import compile_kernels, fresh_run_id, in_home
-from esper_core.benchmarks.growth_report import BITS_PER_CHAR, static_same_params
-from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.recipes import CHARS_CONTEXT, chars_gpt_model
 from esper_core.settings import EsperSettings
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.growth import compile_kernels, fresh_run_id, in_home
+from esper_core.studies.growth_report import BITS_PER_CHAR, static_same_params
 from esper_core.telemetry.paired import paired_difference
 
 RECIPE = "chars-gpt"

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from esper_core.benchmarks.growth import compile_kernels, fresh_run_id, in_home
 from esper_core.karn.catalog import default_catalog
-from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
-from esper_core.run.schedule_search import GERMINATION_POINTS, Schedule, candidate_schedules, schedule_name
-from esper_core.run.simic_train import get_plan
 from esper_core.settings import EsperSettings
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.growth import compile_kernels, fresh_run_id, in_home
+from esper_core.studies.schedule_search import GERMINATION_POINTS, Schedule, candidate_schedules, schedule_name
+from esper_core.studies.simic_train import get_plan
 from esper_core.telemetry.paired import paired_difference
 
 Progress = Callable[[str, int, int], None]

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from bench._output import save_json
-from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.frontier import FRONTIERS
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
+from esper_core.studies.episodes import episode_config, run_episode
 from esper_core.telemetry.paired import paired_difference
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from bench._output import save_json
-from bench.adapt import SPLIT_SEED, germinations
-from esper_core.benchmarks.growth import fresh_run_id
 from esper_core.fanout import FanOut
-from esper_core.run.episodes import episode_config, run_episode
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
+from esper_core.studies.adapt import SPLIT_SEED, germinations
+from esper_core.studies.episodes import episode_config, run_episode
+from esper_core.studies.growth import fresh_run_id
 from esper_core.telemetry.paired import paired_difference
 
 FIRST_SEED = 0

@@ -11,10 +11,10 @@ from pathlib import Path
 from esper_cli.args import positive, quiet_prefect
 from esper_cli.progress import progress
 from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.benchmarks.arms import GROWING_ARMS
-from esper_core.benchmarks.growth import PLANS as GROWTH_PLANS
 from esper_core.run.recipes import RECIPES
-from esper_core.run.simic_train import PLANS as SIMIC_PLANS
+from esper_core.studies.arms import GROWING_ARMS
+from esper_core.studies.growth import PLANS as GROWTH_PLANS
+from esper_core.studies.simic_train import PLANS as SIMIC_PLANS
 from esper_core.tolaria.precision import AMP_CHOICES
 
 
@@ -86,7 +86,7 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_drill(args: argparse.Namespace) -> int:
-    from esper_core.run.drills import DRILLS
+    from esper_core.studies.drills import DRILLS
 
     with progress(f"drill {args.drill}", json_output=args.json) as display, display.ticking():
         # A drill is one call into the library; the display only shows that it is alive.
@@ -160,8 +160,8 @@ def _cmd_bench_growth(args: argparse.Namespace) -> int:
 
 def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
     """``esper bench growth``: print the table (``--json``: one JSON object)."""
-    from esper_core.benchmarks.growth import GrowthBenchConfig, run, save_baseline
-    from esper_core.benchmarks.growth_report import format_table
+    from esper_core.studies.growth import GrowthBenchConfig, run, save_baseline
+    from esper_core.studies.growth_report import format_table
 
     result = run(
         GrowthBenchConfig(

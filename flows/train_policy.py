@@ -7,7 +7,7 @@ from prefect import flow
 
 from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
-from esper_core.run.simic_train import PlanName, get_plan
+from esper_core.studies.simic_train import PlanName, get_plan
 from tasks.policy import collect, demonstrate, imitate_policy, improve_policy
 
 

@@ -24,9 +24,9 @@ from prefect import task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.benchmarks.growth_report import format_table, frontier_png
 from esper_core.benchmarks.sweep import SweepReport, render_markdown
 from esper_core.run.reports import RunSummary
+from esper_core.studies.growth_report import format_table, frontier_png
 from esper_core.telemetry.plots import EpochPoint, SeedMark, data_uri, latency_png, run_curves_png
 
 _QUIET_ACTIONS = frozenset({"wait", "pause"})

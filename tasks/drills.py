@@ -1,6 +1,6 @@
 """Fault-drill tasks: inject a fault into Tolaria and check that its telemetry tells the story.
 
-The drills themselves live in the library (``esper_core.run.drills``: ``run_timeout_drill()``
+The drills themselves live in the library (``esper_core.studies.drills``: ``run_timeout_drill()``
 and ``run_rollback_drill()``, each returning a result dict); a task only runs one and reports.
 A drill's dict says whether it passed under ``passed`` and which checks held under ``checks``
 (a missing ``passed`` counts as passed: a drill raises when it fails hard).
@@ -14,7 +14,7 @@ from typing import Any, Literal
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.run.drills import run_rollback_drill, run_timeout_drill
+from esper_core.studies.drills import run_rollback_drill, run_timeout_drill
 
 DrillName = Literal["rollback", "timeout"]
 """The drills' names, for the flow's ``drills`` parameter (a test keeps it equal to ``DRILLS``)."""

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks._limits import in_child, limited, retry_unless_timed_out
 from tasks._runtime import settings
 
-_JOBS = "esper_core.run.simic_jobs"
+_JOBS = "esper_core.studies.simic_jobs"
 
 
 @task(

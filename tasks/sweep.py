@@ -14,8 +14,6 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from esper_core.benchmarks.growth import GrowthBenchConfig, save_baseline
-from esper_core.benchmarks.growth import run as run_growth
 from esper_core.benchmarks.registry import BenchCase, SweepConfig, get_sweep, get_workload, plan_cases
 from esper_core.benchmarks.sweep import (
     CaseResult,
@@ -25,6 +23,8 @@ from esper_core.benchmarks.sweep import (
     sweep_directory,
     write_snapshot,
 )
+from esper_core.studies.growth import GrowthBenchConfig, save_baseline
+from esper_core.studies.growth import run as run_growth
 from tasks._limits import in_child, limited, retry_unless_timed_out
 
 

@@ -4,6 +4,10 @@ esper_core (library) <- tasks (Prefect tasks) <- flows (chain tasks) <- bench (b
 points) <- esper_cli (the ``esper`` command, which dispatches to bench). Imports inside functions
 and under ``TYPE_CHECKING`` count, and so do the ``"package.module:function"`` strings that tasks
 hand to a child process: each is an import that runs later.
+
+Inside the library the run layer is one run only: ``esper_core.run`` never imports
+``esper_core.studies``, the code that runs many runs on top of it (episodes, Simic's training,
+the growth benchmark, drills).
 """
 
 from __future__ import annotations
@@ -22,13 +26,21 @@ LAYERS = {"esper_core": 0, "tasks": 1, "flows": 2, "bench": 3, "esper_cli": 4}
 PREFECT = ("prefect", "prefect_dask")
 """Packages the library never imports (DESIGN.md: esper_core is a plain library)."""
 
+INNER = {"esper_core.run": "esper_core.studies"}
+"""Inside the library: a package -> the package above it that it may not import."""
+
 _TARGET = re.compile(r"^([A-Za-z_]\w*)(\.\w+)*:\w+$")
 
 _FIX = {
     "tasks": "move the code it needs into esper_core (e.g. esper_core/benchmarks/) and call it from the task",
     "flows": "a task or flow may only chain lower layers: move the shared code into esper_core or a task",
-    "bench": "move the reusable benchmark code into esper_core/benchmarks/ and import it from there",
+    "bench": "move the reusable benchmark code into esper_core/benchmarks/ (a study of many runs: esper_core/studies/) and import it from there",
     "esper_cli": "move the shared code into esper_core (or bench/ if only entry points use it)",
+}
+
+_INNER_FIX = {
+    "esper_core.studies": "the run layer is one run only: move what the run needs out of esper_core/studies/ "
+    "into esper_core/run/, or move the caller up into esper_core/studies/",
 }
 
 
@@ -45,13 +57,47 @@ def _imports(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+def _from_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, ``package.name``) for every ``from package import name`` in ``tree``: the name may be a module."""
+    return [
+        (node.lineno, f"{node.module}.{alias.name}")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+        for alias in node.names
+    ]
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _inner_violations(module: str, tree: ast.AST) -> list[str]:
+    """Every import by ``module`` (in esper_core) of a library package above its own, one line each."""
+    problems: list[str] = []
+    for below, above in INNER.items():
+        if not _inside(module, below):
+            continue
+        hits: dict[int, str] = {}  # line -> the shortest name imported there (one report a line)
+        for line, imported in _imports(tree) + _from_imports(tree):
+            if _inside(imported, above) and len(imported) < len(hits.get(line, imported + ".")):
+                hits[line] = imported
+        problems += [
+            f"{module} (line {line}) imports {imported}: {below} may not import {above} above it; {_INNER_FIX[above]}"
+            for line, imported in sorted(hits.items())
+        ]
+    return problems
+
+
 def violations(root: Path) -> list[str]:
     """Every upward import (and every Prefect import in the library) under ``root``, one line each."""
     problems: list[str] = []
     for package, rank in LAYERS.items():
         for path in sorted((root / package).rglob("*.py")):
             module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
-            for line, imported in _imports(ast.parse(path.read_text(), filename=str(path))):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            if package == "esper_core":
+                problems += _inner_violations(module, tree)
+            for line, imported in _imports(tree):
                 top = imported.split(".")[0]
                 where = f"{module} (line {line}) imports {imported}"
                 if LAYERS.get(top, -1) > rank:
@@ -91,3 +137,33 @@ def test_an_upward_import_is_reported_with_its_fix(tmp_path: Path, package: str,
     (problem,) = violations(tmp_path)
     assert expected in problem
     assert "move" in problem or "wrap" in problem
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "from esper_core.studies.episodes import run_episode\n",
+            "esper_core.run.mod (line 1) imports esper_core.studies.episodes",
+        ),
+        ("def f():\n    from esper_core import studies\n", "esper_core.run.mod (line 2) imports esper_core.studies"),
+        ("import esper_core.studies.growth\n", "esper_core.run.mod (line 1) imports esper_core.studies.growth"),
+        (
+            'X = "esper_core.studies.simic_jobs:episode_ids"\n',
+            "esper_core.run.mod (line 1) imports esper_core.studies.simic_jobs",
+        ),
+    ],
+)
+def test_the_run_layer_importing_studies_is_reported_with_its_fix(tmp_path: Path, source: str, expected: str) -> None:
+    for name in LAYERS:
+        (tmp_path / name).mkdir()
+    (tmp_path / "esper_core" / "run").mkdir()
+    (tmp_path / "esper_core" / "studies").mkdir()
+    (tmp_path / "esper_core" / "run" / "mod.py").write_text(source)
+    # Studies import the run layer, and other library packages are not bound by this rule.
+    (tmp_path / "esper_core" / "studies" / "ok.py").write_text("from esper_core.run.session import RunSession\n")
+    (tmp_path / "esper_core" / "other.py").write_text("from esper_core.studies.episodes import run_episode\n")
+    (problem,) = violations(tmp_path)
+    assert expected in problem
+    assert "esper_core.run may not import esper_core.studies" in problem
+    assert "move" in problem

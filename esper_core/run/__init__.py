@@ -3,7 +3,9 @@
 One place composes a run from the subsystems: ``config`` (what a run is), ``recipes`` (built-in
 and import-path recipes), ``plan`` (shapes, slots and kernels), ``spec`` (a run resolved and
 planned once, what the flow's tasks receive), ``build`` (data, host, seed manager, trainer),
-``session`` (the committed steps a Prefect task retries exactly).
+``session`` (the committed steps a Prefect task retries exactly). This layer is one run only:
+code that runs many runs (episodes, Simic's training, the growth benchmark) is in
+``esper_core.studies``, above it.
 
 Growing your own model takes a recipe function returning a ``RunConfig``::
 

@@ -1,6 +1,6 @@
 """The task one run trains on when Simic varies it: host width, share of the training data, label noise.
 
-An ``EpisodeTask`` is drawn per training episode (``esper_core.run.variation.TaskVariation``) and
+An ``EpisodeTask`` is drawn per training episode (``esper_core.studies.variation.TaskVariation``) and
 carried by the run's ``RunConfig.task``. Its width is applied to the host when the episode's
 configuration is made (``episode_config``); its data part is applied here, once, to the loaded
 splits, so bundled data (``DataConfig``) and a user's (``DataSpec``) vary the same way. Only the

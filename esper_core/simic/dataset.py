@@ -10,7 +10,7 @@ is trained after it). Summed over a run the accuracy terms telescope to the accu
 the return trades accuracy gained against parameters added, as the issue asks.
 
 With ``reward="counterfactual"`` the samples are only the decisions a run forked
-(``esper_core.run.counterfactual``: a seed operation was legal, so a choice existed), and each
+(``esper_core.studies.counterfactual``: a seed operation was legal, so a choice existed), and each
 reward is the fork's one-step (bandit) return
 
     r = val_accuracy_A - val_accuracy_B - lambda * (params_A - params_B) / host_params

@@ -86,7 +86,7 @@ class CounterfactualOutcome:
     """Two branches of a run forked at a decision, measured ``horizon`` epochs later.
 
     Branch A carried out the decided command, branch B the ``baseline``'s; both then trained
-    under the same lifecycle-only control (``esper_core.run.counterfactual``), so only the
+    under the same lifecycle-only control (``esper_core.studies.counterfactual``), so only the
     decision at the fork differs. The raw measurements are stored, not a reward: lambda is
     Simic's hyperparameter (``SimicConfig.param_penalty``) and may change after recording.
 

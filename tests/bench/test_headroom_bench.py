@@ -13,8 +13,8 @@ from esper_cli.main import main
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
-from esper_core.run.schedule_search import candidate_schedules, schedule_name
 from esper_core.settings import EsperSettings
+from esper_core.studies.schedule_search import candidate_schedules, schedule_name
 
 
 def test_schedules_cover_every_fitting_slot_blueprint_and_epoch() -> None:

@@ -105,7 +105,7 @@ def test_choice_types_list_exactly_the_registered_names() -> None:
     from esper_core._capabilities import DEVICE_CHOICES, Device
     from esper_core.benchmarks.registry import SWEEPS, SweepName
     from esper_core.run.recipes import RECIPES, RecipeName
-    from esper_core.run.simic_train import PLANS, PlanName
+    from esper_core.studies.simic_train import PLANS, PlanName
     from esper_core.tezzeret.config import Backend, BackendName
     from tasks.drills import DRILLS, DrillName
 

@@ -24,10 +24,10 @@ from esper_core.contracts import (
 )
 from esper_core.run import state as run_state
 from esper_core.run.commits import START_TAG, epoch_tag
-from esper_core.run.episodes import episode_config
 from esper_core.run.session import RunSession
 from esper_core.run.state import CHECKPOINT_KEYS, IN_MEMORY, RunRecord
 from esper_core.settings import EsperSettings
+from esper_core.studies.episodes import episode_config
 from esper_core.urza.service import Urza
 from tests.helpers.state import assert_same_state
 

@@ -14,10 +14,10 @@ from esper_core.karn.capacity import seed_capacity
 from esper_core.karn.catalog import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.run.commits import START_TAG, epoch_tag
-from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore, report_id_for
+from esper_core.studies.episodes import episode_config, run_episode
 from esper_core.tamiyo.breaker import BreakerState
 from esper_core.tamiyo.graph import GLOBAL_FEATURES, build_graph
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from esper_core.run.simic_train import get_plan
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
+from esper_core.studies.simic_train import get_plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 

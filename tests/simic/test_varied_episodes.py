@@ -9,12 +9,12 @@ import pytest
 
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import find_published
-from esper_core.run.episodes import episode_config
 from esper_core.run.plan import plan_compile_jobs
-from esper_core.run.simic_train import collect_episodes, get_plan, train_imitation
-from esper_core.run.variation import TaskVariation
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
+from esper_core.studies.episodes import episode_config
+from esper_core.studies.simic_train import collect_episodes, get_plan, train_imitation
+from esper_core.studies.variation import TaskVariation
 from esper_core.urza.service import Urza
 
 

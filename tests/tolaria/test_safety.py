@@ -1,4 +1,4 @@
-"""Safety rails: deadlines, conservative mode, escalation to a halt, and the two drills."""
+"""Safety rails: deadlines, conservative mode, escalation to a halt (the drills are in tests/studies/test_drills.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
-from esper_core.run.drills import run_rollback_drill, run_timeout_drill
 from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
@@ -56,16 +55,6 @@ def test_epoch_failure_rules() -> None:
 def test_safety_config_errors_name_the_fix() -> None:
     with pytest.raises(ValueError, match="tamiyo_deadline_ms must be > 0"):
         SafetyConfig(tamiyo_deadline_ms=0)
-
-
-def test_timeout_drill(tmp_path: Path) -> None:
-    result = run_timeout_drill(tmp_path)
-    assert result["passed"], result["checks"]
-
-
-def test_rollback_drill(tmp_path: Path) -> None:
-    result = run_rollback_drill(tmp_path)
-    assert result["passed"], result["checks"]
 
 
 def test_rails_state_checkpoints_the_escalation_and_forks_the_undrained_telemetry(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ fork is the only difference between them. The data order depends only on (seed, 
 snapshot restores the RNG, so both branches see the same batches and the same dropout draws:
 the difference of their validation accuracies is the decision's effect, not sampling noise of
 the data order. After the branches the session is returned to the snapshot bit for bit through
-the run's one state object (``esper_core.run.state``; ``tests/run/test_counterfactual.py`` checks
+the run's one state object (``esper_core.run.state``; ``tests/studies/test_counterfactual.py`` checks
 the main run's losses against a run without forks, and every field of the state after a fork),
 and the outcome is stored with the decision for Simic (``CounterfactualOutcome``).
 

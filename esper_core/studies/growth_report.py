@@ -1,4 +1,4 @@
-"""The growth benchmark's statistics, table and plot, from the runs ``esper_core.benchmarks.growth`` made.
+"""The growth benchmark's statistics, table and plot, from the runs ``esper_core.studies.growth`` made.
 
 Every comparison is paired by seed (the arms of one seed share initialisation, data order and
 test set): differences in the recipe's metric (accuracy points, or bits per character for a
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from esper_core.benchmarks.arms import GROWING_ARMS
-from esper_core.run.episodes import EpisodeResult
+from esper_core.studies.arms import GROWING_ARMS
+from esper_core.studies.episodes import EpisodeResult
 from esper_core.telemetry.paired import paired_difference
 from esper_core.telemetry.plots import figure_png
 
@@ -199,7 +199,7 @@ def _phases(result: dict[str, Any]) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The human-readable report of ``esper_core.benchmarks.growth.run``'s result."""
+    """The human-readable report of ``esper_core.studies.growth.run``'s result."""
     policy = result["policy"]
     learned = (
         "no learned arm"

@@ -20,12 +20,16 @@ from esper_core.contracts import new_id
 from esper_core.fanout import LOCAL, Pool
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.config import RunConfig
-from esper_core.run.counterfactual import CounterfactualConfig
-from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
-from esper_core.run.schedule_search import (
+from esper_core.settings import EsperSettings
+from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
+from esper_core.simic.learn import SimicConfig, imitate, ppo_update
+from esper_core.simic.records import DecisionRecord, PolicyVersion, SimicStore
+from esper_core.studies.counterfactual import CounterfactualConfig
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.kernels import publish_missing_kernels
+from esper_core.studies.schedule_search import (
     HalvingSearch,
     Schedule,
     ScheduleSearch,
@@ -34,11 +38,7 @@ from esper_core.run.schedule_search import (
     schedule_name,
     search_all,
 )
-from esper_core.run.variation import TaskVariation
-from esper_core.settings import EsperSettings
-from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
-from esper_core.simic.learn import SimicConfig, imitate, ppo_update
-from esper_core.simic.records import DecisionRecord, PolicyVersion, SimicStore
+from esper_core.studies.variation import TaskVariation
 from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
@@ -66,9 +66,9 @@ class TrainingPlan:
             ``esper_core.simic.dataset``). Imitation clones every demonstration either way.
         counterfactual: Where and how far rollouts fork (used with ``reward="counterfactual"``).
         variation: What each episode's task is drawn from (host width, share of the training
-            data, label noise; ``esper_core.run.variation``); the default varies nothing.
+            data, label noise; ``esper_core.studies.variation``); the default varies nothing.
         search: Imitate the best fixed schedule this search finds on the demonstration seeds
-            (``esper_core.run.schedule_search``, ranked by validation accuracy) instead of the
+            (``esper_core.studies.schedule_search``, ranked by validation accuracy) instead of the
             heuristic; None: the heuristic is the demonstrator.
     """
 

@@ -9,12 +9,12 @@ import torch
 
 from esper_core.data import DataSpec, DataSplits, Split, load_dataset
 from esper_core.run.build import build_host, load_run_data
-from esper_core.run.episodes import episode_config
 from esper_core.run.recipes import get_recipe
-from esper_core.run.simic_train import PLANS, get_plan
 from esper_core.run.task import EpisodeTask, vary_dataset
-from esper_core.run.variation import TaskVariation
 from esper_core.simic.records import DecisionState
+from esper_core.studies.episodes import episode_config
+from esper_core.studies.simic_train import PLANS, get_plan
+from esper_core.studies.variation import TaskVariation
 
 VARIED = TaskVariation(widths=(0.5, 0.75, 1.0), train_fractions=(0.5, 1.0), label_noise=(0.0, 0.1))
 

@@ -23,11 +23,11 @@ from esper_core.contracts import new_id
 from esper_core.data import DataConfig
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
-from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
 from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
+from esper_core.studies.counterfactual import CounterfactualConfig, CounterfactualForks
 from esper_core.tamiyo.config import PolicyCompileConfig, ScheduledGermination
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.tolaria.loop import count_parameters
@@ -144,7 +144,7 @@ def run_episode(
         tamiyo: A running Tamiyo to share; its breaker is reset first. Its configuration must
             be ``config.tamiyo``'s.
         counterfactual: Fork some decisions (where a choice existed) and store each one's
-            counterfactual outcome with it (``esper_core.run.counterfactual``); the run itself
+            counterfactual outcome with it (``esper_core.studies.counterfactual``); the run itself
             trains exactly as without.
 
     Returns:

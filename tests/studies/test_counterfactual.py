@@ -16,13 +16,13 @@ import torch
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
-from esper_core.run.counterfactual import CounterfactualConfig, CounterfactualForks, fork, lifecycle_horizon
-from esper_core.run.episodes import episode_config, run_episode
 from esper_core.run.session import RunSession
-from esper_core.run.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import build_samples
 from esper_core.simic.records import CounterfactualOutcome, SimicStore
+from esper_core.studies.counterfactual import CounterfactualConfig, CounterfactualForks, fork, lifecycle_horizon
+from esper_core.studies.episodes import episode_config, run_episode
+from esper_core.studies.simic_train import TrainingPlan, collect_episodes, get_plan, train_imitation, train_ppo
 from esper_core.tamiyo.config import ScheduledGermination
 from esper_core.urza.service import Urza
 from tests.helpers.state import assert_same_state

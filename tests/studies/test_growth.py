@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from esper_cli.main import main
-from esper_core.benchmarks.arms import ARMS
-from esper_core.benchmarks.growth import GrowthBenchConfig, run
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
+from esper_core.studies.arms import ARMS
+from esper_core.studies.growth import GrowthBenchConfig, run
 
 PAIRED = (
     "learned_minus_heuristic",

@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 
 from esper_core.fanout import Pool
-from esper_core.run.episodes import EpisodeResult
-from esper_core.run.schedule_search import (
+from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.schedule_search import (
     HalvingSearch,
     Schedule,
     ScheduleSearch,
@@ -17,9 +19,7 @@ from esper_core.run.schedule_search import (
     search_all,
     search_schedules,
 )
-from esper_core.run.simic_train import collect_demonstrations, get_plan, search_demonstrations, train_imitation
-from esper_core.settings import EsperSettings
-from esper_core.simic.records import SimicStore
+from esper_core.studies.simic_train import collect_demonstrations, get_plan, search_demonstrations, train_imitation
 from esper_core.tamiyo.config import ScheduledGermination
 
 

@@ -1,5 +1,6 @@
-"""The arms of the growth benchmark: who decides in each run of a seed (kept apart from the
-report so that the command line can offer them without importing plotting)."""
+"""The arms of the growth benchmark: who decides in each run of a seed.
+
+Kept apart from the report so that the command line can offer them without importing plotting."""
 
 GROWING_ARMS = ("heuristic", "gnn", "random", "periodic")
 """Policies that grow the host: Tamiyo's rules, the learned GNN, budget-matched random, periodic."""

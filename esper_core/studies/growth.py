@@ -1,8 +1,9 @@
-"""growth: does Simic's trained policy grow networks better than rules, and as well as a static net?
+"""The growth benchmark: every arm on every recipe and seed, against the static frontier.
 
-For each recipe and evaluation seed (0 .. seeds - 1, held out from Simic's training seeds, which
-start at 1000), whole runs in-process on the same seed (same initialisation, data order and,
-through ``DataConfig.split_seed``, the same test split for every seed and arm):
+Does Simic's trained policy grow networks better than rules, and as well as a static net? For
+each recipe and evaluation seed (0 .. seeds - 1, held out from Simic's training seeds, which start
+at 1000), whole runs in-process on the same seed (same initialisation, data order and, through
+``DataConfig.split_seed``, the same test split for every seed and arm):
 
 - a **frontier** of static hosts (policy ``none``) at several widths, the recipe's own width 1
   among them (that run is the ``none`` arm): accuracy against parameters and FLOPs;
@@ -14,7 +15,7 @@ through ``DataConfig.split_seed``, the same test split for every seed and arm):
 - ``periodic``: germination every k epochs into the next free slot.
 
 Every run uses a cosine learning-rate schedule, so the last epoch is not a noisy snapshot.
-``esper_core.benchmarks.growth_report`` turns the runs into paired differences with bootstrap 95 % intervals and
+``esper_core.studies.growth_report`` turns the runs into paired differences with bootstrap 95 % intervals and
 the non-inferiority verdict against the static net of the same size; the plot shows every arm on
 the frontier. Everything runs on a fresh registry in a temporary ``ESPER_HOME`` unless ``home``
 is given (kernels are compiled first; reuse a home to skip that).
@@ -34,21 +35,23 @@ from pathlib import Path
 from typing import Any
 
 from esper_core._capabilities import one_thread
-from esper_core.benchmarks.arms import ARMS, GROWING_ARMS
-from esper_core.benchmarks.growth_report import (
+from esper_core.data import load_dataset
+from esper_core.fanout import FanOut, Pool
+from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.recipes import get_recipe
+from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.studies.arms import ARMS, GROWING_ARMS
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.growth_report import (
     ACCURACY,
     BITS_PER_CHAR,
     Metric,
     frontier_png,
     summarise_recipe,
 )
-from esper_core.data import load_dataset
-from esper_core.fanout import FanOut, Pool
-from esper_core.run.config import ModelSpec, RunConfig
-from esper_core.run.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.run.kernels import publish_missing_kernels
-from esper_core.run.recipes import get_recipe
-from esper_core.run.simic_train import (
+from esper_core.studies.kernels import publish_missing_kernels
+from esper_core.studies.simic_train import (
     TrainingPlan,
     collect_all_demonstrations,
     episode_jobs,
@@ -57,8 +60,6 @@ from esper_core.run.simic_train import (
     train_imitation,
     train_ppo,
 )
-from esper_core.settings import EsperSettings
-from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.config import PeriodicPolicyConfig
 
 Progress = Callable[[str, int, int], None]
@@ -78,7 +79,7 @@ class GrowthPlan:
         epochs: Epochs per run (None: each recipe's own).
         widths: Width factors of the static frontier besides the recipe's own (1.0, the
             ``none`` arm); every hidden width of the host is scaled by the factor.
-        simic: Simic training plan of the GNN arm (``esper_core.run.simic_train.PLANS``).
+        simic: Simic training plan of the GNN arm (``esper_core.studies.simic_train.PLANS``).
         periodic_every: Period of the ``periodic`` arm, in epochs.
         lr_schedule: Learning-rate schedule of every run (and of Simic's training episodes).
     """
@@ -124,7 +125,7 @@ class GrowthBenchConfig:
         seeds: Override the plan's number of seeds (>= 2: a paired interval needs two).
         epochs: Override the plan's epochs per run.
         widths: Override the plan's frontier widths (factors besides 1, each > 0).
-        simic_plan: Override the plan's Simic training plan (``esper_core.run.simic_train.PLANS``,
+        simic_plan: Override the plan's Simic training plan (``esper_core.studies.simic_train.PLANS``,
             e.g. ``counterfactual``).
         policy_version: Evaluate this stored policy version instead of training one (needs ``home``).
         home: ESPER_HOME to use (default: a temporary one).

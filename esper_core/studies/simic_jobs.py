@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from esper_core.run.simic_train import (
+from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.studies.simic_train import (
     collect_demonstrations,
     collect_episodes,
     get_plan,
     train_imitation,
     train_ppo,
 )
-from esper_core.settings import EsperSettings
-from esper_core.simic.records import SimicStore
 
 
 def demonstration_ids(settings: EsperSettings, recipe: str, plan: str, device: str) -> list[str]:

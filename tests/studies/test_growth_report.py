@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from esper_core.benchmarks.arms import ARMS
-from esper_core.benchmarks.growth_report import BITS_PER_CHAR, format_table, frontier_png, summarise_recipe
-from esper_core.run.episodes import EpisodeResult
+from esper_core.studies.arms import ARMS
+from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.growth_report import BITS_PER_CHAR, format_table, frontier_png, summarise_recipe
 
 
 def _run(arm: str, seed: int, bits: float, params: int) -> EpisodeResult:

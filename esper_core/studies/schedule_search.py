@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from esper_core.fanout import LOCAL, Pool
 from esper_core.run.config import RunConfig
-from esper_core.run.episodes import EpisodeResult
 from esper_core.run.plan import RunPlan
+from esper_core.studies.episodes import EpisodeResult
 from esper_core.tamiyo.config import ScheduledGermination
 
 Schedule = tuple[ScheduledGermination, ...]
