@@ -30,12 +30,14 @@ from esper_core.contracts import (
 from esper_core.determinism import capture_rng, restore_rng
 from esper_core.interrupts import deferred_interrupts
 from esper_core.karn.catalog import KarnCatalog, default_catalog
-from esper_core.kasmina.loader import LoadedKernel, load_kernel
+from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
+from esper_core.run.actuation import Actuator
 from esper_core.run.build import build_trainer, load_run_data
-from esper_core.run.commands import SeedCommands
+from esper_core.run.candidates import kernel_candidates
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
 from esper_core.run.config import RunConfig
-from esper_core.run.decisions import TamiyoDecisions
+from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.recipes import get_recipe
@@ -75,8 +77,13 @@ class RunHandle:
     run_dir: str
 
 
-class RunSession(SeedCommands, TamiyoDecisions):
-    """One training run: host, seeds, controller, checkpoints and telemetry."""
+class RunSession:
+    """One training run: host, seeds, controller, checkpoints and telemetry.
+
+    Its control (``control.Controller``: Tamiyo's decisions) and actuation
+    (``actuation.Actuator``: commands applied to the trainer and seeds) are components with the
+    run's parts handed to them; the session composes them with the commits around each step.
+    """
 
     def __init__(
         self,
@@ -152,6 +159,18 @@ class RunSession(SeedCommands, TamiyoDecisions):
         # Everything a step changes; commit, restore and a counterfactual fork go through it.
         self.state = RunState(trainer=self.trainer, rails=self.rails, load_kernel=self._load_kernel)
         self.record: RunRecord = self.state.record
+        self.control = Controller(
+            config=config,
+            run_id=run_id,
+            tamiyo=self.tamiyo,
+            state=self.state,
+            registry=self.registry,
+            records=self.records,
+            collective=self.collective,
+            lookup=lambda: kernel_candidates(plan=self.plan, catalog=self.catalog, urza=self.urza, device=self.device),
+            built=self.plan.built_candidates,
+        )
+        self.actuator = Actuator(trainer=self.trainer, fetch=self._fetch_kernel)
 
     # ------------------------------------------------------------------ construction
 
@@ -305,6 +324,10 @@ class RunSession(SeedCommands, TamiyoDecisions):
 
     # ------------------------------------------------------------------ steps
 
+    def decide(self) -> AdaptationCommand:
+        """This epoch's command from Tamiyo (``Controller.decide``); the run does not change."""
+        return self.control.decide()
+
     def train_epoch(self) -> SystemStatePacket:
         """Train one epoch and gate the seeds; returns the state packet for Tamiyo.
 
@@ -360,7 +383,7 @@ class RunSession(SeedCommands, TamiyoDecisions):
         metrics: list[MetricPoint] = []
         start = time.perf_counter()
         try:
-            self._apply(command, metrics)
+            self.actuator.carry_out(command, metrics)
             outcome = "applied"
             elapsed = (time.perf_counter() - start) * 1e3
             calls_kasmina = command.command_type not in (CommandType.WAIT, CommandType.PAUSE)
@@ -425,6 +448,20 @@ class RunSession(SeedCommands, TamiyoDecisions):
             )
         )
         return agreed
+
+    def _fetch_kernel(self, blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
+        # Tier policy, newest active artifact, guards against the slot before any bytes load,
+        # SHA-256 on read; the seed manager pre-warms once it is attached.
+        return load_for_slot(
+            self.urza,
+            blueprint_id,
+            profile,
+            catalog=self.catalog,
+            device=self.device,
+            approved=self.config.approved_blueprints,
+            params=self.catalog.resolve_params(blueprint_id),
+            prewarm=False,
+        )
 
     def _load_kernel(self, artifact: KernelArtifact) -> LoadedKernel:
         # Kasmina loads, never compiles: the blob is verified against its SHA-256 on read.

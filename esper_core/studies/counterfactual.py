@@ -109,7 +109,7 @@ class CounterfactualForks:
     def should_fork(self, session: RunSession, command: AdaptationCommand) -> bool:
         """Whether to fork at ``command``: within budget, with epochs left, a recorded decision
         of Tamiyo's, a real choice (a seed operation was legal), and the per-decision draw."""
-        record = session.pending_decision(command)
+        record = session.control.pending_decision(command)
         if self.forks >= self.config.max_forks or record is None or _epochs_left(session) < 1:
             return False
         if not has_choice(legal_masks(record.state.current, record.state.candidates)):
@@ -128,11 +128,11 @@ class CounterfactualForks:
         if not self.should_fork(session, command):
             return None
         self.forks += 1
-        record = session.pending_decision(command)
+        record = session.control.pending_decision(command)
         assert record is not None  # should_fork checked it
         outcome = fork(session, command, record=record, config=self.config)
         if outcome is not None:
-            session.attach_counterfactual(command, outcome)
+            session.control.attach_counterfactual(command, outcome)
         return outcome
 
 
@@ -213,7 +213,7 @@ def _branch(session: RunSession, command: AdaptationCommand, horizon: int) -> _B
     for step in range(horizon):
         packet = session.train_epoch()
         if step + 1 < horizon:
-            session.apply(lifecycle.decide(session.history, session.candidates(), run_id=session.run_id))
+            session.apply(lifecycle.decide(session.history, session.control.candidates(), run_id=session.run_id))
     assert packet is not None  # horizon >= 1
     return _Branch(
         val_accuracy=packet.val_accuracy, val_loss=packet.val_loss, params=count_parameters(session.trainer.model)

@@ -81,7 +81,7 @@ def test_germinating_without_a_published_kernel_is_rejected_not_fatal(esper_home
     session = RunSession.create(recipe="seed-reference", settings=esper_home, epochs=2, run_id="empty")
     assert session.committed_tag == START_TAG
     _loop(session, 2)
-    assert session.candidates() == []
+    assert session.control.candidates() == []
     waits = [c for c in session.commands if c.command_type is CommandType.WAIT]
     assert len(waits) == 2 and "no" in waits[-1].reason.lower()
     session.close()

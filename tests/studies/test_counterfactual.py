@@ -98,7 +98,7 @@ def test_a_fork_puts_back_every_field_of_the_run_state(compiled_home: EsperSetti
         session.commit(epoch_tag(0, "trained"))
         command = session.decide()
         session.rails.note("tolaria.remediation", "an undrained rails event")
-        record = session.pending_decision(command)
+        record = session.control.pending_decision(command)
         assert record is not None
         before = copy.deepcopy(session.state.state_dict(in_memory=True))
         live = before["in_memory"]

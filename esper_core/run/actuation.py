@@ -1,5 +1,5 @@
-"""Carrying out one of Tamiyo's commands on a live run (``RunSession.apply`` wraps it with the
-safety rails, the rejection path and the step's telemetry).
+"""A run's actuation: carrying out one of Tamiyo's commands on the trainer and its seed manager
+(``RunSession.apply`` wraps it with the safety rails, the rejection path and the step's telemetry).
 
 A germination goes to Kasmina, whose slot's kind builds the seed: a branch blueprint's kernel is
 fetched from Urza (through ``fetch``, only when the kind needs one); a width-menu entry is built
@@ -8,20 +8,33 @@ from the host itself and initialised from the host's own signals.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from esper_core.contracts import AdaptationCommand, CommandType, MetricPoint, SeedOperation
 from esper_core.karn.profiles import ShapeProfile
-from esper_core.kasmina.loader import LoadedKernel, load_for_slot
+from esper_core.kasmina.kinds import KernelSource
+from esper_core.kasmina.loader import LoadedKernel
+from esper_core.tolaria.loop import Trainer
 
-if TYPE_CHECKING:
-    from esper_core.run.session import RunSession
 
+class Actuator:
+    """Applies commands to a run's trainer and seed manager.
 
-class SeedCommands:
-    """Mixed into ``RunSession``: what each command does to the trainer and the seed manager."""
+    Args:
+        trainer: The run's trainer (its optimizer, and its seed manager).
+        fetch: How a kernel reaches a slot (Urza, guards and SHA-256 checked).
+    """
 
-    def _apply(self: RunSession, command: AdaptationCommand, metrics: list[MetricPoint]) -> None:
+    def __init__(self, *, trainer: Trainer, fetch: KernelSource) -> None:
+        self.trainer = trainer
+        self.manager = trainer.manager
+        self._fetch = fetch
+
+    def carry_out(self, command: AdaptationCommand, metrics: list[MetricPoint]) -> None:
+        """Apply ``command``; what it measured goes to ``metrics``.
+
+        Raises:
+            ValueError: the command cannot be applied (an unknown slot, a refused gate).
+            LookupError, RegistryError: no kernel could be fetched.
+        """
         op = command.seed_operation
         # WAIT and PAUSE change nothing here: both mean "no adaptation this epoch".
         if command.command_type is CommandType.OPTIMIZER:
@@ -32,7 +45,7 @@ class SeedCommands:
             slot_id = command.slot_id
 
             def fetch(blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
-                kernel = self._fetch_kernel(blueprint_id, profile)
+                kernel = self._fetch(blueprint_id, profile)
                 metrics.append(
                     MetricPoint(
                         name="kasmina.kernel.load_ms", value=kernel.load_ms, unit="ms", labels={"slot": slot_id}
@@ -57,17 +70,3 @@ class SeedCommands:
             self.manager.fossilize(command.slot_id or "")
         elif op is SeedOperation.CULL:
             self.manager.cull(command.slot_id or "", reason=command.reason)
-
-    def _fetch_kernel(self: RunSession, blueprint_id: str, profile: ShapeProfile) -> LoadedKernel:
-        # Tier policy, newest active artifact, guards against the slot before any bytes load,
-        # SHA-256 on read; the seed manager pre-warms once it is attached.
-        return load_for_slot(
-            self.urza,
-            blueprint_id,
-            profile,
-            catalog=self.catalog,
-            device=self.device,
-            approved=self.config.approved_blueprints,
-            params=self.catalog.resolve_params(blueprint_id),
-            prewarm=False,
-        )

@@ -1,51 +1,88 @@
-"""Asking Tamiyo: the blueprints a run can germinate, her decision under its deadline and circuit
-breaker, and the record Simic learns from (``RunSession.decide`` and what feeds it).
+"""A run's control: one command from Tamiyo per trained epoch, under her deadline and circuit
+breaker, from the blueprints the run can germinate, with the record Simic learns from.
 
-In a data-parallel run rank 0 alone asks; the command reaches the other ranks by broadcast.
+``RunSession.decide`` asks the ``Controller``; everything it reads and writes is handed to it:
+the run's state (history, reports, the outbox of the next commit), its registry link, Tamiyo and
+the candidates' sources. In a data-parallel run rank 0 alone asks; the command reaches the other
+ranks by broadcast.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from esper_core.contracts import AdaptationCommand, MetricPoint, TelemetryEvent, TelemetryPacket
-from esper_core.run.candidates import kernel_candidates
-from esper_core.simic.records import CounterfactualOutcome, DecisionRecord
+from esper_core.run.candidates import KernelLookup
+from esper_core.run.config import RunConfig
+from esper_core.run.outage import RegistryLink
+from esper_core.run.state import RunState
+from esper_core.simic.records import CounterfactualOutcome, DecisionRecord, SimicStore
 from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
-from esper_core.tamiyo.service import Decision
+from esper_core.tamiyo.service import Decision, TamiyoService
+from esper_core.tolaria.collective import Collective
 from esper_core.tolaria.deadlines import call_with_deadline
 
-if TYPE_CHECKING:
-    from esper_core.run.session import RunSession
 
+class Controller:
+    """Decides a run's commands: Tamiyo, asked once per trained epoch.
 
-class TamiyoDecisions:
-    """Mixed into ``RunSession``: one decision per trained epoch, and what it is made from."""
+    Args:
+        config: The run's configuration (deadlines, epochs, the pinned policy, the task).
+        run_id: Named in every packet and decision.
+        tamiyo: Who decides.
+        state: The run's state: its record (history, reports, outbox) and safety rails.
+        registry: Every database call goes through it (an outage is ridden out).
+        records: Simic's store, for the newest policy (None without a database).
+        collective: The ranks; only rank 0 asks.
+        lookup: The registry's kernels for the run's slots (``candidates.kernel_candidates``).
+        built: Candidates that need no registry (seeds built from the host), always offered.
+    """
 
-    def candidates(self: RunSession) -> list[BlueprintCandidate]:
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        run_id: str,
+        tamiyo: TamiyoService,
+        state: RunState,
+        registry: RegistryLink,
+        records: SimicStore | None,
+        collective: Collective,
+        lookup: Callable[[], KernelLookup],
+        built: tuple[BlueprintCandidate, ...],
+    ) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.tamiyo = tamiyo
+        self.record = state.record
+        self.rails = state.rails
+        self.registry = registry
+        self.records = records
+        self.collective = collective
+        self._lookup = lookup
+        self._built = built
+
+    def candidates(self) -> list[BlueprintCandidate]:
         """Blueprints of the recipe with an active artifact for at least one slot profile.
 
         Looked up once per live session (and again after a germination is rejected): a kernel
         quarantined in the meantime is still refused when Kasmina loads it.
         """
         if self.record.candidates is None:
-            done, found = self.registry.try_call(
-                "look up kernels",
-                lambda: kernel_candidates(plan=self.plan, catalog=self.catalog, urza=self.urza, device=self.device),
-            )
-            if not done:
+            done, found = self.registry.try_call("look up kernels", self._lookup)
+            if not done or found is None:
                 # Registry unreachable: no kernel can be loaded, so no branch seed can germinate;
-                # width seeds need none. Look again next epoch.
-                return list(self.plan.built_candidates)
+                # seeds built from the host need none. Look again next epoch.
+                return list(self._built)
             # Reported with the decision.
             self.record.lookup_ms = found.lookup_ms
-            self.record.candidates = found.candidates + list(self.plan.built_candidates)
+            self.record.candidates = found.candidates + list(self._built)
         return self.record.candidates or []
 
-    def decide(self: RunSession) -> AdaptationCommand:
+    def decide(self) -> AdaptationCommand:
         """Ask Tamiyo for this epoch's command within its deadline (does not change the run).
 
         Tamiyo runs on a worker thread against a snapshot of the history; everything recorded
@@ -54,15 +91,17 @@ class TamiyoDecisions:
         circuit breaker; while the breaker is open she is not asked (WAIT, ``circuit_breaker``).
         The decision is kept for Simic and recorded with the commit that applies it.
         """
-        if not self.history:
+        if not self.record.history:
             raise ValueError("decide() needs at least one trained epoch; call train_epoch() first")
         # Its telemetry waits in the outbox for the next commit: until then the live state is not
         # the committed one, and a retry that lands here again must restore rather than emit twice.
         self.record.dirty = True
         if not self.collective.leader:
             # Rank 0 decides, from the same packets every rank computed; the others apply its command.
-            return self.collective.broadcast(None)
-        history, candidates, reports = tuple(self.history), self.candidates(), tuple(self.reports)
+            command: AdaptationCommand | None = self.collective.broadcast(None)
+            assert command is not None, "rank 0 broadcasts a command every epoch"
+            return command
+        history, candidates, reports = tuple(self.record.history), self.candidates(), tuple(self.record.reports)
         epoch = history[-1].epoch
         # Between epochs: serve the newest (or pinned) Simic policy when the GNN decides.
         if not self.registry.down:
@@ -91,7 +130,7 @@ class TamiyoDecisions:
                 self.config.trainer.safety.tamiyo_deadline_ms,
             )
             metrics.append(MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms"))
-            self.timings["decide_ms"].append(outcome.elapsed_ms)
+            self.record.timings["decide_ms"].append(outcome.elapsed_ms)
             if outcome.timed_out or outcome.error is not None or outcome.value is None:
                 breaker.record_failure("timeout" if outcome.timed_out else f"{type(outcome.error).__name__}")
                 command = self.rails.tamiyo_missed(
@@ -101,7 +140,7 @@ class TamiyoDecisions:
                 breaker.record_success()
                 decision = self.tamiyo.add_shadow(outcome.value, history, candidates, total_epochs=self.config.epochs)
                 command = decision.command
-                self.timings["gnn_ms"].append(decision.gnn_latency_ms)
+                self.record.timings["gnn_ms"].append(decision.gnn_latency_ms)
                 metrics += decision_metrics(decision)
         command = self.rails.filter(command)
         if decision is not None:
@@ -129,11 +168,11 @@ class TamiyoDecisions:
         )
         return self.collective.broadcast(command)
 
-    def pending_decision(self: RunSession, command: AdaptationCommand) -> DecisionRecord | None:
+    def pending_decision(self, command: AdaptationCommand) -> DecisionRecord | None:
         """The record of ``command`` that the next commit stores, if Tamiyo decided it this step."""
         return self.record.decision_records.get(command.command_id)
 
-    def attach_counterfactual(self: RunSession, command: AdaptationCommand, outcome: CounterfactualOutcome) -> None:
+    def attach_counterfactual(self, command: AdaptationCommand, outcome: CounterfactualOutcome) -> None:
         """Store ``outcome`` with ``command``'s decision (recorded at the commit that applies it).
 
         Raises:
