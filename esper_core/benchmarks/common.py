@@ -73,7 +73,7 @@ class BenchConfig:
 
 BENCH_WIDTH = "width-100"
 """The width seed benchmarked on a host that grows in width only: doubling a layer, the step the
-learned width policies take (README, width growth)."""
+learned width policies take (docs/growth-results.md, "Width growth")."""
 
 
 def bare_twin(trainer: Trainer, spec: ModelSpec | None = None) -> nn.Module:

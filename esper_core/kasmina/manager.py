@@ -249,7 +249,7 @@ class SeedManager:
                 # keep in scale (its gradient is that of adding delta, which does not shrink as
                 # delta grows); blending then trains it jointly with the host. On mnist1d-cnn,
                 # probing at 1 culled the best fixed schedule's seed on 4 of 8 held-out seeds,
-                # and the seeds it culled gained when the check was lifted (README, headroom).
+                # and the seeds it culled gained when the check was lifted (docs/growth-benchmark.md, "Headroom").
                 seed = self._seeds[sid]
                 plan[sid] = blend_alpha(seed.schedule, 1, seed.blend_epochs)
             elif slot.stage in (S.BLENDING, S.PROBATIONARY):

@@ -13,8 +13,8 @@ passes on one batch. Here the gradients are read from the optimizer's parameter 
 step, so a parameter that growth added is all-reduced from its first step (nothing to re-wrap),
 and the reduction sits outside the step closure, so eager, compiled and captured steps all work.
 What DDP adds over this, overlapping the reduction with the backward pass, matters on large models
-across GPUs; on the hosts here one coalesced all-reduce per step is the whole cost (README,
-"Data-parallel runs", has the measurement).
+across GPUs; on the hosts here one coalesced all-reduce per step is the whole cost (docs/data-parallel.md,
+"Measured", has the measurement).
 
 ``Solo`` is the single-process collective: every method is free, so the trainer calls them
 unconditionally (no ``if distributed`` in the loop).

@@ -512,7 +512,7 @@ class Trainer:
 def _optimizer(params: list[nn.Parameter], config: TrainerConfig) -> torch.optim.Optimizer:
     # Fused updates (one kernel per parameter group, on CPU as on CUDA) beat the multi-tensor
     # ones of seed 000's change 6 on these small hosts: with one thread, Adam on the MNIST-1D MLP
-    # 198 -> 81 us a step, SGD on the digits MLP 105 -> 63 us (README, "Training").
+    # 198 -> 81 us a step, SGD on the digits MLP 105 -> 63 us (docs/performance.md, "The training bench").
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, fused=True)
