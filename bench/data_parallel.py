@@ -42,10 +42,11 @@ from esper_core.data import DatasetSplit, Split, epoch_order
 from esper_core.models.mnist1d import MNIST1DCNN
 from esper_core.run.build import load_run_data
 from esper_core.run.config import ModelSpec, RunConfig
-from esper_core.run.ranks import ParallelSpec, launch
+from esper_core.run.ranks import launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run
 from esper_core.run.session import RunSession
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 
@@ -64,7 +65,7 @@ def esper(recipe: str, nproc: int, *, epochs: int, home: Path) -> dict[str, Any]
     decisions (epoch, action, slot, blueprint) and the final accuracies."""
     settings = EsperSettings(home=home)
     run_id = f"bench-{nproc}"
-    launch(ParallelSpec(run_id=run_id, recipe=recipe, nproc=nproc, epochs=epochs, device="cpu"), settings)
+    launch(RunSpec(run_id=run_id, recipe=recipe, nproc=nproc, epochs=epochs, device="cpu"), settings)
     session = RunSession.open(settings=settings, run_id=run_id)
     try:
         summary = finish_run(session)

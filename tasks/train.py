@@ -16,6 +16,7 @@ No tags: Prefect 3.8 makes one concurrency-slot API call for every run of a task
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from prefect.runtime import flow_run
 from esper_core._capabilities import resolve_device
 from esper_core.pipeline import find_published
 from esper_core.run.commits import START_TAG, epochs_applied
-from esper_core.run.ranks import ParallelSpec, launch, record_launch
+from esper_core.run.ranks import launch, record_launch
 from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import RunHandle, RunSession
 from esper_core.run.spec import RunSpec, take_plan
@@ -213,11 +214,9 @@ def grow_parallel(spec: RunSpec) -> RunHandle:
     run_id = spec.run_id or flow_run_id_default()
     if run_id is None:
         raise ValueError("grow_parallel runs inside the morphogenesis flow, or needs a spec with a run_id")
-    launch_spec = ParallelSpec(
-        run_id=run_id, recipe=spec.recipe, nproc=spec.nproc, epochs=spec.epochs, device=spec.device, seed=spec.seed
-    )
     get_run_logger().info("training run %s on %d data-parallel processes", run_id, spec.nproc)
-    return launch(launch_spec, settings(), sink_factory=run_sink, planned=take_plan(spec))
+    planned = take_plan(spec)
+    return launch(dataclasses.replace(spec, run_id=run_id), settings(), sink_factory=run_sink, planned=planned)
 
 
 def history_rows(session: RunSession) -> list[dict[str, Any]]:

@@ -28,7 +28,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,8 @@ from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.outage import open_registry
 from esper_core.run.plan import check_recipe
-from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunHandle, RunSession, write_run_spec
-from esper_core.run.spec import PlannedRun, check_parallel
+from esper_core.run.session import RunHandle, RunSession
+from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, check_parallel
 from esper_core.run.steps import decide_and_apply
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import TelemetrySink
@@ -67,47 +65,21 @@ class ParallelRunFailed(RuntimeError):
     """A rank of a data-parallel run failed; the run stands at its last commit."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ParallelSpec:
-    """One launch of a data-parallel run.
-
-    Attributes:
-        run_id: The run; an existing one resumes from its last commit (any ``nproc``).
-        recipe: A built-in recipe or ``package.module:function``.
-        nproc: Processes (ranks). On CUDA each needs its own GPU.
-        epochs: Override the recipe's epoch count (a new run only, as ``esper run``).
-        device: ``auto``, ``cpu`` or ``cuda`` (a new run only).
-        seed: Override the recipe's seed (a new run only).
-        timeout_s: How long a rank waits in a collective for the others before it gives up.
-            Long enough for the slowest step between two collectives (a germination's
-            initialisation, a checkpoint), short enough that a hung peer fails the run.
-    """
-
-    run_id: str
-    recipe: str
-    nproc: int
-    epochs: int | None = None
-    device: str | None = None
-    seed: int | None = None
-    timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ValueError(f"nproc must be >= 1 (processes training the run together), got {self.nproc}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
-        if not self.run_id:
-            raise ValueError("a data-parallel run needs a run_id (its ranks meet on it)")
-
-
 def launch(
-    spec: ParallelSpec,
+    spec: RunSpec,
     settings: EsperSettings,
     *,
     sink_factory: SinkFactory | None = None,
     planned: PlannedRun | None = None,
+    timeout_s: float = 300.0,
 ) -> RunHandle:
     """Train ``spec``'s run to its last epoch on ``spec.nproc`` processes (a new run, or a resume).
+
+    ``spec.run_id`` names the run: an existing one resumes from its last commit (any ``nproc``);
+    ``epochs``, ``device`` and ``seed`` apply to a new run only, as with ``esper run``. On CUDA
+    each process needs its own GPU. ``timeout_s``: how long a rank waits in a collective for the
+    others before it gives up, long enough for the slowest step between two collectives (a
+    germination's initialisation, a checkpoint), short enough that a hung peer fails the run.
 
     ``planned``: the run as ``esper_core.run.spec.plan_spec`` resolved, planned and checked it for
     these processes in this one (the morphogenesis flow's), used for a new run instead of resolving
@@ -119,27 +91,27 @@ def launch(
         TrainingHalted: the run halted itself after repeated failed epochs.
         ParallelRunFailed: a rank failed or died; the run stands at its last commit.
     """
+    if not spec.run_id:
+        raise ValueError("a data-parallel run needs a run_id (its ranks meet on it)")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
     run_dir = settings.runs_dir / spec.run_id
-    new = not (run_dir / "run.json").exists()
+    new = not (run_dir / SPEC_FILE).exists()
     if new and planned is not None:
         config, train_samples = planned.config, len(planned.data.train)  # plan_spec checked the recipe
     else:
-        config = (
-            get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
-            if new
-            else _saved_config(settings, spec.run_id)
-        )
+        config = spec.config() if new else RunSpec.load(run_dir).config()
         check_recipe(config)
         train_samples = len(load_run_data(config).train)
     check_parallel(config, spec.nproc, train_samples=train_samples)
     if new:
-        write_run_spec(run_dir, recipe=spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+        spec.save(run_dir)
     # The registry's schema exists before N processes open it at once.
     open_registry(settings).close()
     meeting = Path(tempfile.mkdtemp(prefix="esper-ranks-"))
     context = mp.start_processes(
         _rank_main,
-        args=(spec, settings, new, str(meeting / "store"), sink_factory),
+        args=(spec, settings, new, str(meeting / "store"), sink_factory, timeout_s),
         nprocs=spec.nproc,
         join=False,
         start_method="spawn",
@@ -174,7 +146,8 @@ def _stop(processes: list[mp.Process]) -> None:
             p.join()
 
 
-def _failure(spec: ParallelSpec, settings: EsperSettings, what: str) -> str:
+def _failure(spec: RunSpec, settings: EsperSettings, what: str) -> str:
+    assert spec.run_id, "launch refuses a spec without a run id"
     latest = CheckpointStore(settings.runs_dir / spec.run_id / "checkpoints").latest()
     return (
         f"data-parallel run {spec.run_id} stopped: {what}. The run stands at its last commit "
@@ -189,16 +162,18 @@ def _last_line(text: str) -> str:
 
 def _rank_main(
     rank: int,
-    spec: ParallelSpec,
+    spec: RunSpec,
     settings: EsperSettings,
     new: bool,
     store: str,
     sink_factory: SinkFactory | None,
+    timeout_s: float,
 ) -> None:
     """One rank started by ``launch``: join the group, then ``train_rank``."""
     # The machine's cores are shared among the ranks (what torchrun does with OMP_NUM_THREADS).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.nproc))
-    config = _saved_config(settings, spec.run_id)
+    assert spec.run_id, "launch refuses a spec without a run id"
+    config = RunSpec.load(settings.runs_dir / spec.run_id).config()
     backend = _backend(config)
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -208,7 +183,7 @@ def _rank_main(
             init_method=f"file://{store}",
             rank=rank,
             world_size=spec.nproc,
-            timeout=timedelta(seconds=spec.timeout_s),
+            timeout=timedelta(seconds=timeout_s),
         )
     try:
         # One rank exchanges nothing: the single-process path, in a process of its own.
@@ -266,24 +241,21 @@ def join_torchrun(
         run_dir = settings.runs_dir / run_id
         problem, new = None, False
         if group.leader:
-            new = not (run_dir / "run.json").exists()
+            new = not (run_dir / SPEC_FILE).exists()
+            asked = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=group.world)
             try:
-                config = (
-                    get_recipe(recipe, epochs=epochs, device=device, seed=seed)
-                    if new
-                    else _saved_config(settings, run_id)
-                )
+                config = asked.config() if new else RunSpec.load(run_dir).config()
                 check_recipe(config)
                 check_parallel(config, group.world, train_samples=len(load_run_data(config).train))
                 if new:
-                    write_run_spec(run_dir, recipe=recipe, epochs=epochs, device=device, seed=seed)
+                    asked.save(run_dir)
                 open_registry(settings).close()
             except ValueError as e:
                 problem = str(e)
         problem, new = group.broadcast((problem, new))
         if problem is not None:
             raise ValueError(problem)
-        config = _saved_config(settings, run_id)
+        config = RunSpec.load(run_dir).config()
         train_rank(group, config, settings=settings, run_id=run_id, new=new, backend=backend, sink_factory=sink_factory)
     finally:
         dist.destroy_process_group()
@@ -318,12 +290,6 @@ def train_rank(
             decide_and_apply(session, packet)
     finally:
         session.close()
-
-
-def _saved_config(settings: EsperSettings, run_id: str) -> RunConfig:
-    """The configuration ``run.json`` records for ``run_id``."""
-    saved = json.loads((settings.runs_dir / run_id / "run.json").read_text())
-    return get_recipe(saved["recipe"], epochs=saved["epochs"], device=saved["device"], seed=saved["seed"])
 
 
 def _backend(config: RunConfig) -> str:

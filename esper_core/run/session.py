@@ -9,10 +9,8 @@ written out. A retried step first restores the last commit, so nothing is lost o
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from esper_core.contracts import (
     AdaptationCommand,
@@ -40,8 +38,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
-from esper_core.run.recipes import get_recipe
-from esper_core.run.spec import PlannedRun, RunSpec, resolve, take_plan
+from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve, take_plan
 from esper_core.run.state import RunRecord, RunState, Unsent
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -54,14 +51,6 @@ from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted
 from esper_core.urza.errors import RegistryError, RegistryUnavailableError
 from esper_core.urza.service import Urza
-
-
-def write_run_spec(run_dir: Path, *, recipe: str, epochs: int | None, device: str | None, seed: int | None) -> None:
-    """Record what a new run was started with (``run.json``), from which ``RunSession.open``
-    rebuilds its configuration."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"run_id": run_dir.name, "recipe": recipe, "epochs": epochs, "device": device, "seed": seed}
-    (run_dir / "run.json").write_text(json.dumps(spec, indent=2))
 
 
 def new_run_id() -> str:
@@ -189,12 +178,8 @@ class RunSession:
         """Start a new run (or reopen ``run_id`` if it already exists) and commit its start.
 
         One process; a data-parallel run starts through ``esper_core.run.ranks.launch``."""
-        run_id = run_id or new_run_id()
-        if (settings.runs_dir / run_id / "run.json").exists():
-            return cls._reopen(settings=settings, run_id=run_id, extra_sink=extra_sink)
-        config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
-        write_run_spec(settings.runs_dir / run_id, recipe=recipe, epochs=epochs, device=device, seed=seed)
-        return cls.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra_sink)
+        spec = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id)
+        return cls.from_spec(spec, settings=settings, extra_sink=extra_sink)
 
     @classmethod
     def from_spec(
@@ -213,12 +198,10 @@ class RunSession:
         the recipe again from the spec. An existing run reopens from its own ``run.json``."""
         planned = take_plan(spec)
         run_id = run_id or spec.run_id or new_run_id()
-        if (settings.runs_dir / run_id / "run.json").exists():
+        if (settings.runs_dir / run_id / SPEC_FILE).exists():
             return cls._reopen(settings=settings, run_id=run_id, extra_sink=extra_sink)
         planned = planned or resolve(spec)
-        write_run_spec(
-            settings.runs_dir / run_id, recipe=spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed
-        )
+        spec.save(settings.runs_dir / run_id)
         return cls.begin(
             config=planned.config, settings=settings, run_id=run_id, extra_sink=extra_sink, planned=planned
         )
@@ -271,11 +254,7 @@ class RunSession:
     ) -> RunSession:
         """Reopen an existing run at its last committed step (e.g. in a new worker process, or on
         every rank of a data-parallel resume, whatever the number of ranks it had before)."""
-        spec_path = settings.runs_dir / run_id / "run.json"
-        if not spec_path.exists():
-            raise ValueError(f"no run {run_id!r} under {settings.runs_dir}; list runs with `ls {settings.runs_dir}`")
-        spec = json.loads(spec_path.read_text())
-        config = get_recipe(spec["recipe"], epochs=spec["epochs"], device=spec["device"], seed=spec["seed"])
+        config = RunSpec.load(settings.runs_dir / run_id).config()
         session = cls(
             config=config,
             settings=settings,

@@ -16,9 +16,12 @@ process finds nothing and resolves again from the spec (``resolve``), as a data-
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +35,12 @@ from esper_core.run.plan import RunPlan, plan_compile_jobs, plan_run, recipe_fea
 from esper_core.run.recipes import get_recipe
 from esper_core.tezzeret.config import Backend
 
+SPEC_FILE = "run.json"
+"""A run folder's record of what the run was started with (``RunSpec.save``)."""
+SPEC_VERSION = 2
+"""``run.json``'s format: 2 is ``RunSpec``'s own fields; 1 (no version key, before 2026-11-27)
+held recipe, epochs, device and seed as a hand-built dict, and still loads."""
+
 KEEP_PLANS = 4
 """Plans a process keeps for the tasks that follow (each holds its run's data): a plan nobody
 takes (a flow that failed before its session started) gives way to newer ones."""
@@ -44,7 +53,8 @@ class RunSpec:
     Attributes:
         recipe: A built-in recipe or ``package.module:function``.
         epochs: Override of the recipe's epoch count (None: the recipe's).
-        device: ``auto``, ``cpu`` or ``cuda``, as requested (each process resolves it).
+        device: ``auto``, ``cpu`` or ``cuda``, as requested (each process resolves it); None:
+            the recipe's own.
         seed: Override of the recipe's seed (None: the recipe's).
         run_id: The run to create or resume (None: named by whoever starts it).
         nproc: Data-parallel processes training the run.
@@ -56,7 +66,7 @@ class RunSpec:
 
     recipe: str
     epochs: int | None = None
-    device: str = "auto"
+    device: str | None = "auto"
     seed: int | None = None
     run_id: str | None = None
     nproc: int = 1
@@ -66,15 +76,50 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1 (or None for the recipe's), got {self.epochs}")
-        if self.device not in DEVICE_CHOICES:
-            raise ValueError(f"device must be one of {DEVICE_CHOICES}, got {self.device!r}")
+        if self.device is not None and self.device not in DEVICE_CHOICES:
+            raise ValueError(f"device must be one of {DEVICE_CHOICES} (or None for the recipe's), got {self.device!r}")
         if self.nproc < 1:
             raise ValueError(f"nproc must be >= 1 (processes training the run together), got {self.nproc}")
 
     @property
-    def key(self) -> tuple[str, int | None, str, int | None]:
+    def key(self) -> tuple[str, int | None, str | None, int | None]:
         """What decides the resolved configuration (run id and process count do not)."""
         return (self.recipe, self.epochs, self.device, self.seed)
+
+    def config(self) -> RunConfig:
+        """The recipe with this spec's overrides (``get_recipe``), resolved now.
+
+        Raises:
+            ValueError: an unknown or unloadable recipe, or a bad override.
+        """
+        return get_recipe(self.recipe, epochs=self.epochs, device=self.device, seed=self.seed)
+
+    def save(self, run_dir: Path) -> None:
+        """Record the request in ``run_dir/run.json``, from which the run resumes (``load``).
+
+        The plan's outputs (``approved``, ``jobs``) are not kept: a resume plans again."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fields = {"version": SPEC_VERSION, "run_id": run_dir.name, "recipe": self.recipe, "epochs": self.epochs}
+        fields |= {"device": self.device, "seed": self.seed, "nproc": self.nproc}
+        (run_dir / SPEC_FILE).write_text(json.dumps(fields, indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunSpec:
+        """The request a run was started with, from its ``run.json`` (either version).
+
+        Raises:
+            ValueError: no ``run.json`` there, a newer format, or fields a spec refuses.
+        """
+        path = run_dir / SPEC_FILE
+        if not path.exists():
+            raise ValueError(f"no run {run_dir.name!r} under {run_dir.parent}; list runs with `ls {run_dir.parent}`")
+        saved: dict[str, Any] = json.loads(path.read_text())
+        version = saved.pop("version", 1)
+        if version > SPEC_VERSION:
+            raise ValueError(
+                f"{path} is run.json version {version}, newer than this Esper reads ({SPEC_VERSION}): upgrade Esper"
+            )
+        return cls(**{k: saved[k] for k in ("recipe", "epochs", "device", "seed", "run_id", "nproc") if k in saved})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,7 +138,7 @@ class PlannedRun:
     data: Dataset
 
 
-_plans: dict[tuple[str, int | None, str, int | None], PlannedRun] = {}
+_plans: dict[tuple[str, int | None, str | None, int | None], PlannedRun] = {}
 _lock = threading.Lock()
 
 
@@ -146,7 +191,7 @@ def resolve(spec: RunSpec, *, catalog: KarnCatalog | None = None) -> PlannedRun:
     Raises:
         ValueError, ApprovalRequiredError: as ``plan_spec``.
     """
-    config = get_recipe(spec.recipe, epochs=spec.epochs, device=spec.device, seed=spec.seed)
+    config = spec.config()
     data = load_run_data(config)
     plan = plan_run(config, catalog=catalog or default_catalog(), data=data, approved=config.approved_blueprints)
     return PlannedRun(config=config, plan=plan, data=data)

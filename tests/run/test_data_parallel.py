@@ -24,11 +24,11 @@ import torch.multiprocessing as mp
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage
 from esper_core.data import DatasetSplit, Split
 from esper_core.run.commits import epoch_tag, epochs_applied
-from esper_core.run.ranks import LAUNCHES_FILE, ParallelRunFailed, ParallelSpec, launch
+from esper_core.run.ranks import LAUNCHES_FILE, ParallelRunFailed, launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run
 from esper_core.run.session import RunSession
-from esper_core.run.spec import check_parallel
+from esper_core.run.spec import RunSpec, check_parallel
 from esper_core.run.steps import grow_epoch
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.checkpoint import CheckpointStore
@@ -126,7 +126,7 @@ def test_a_run_the_processes_cannot_share_is_refused_before_it_starts(monkeypatc
     with pytest.raises(ValueError, match="nproc must be >= 1"):
         check_parallel(config, 0, train_samples=1000)
     with pytest.raises(ValueError, match="nproc must be >= 1"):
-        ParallelSpec(run_id="r", recipe=LONG, nproc=0)
+        RunSpec(run_id="r", recipe=LONG, nproc=0)
     # The CUDA guard, checked on a machine without a GPU: one GPU a process.
     monkeypatch.setattr("esper_core._capabilities.cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -174,7 +174,7 @@ def test_a_command_one_rank_cannot_apply_is_undone_on_every_rank(esper_home: Esp
 def test_n_processes_train_the_single_process_run(compiled_home: EsperSettings, nproc: int) -> None:
     """Three processes split each batch of 64 as 22 + 21 + 21 and the last one of 40 as 14 + 13 +
     13, so the gradient sum's weights are checked where they are not all alike."""
-    launch(ParallelSpec(run_id="two", recipe=GROWN, nproc=nproc, device="cpu"), compiled_home)
+    launch(RunSpec(run_id="two", recipe=GROWN, nproc=nproc, device="cpu"), compiled_home)
     one = _solo(compiled_home, GROWN, "one")
     two = RunSession.open(settings=compiled_home, run_id="two")
 
@@ -214,9 +214,9 @@ def test_n_processes_train_the_single_process_run(compiled_home: EsperSettings, 
 def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_processes(esper_home: EsperSettings) -> None:
     run_dir = esper_home.runs_dir / "killed"
     script = (
-        "from esper_core.run.ranks import ParallelSpec, launch\n"
+        "from esper_core.run.ranks import launch\nfrom esper_core.run.spec import RunSpec\n"
         "from esper_core.settings import EsperSettings\n"
-        f"launch(ParallelSpec(run_id='killed', recipe={LONG!r}, nproc=2, device='cpu'), EsperSettings())\n"
+        f"launch(RunSpec(run_id='killed', recipe={LONG!r}, nproc=2, device='cpu'), EsperSettings())\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -241,7 +241,7 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_process
     _wait_for(lambda: not any(_alive(pid) for pid in pids), what="every rank to exit")
 
     # One process finishes what two started, from the last commit.
-    launch(ParallelSpec(run_id="killed", recipe=LONG, nproc=1), esper_home)
+    launch(RunSpec(run_id="killed", recipe=LONG, nproc=1), esper_home)
     resumed = RunSession.open(settings=esper_home, run_id="killed")
     assert [p.epoch for p in resumed.history] == list(range(40))
     assert [launch["nproc"] for launch in json.loads((run_dir / LAUNCHES_FILE).read_text())] == [2, 1]
@@ -266,13 +266,13 @@ def _alive(pid: int) -> bool:
 def test_a_failing_rank_names_itself_and_the_run_stays_at_its_last_commit(esper_home: EsperSettings) -> None:
     """A recipe that cannot be built fails in every rank before training; the launch says so."""
     with pytest.raises(ValueError, match="unknown recipe"):
-        launch(ParallelSpec(run_id="bad", recipe="nope", nproc=2), esper_home)
+        launch(RunSpec(run_id="bad", recipe="nope", nproc=2), esper_home)
     assert not (esper_home.runs_dir / "bad").exists()  # refused before anything was written
     # A 1 ms limit fails the ranks' Gloo connect: mostly with an exception, which the launch
     # quotes, but now and then Gloo crashes on it (SIGSEGV: 3 of 30 launches here), which
     # the launch names as the signal. Either way the failing rank is named and the way back given.
     with pytest.raises(ParallelRunFailed, match=r"rank \d (failed: |was killed by SIG[A-Z]+\.).*resume it with"):
-        launch(ParallelSpec(run_id="timeout", recipe=LONG, nproc=2, timeout_s=1e-3), esper_home)
+        launch(RunSpec(run_id="timeout", recipe=LONG, nproc=2), esper_home, timeout_s=1e-3)
 
 
 @pytest.mark.slow

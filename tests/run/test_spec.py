@@ -6,6 +6,7 @@ import dataclasses
 import json
 import pickle
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,37 @@ def test_a_session_starts_from_a_spec_planned_in_another_process(
     reopened = RunSession.from_spec(again, settings=compiled_home)
     assert reopened.committed_tag == START_TAG and take_plan(again) is None
     reopened.close()
+
+
+def test_run_json_is_the_spec_saved_and_loads_back(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    spec = RunSpec(recipe="seed-reference", epochs=3, device="cpu", seed=5, run_id="r", nproc=2)
+    spec.save(run_dir)
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert saved["version"] == 2 and saved["recipe"] == "seed-reference" and saved["nproc"] == 2
+    assert RunSpec.load(run_dir) == spec
+    assert RunSpec.load(run_dir).config().epochs == 3
+
+
+def test_a_run_json_written_before_the_spec_owned_it_still_loads(tmp_path: Path) -> None:
+    """Version 1 (no version key, device None for the recipe's own): runs started before resume."""
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    old = {"run_id": "old", "recipe": "seed-reference", "epochs": 4, "device": None, "seed": None}
+    (run_dir / "run.json").write_text(json.dumps(old))
+    spec = RunSpec.load(run_dir)
+    assert (spec.recipe, spec.epochs, spec.device, spec.seed, spec.run_id) == ("seed-reference", 4, None, None, "old")
+    assert spec.config().epochs == 4
+
+
+def test_a_run_json_that_cannot_be_read_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    with pytest.raises(ValueError, match=r"no run 'r' under .*; list runs with `ls "):
+        RunSpec.load(run_dir)
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"version": 3, "recipe": "seed-reference"}))
+    with pytest.raises(ValueError, match="run.json version 3, newer than this Esper reads \\(2\\): upgrade Esper"):
+        RunSpec.load(run_dir)
+    (run_dir / "run.json").write_text(json.dumps({"version": 2, "recipe": "seed-reference", "device": "tpu"}))
+    with pytest.raises(ValueError, match="device must be one of"):
+        RunSpec.load(run_dir)
