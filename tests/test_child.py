@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from esper_core.child import ChildTimeoutError, run_in_child
+from tests.helpers.waiting import wait_for
 
 
 def test_the_result_and_the_log_records_come_back(caplog: pytest.LogCaptureFixture) -> None:
@@ -33,10 +34,11 @@ def test_a_limit_kills_the_child_and_its_children(tmp_path: Path) -> None:
         run_in_child("tests.helpers.child_targets:sleep_in_grandchild", pid_file, limit_s=3)
     assert time.monotonic() - start < 50
     grandchild = int(pid_file.read_text())
-    deadline = time.monotonic() + 30
-    while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, f"grandchild {grandchild} survived the limit"
-        time.sleep(0.05)
+    wait_for(
+        lambda: not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE,
+        what=f"grandchild {grandchild} to end at the limit",
+        timeout_s=30,
+    )
 
 
 def test_a_limit_must_be_positive() -> None:

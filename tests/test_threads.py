@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from esper_core.threads import start_daemon
+from tests.helpers.waiting import poll
 
 
 def test_a_daemon_runs_off_the_callers_thread_and_signals_its_end() -> None:
@@ -27,7 +27,5 @@ def test_a_daemon_that_raises_still_signals_its_end(monkeypatch: pytest.MonkeyPa
 
     assert start_daemon(broken, name="broken").wait(30)
     # The exception is reported like any thread's (after the event: wait for the report too).
-    deadline = time.monotonic() + 30
-    while not reported and time.monotonic() < deadline:
-        time.sleep(0.01)
+    poll(lambda: reported, bool, timeout_s=30, interval_s=0.01)
     assert [type(e) for e in reported] == [RuntimeError]

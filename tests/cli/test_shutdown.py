@@ -11,8 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -22,16 +20,9 @@ from esper_cli import local_prefect
 from esper_cli.local_prefect import LocalPrefect
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _env(home: Path, prefect_home: Path) -> dict[str, str]:
@@ -76,7 +67,7 @@ def _terminate(process: subprocess.Popen, children: list[psutil.Process], log: P
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert rc == 128 + signal.SIGTERM, log.read_text(errors="replace")[-4000:]
-    _wait(lambda: _gone(children), 60, f"the children {[p.pid for p in children]} to exit")
+    wait_for(lambda: _gone(children), what=f"the children {[p.pid for p in children]} to exit", timeout_s=60)
 
 
 def test_sigterm_stops_a_run_and_its_last_committed_epoch_resumes(compiled_home: EsperSettings, tmp_path: Path) -> None:
@@ -86,7 +77,11 @@ def test_sigterm_stops_a_run_and_its_last_committed_epoch_resumes(compiled_home:
     args = ("run", "--recipe", "seed-reference", "--device", "cpu", "--seed", "3", "--epochs", str(epochs))
     run_dir = compiled_home.home / "runs" / "sigterm"
     process = _esper(*args, "--run-id", "sigterm", env=env, log=log)
-    _wait(lambda: _latest_epoch(run_dir) >= 3 or process.poll() is not None, 300, "the run to commit epoch 3")
+    wait_for(
+        lambda: _latest_epoch(run_dir) >= 3 or process.poll() is not None,
+        what="the run to commit epoch 3",
+        timeout_s=300,
+    )
     children = _descendants(process.pid)  # the temporary Prefect server among them
     assert children, "the run has no temporary Prefect server"
     _terminate(process, children, log)
@@ -118,10 +113,10 @@ def test_sigterm_stops_the_server_its_worker_and_their_flow_runs(compiled_home: 
     local = LocalPrefect(home=compiled_home.home, port=port)
     children: list[psutil.Process] = []
     try:
-        _wait(
+        wait_for(
             lambda: "Ctrl-C" in log.read_text(errors="replace") or process.poll() is not None,
-            300,
-            "the server and the worker to start",
+            what="the server and the worker to start",
+            timeout_s=300,
         )
         assert process.poll() is None, log.read_text(errors="replace")[-4000:]
         local.deploy()
@@ -137,10 +132,12 @@ def test_sigterm_stops_the_server_its_worker_and_their_flow_runs(compiled_home: 
                     pid = client.read_flow_run(flow_run.id).infrastructure_pid
                 return int(pid) if pid and pid.isdigit() else None
 
-            _wait(lambda: flow_run_pid() is not None, 300, "the worker to start the flow run")
+            wait_for(lambda: flow_run_pid() is not None, what="the worker to start the flow run", timeout_s=300)
             run_pid = flow_run_pid()
         runs = compiled_home.home / "runs"
-        _wait(lambda: any(_latest_epoch(d) >= 1 for d in runs.glob("*")), 300, "the flow run to commit")
+        wait_for(
+            lambda: any(_latest_epoch(d) >= 1 for d in runs.glob("*")), what="the flow run to commit", timeout_s=300
+        )
         children = _descendants(process.pid)
         # The server, the worker and the worker's flow run (in a session of its own) at least.
         assert run_pid in {p.pid for p in children} and len(children) >= 3, children

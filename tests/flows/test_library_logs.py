@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from uuid import UUID
 
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from esper_core.settings import EsperSettings
+from tests.helpers.waiting import poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -67,13 +67,13 @@ def test_esper_core_log_lines_are_stored_in_the_flow_runs_logs(compiled_home: Es
 
     # The flow-run process sends its logs in batches, which may reach the server after the run's
     # final state: wait until both lines are there (or the deadline), not for the first batch.
-    deadline = time.monotonic() + 60
     with get_client(sync_client=True) as client:
-        while True:
-            library = [log for log in client.read_logs(log_filter=log_filter) if log.name.startswith("esper_core.")]
-            messages = [(log.name, log.message) for log in library]
-            if found(messages) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        library = poll(
+            lambda: [log for log in client.read_logs(log_filter=log_filter) if log.name.startswith("esper_core.")],
+            lambda logs: found([(log.name, log.message) for log in logs]),
+            timeout_s=60,
+            interval_s=0.5,
+        )
+    messages = [(log.name, log.message) for log in library]
     assert found(messages), messages
     assert any(log.task_run_id is not None for log in library)  # attributed to the task that logged it

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from uuid import UUID
 
@@ -13,6 +12,7 @@ import psutil
 import pytest
 
 from esper_core.settings import EsperSettings
+from tests.helpers.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,14 +24,14 @@ def flow_run_logs(flow_run_id: UUID, expected: str, timeout: float = 30.0) -> li
     from prefect.logging.handlers import APILogHandler
 
     APILogHandler().flush()
-    deadline = time.monotonic() + timeout
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
-        while True:
-            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
-            messages = [log.message for log in logs]
-            if expected in messages or time.monotonic() > deadline:
-                return messages
-            time.sleep(0.2)
+        return poll(
+            lambda: [log.message for log in client.read_logs(log_filter=log_filter, limit=200)],
+            lambda messages: expected in messages,
+            timeout_s=timeout,
+            interval_s=0.2,
+        )
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 from esper_core.urza.service import Urza
 from tests.helpers.planning import count_planning
+from tests.helpers.waiting import poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -119,14 +119,16 @@ def _grow_task_runs(flow_run_id: object, expected: int) -> int:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    deadline = time.monotonic() + 30
+    run_filter = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
-        while True:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            grows = sum(1 for r in runs if r.name.startswith("grow-from-epoch-"))
-            if grows >= expected or time.monotonic() > deadline:
-                return grows
-            time.sleep(0.2)
+        return poll(
+            lambda: sum(
+                1 for r in client.read_task_runs(flow_run_filter=run_filter) if r.name.startswith("grow-from-epoch-")
+            ),
+            lambda grows: grows >= expected,
+            timeout_s=30,
+            interval_s=0.2,
+        )
 
 
 def test_grow_tasks_group_epochs_without_changing_the_run(

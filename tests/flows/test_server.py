@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from esper_core.run.reports import finish_run
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -117,15 +117,6 @@ def test_deployment_run_completes_with_its_artifacts(local: LocalPrefect, worker
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
 
 
-def _wait(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def test_killed_worker_resumes_from_last_committed_epoch(
     local: LocalPrefect, worker: list[subprocess.Popen], tmp_path: Path
 ) -> None:
@@ -144,7 +135,7 @@ def test_killed_worker_resumes_from_last_committed_epoch(
         tag = found[0].read_text().strip() if found else ""
         return int(tag.split("-")[1]) if tag.startswith("epoch-") else -1
 
-    _wait(lambda: committed_epoch() >= 3, 300, "the run to commit epoch 3")
+    wait_for(lambda: committed_epoch() >= 3, what="the run to commit epoch 3", timeout_s=300)
     pid = _client_call(local, lambda c: c.read_flow_run(flow_run.id).infrastructure_pid)
     # As a machine or container crash would: the worker and the flow-run process it started
     # (in a session of its own) die at once.
@@ -157,7 +148,11 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     assert state.type is StateType.RUNNING  # the server cannot know yet
 
     worker[0] = local.start_worker()  # reschedules the orphaned run, then picks it up again
-    _wait(lambda: _client_call(local, lambda c: c.read_flow_run(flow_run.id).state).is_final(), 400, "the resumed run")
+    wait_for(
+        lambda: _client_call(local, lambda c: c.read_flow_run(flow_run.id).state).is_final(),
+        what="the resumed run",
+        timeout_s=400,
+    )
     final = _client_call(local, lambda c: c.read_flow_run(flow_run.id))
     assert final.state.type is StateType.COMPLETED, final.state.message
     assert final.run_count >= 2
@@ -168,7 +163,7 @@ def test_killed_worker_resumes_from_last_committed_epoch(
 
     # The flow-run process sends its logs in batches, which may reach the server after the run's
     # final state does: wait for the line rather than read the logs once.
-    _wait(lambda: bool(resumed()), 60, "the 'resuming run' log line to reach the server")
+    wait_for(lambda: bool(resumed()), what="the 'resuming run' log line to reach the server", timeout_s=60)
     lines = resumed()
     assert int(lines[0].split(" at epoch ")[1].split()[0]) >= 3, lines
 
@@ -217,10 +212,10 @@ def test_a_per_minute_cron_fires_and_a_process_worker_completes_its_run(
     try:
         # The scheduler creates the runs (at most a loop later), the first starts at the next
         # minute, the worker polls every second: a few minutes at most on a loaded machine.
-        _wait(
+        wait_for(
             lambda: any(r.state_type is StateType.COMPLETED for r in _client_call(local, scheduled_runs)),
-            300,
-            "a run of the per-minute cron to complete",
+            what="a run of the per-minute cron to complete",
+            timeout_s=300,
         )
     finally:
         _client_call(local, lambda c: c.delete_deployment_schedule(deployment_id, schedule.id))

@@ -13,8 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,7 @@ from esper_core.settings import EsperSettings
 from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.tolaria.collective import Solo, state_digest
 from esper_core.tolaria.staging import BatchSource, LoaderConfig
+from tests.helpers.waiting import wait_for
 
 GROWN = "tests.helpers.user_models:mlp_grown"
 LONG = "tests.helpers.user_models:mlp_widen_long"
@@ -45,14 +44,6 @@ def _solo(settings: EsperSettings, recipe: str, run_id: str) -> RunSession:
     while session.epoch < session.config.epochs:
         grow_epoch(session, session.epoch)
     return session
-
-
-def _wait_for(condition: Callable[[], bool], *, what: str, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 # ---------------------------------------------------------------------- the collective
@@ -223,9 +214,10 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_process
     )
     try:
         checkpoints = CheckpointStore(run_dir / "checkpoints")
-        _wait_for(
+        wait_for(
             lambda: (run_dir / LAUNCHES_FILE).exists() and epochs_applied(checkpoints.latest()) >= 3,
             what="the third epoch's commit",
+            timeout_s=180.0,
         )
         pids = json.loads((run_dir / LAUNCHES_FILE).read_text())[-1]["pids"]
         os.kill(pids[1], signal.SIGKILL)
@@ -238,7 +230,7 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_process
     assert "resume it with `esper run --run-id killed --nproc N`" in out
     stopped_at = epochs_applied(checkpoints.latest())
     assert 3 <= stopped_at < 40
-    _wait_for(lambda: not any(_alive(pid) for pid in pids), what="every rank to exit")
+    wait_for(lambda: not any(_alive(pid) for pid in pids), what="every rank to exit", timeout_s=180.0)
 
     # One process finishes what two started, from the last commit.
     launch(RunSpec(run_id="killed", recipe=LONG, nproc=1), esper_home)

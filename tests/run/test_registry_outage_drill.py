@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -28,6 +27,7 @@ from esper_core.run.recipes import get_recipe
 from esper_core.run.session import RunSession
 from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
+from tests.helpers.waiting import wait_for
 from tests.urza import postgres
 
 OUTAGE_S = 30.0
@@ -41,14 +41,6 @@ pytestmark = pytest.mark.skipif(postgres.unavailable_reason() is not None, reaso
 def server() -> Iterator[postgres.LocalServer]:
     with postgres.controllable_server() as server:
         yield server
-
-
-def _wait_for(condition: Callable[[], Any], what: str, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def _events(path: Path) -> list[tuple[int, dict]]:
@@ -90,18 +82,23 @@ def test_a_run_survives_a_30_s_registry_outage(server: postgres.LocalServer, tmp
     trainer.start()
     telemetry = settings.runs_dir / "drill" / "telemetry.jsonl"
     try:
-        _wait_for(lambda: len(outcomes) >= STOP_AFTER or failure, f"{STOP_AFTER} epochs before the outage")
+        wait_for(
+            lambda: len(outcomes) >= STOP_AFTER or failure,
+            what=f"{STOP_AFTER} epochs before the outage",
+            timeout_s=120.0,
+        )
         server.stop()
         stopped = time.monotonic()
-        _wait_for(
+        wait_for(
             lambda: any(e["name"] == "urza.outage.started" for _, e in _events(telemetry)) or failure,
-            "the run to notice the outage",
+            what="the run to notice the outage",
+            timeout_s=120.0,
         )
         noticed = time.monotonic()
         # The drill's outage lasts OUTAGE_S; meanwhile the run trains its remaining epochs.
-        _wait_for(
+        wait_for(
             lambda: (time.monotonic() - stopped >= OUTAGE_S and len(outcomes) == EPOCHS) or failure,
-            "the outage to last its time",
+            what="the outage to last its time",
             timeout_s=OUTAGE_S + 120,
         )
         assert session.committed_tag != epoch_tag(EPOCHS - 1, "applied"), "the last commit must wait for the DB"

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from esper_core.contracts import MetricPoint, TelemetryPacket
 from esper_core.telemetry import PrometheusSink
 from esper_core.telemetry.push import PushingSink
+from tests.helpers.waiting import poll
 from tests.infra.tools import require_tool
 
 
@@ -171,7 +172,5 @@ def test_a_real_pushgateway_holds_the_group_until_close_deletes_it(pushgateway: 
 
     # The Pushgateway answers a DELETE once it has queued it (202 Accepted) and applies it after:
     # read /metrics until the group is gone (it failed once, loaded, when read right away).
-    deadline = time.monotonic() + 15
-    while 'instance="h:7"' in (after := _get(f"{pushgateway}/metrics")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    after = poll(lambda: _get(f"{pushgateway}/metrics"), lambda text: 'instance="h:7"' not in text, timeout_s=15)
     assert 'instance="h:7"' not in after, "the group outlived the run: its last values would alert forever"

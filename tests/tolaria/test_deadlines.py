@@ -11,6 +11,7 @@ import time
 
 from esper_core.tolaria import deadlines
 from esper_core.tolaria.deadlines import call_with_deadline
+from tests.helpers.waiting import wait_for
 
 
 def test_call_with_deadline_returns_value_timeout_or_error() -> None:
@@ -39,10 +40,12 @@ def test_calls_reuse_a_worker_and_an_overrun_call_holds_only_its_own() -> None:
     # ... and serves calls again once its call returns: wait until both workers are idle (a
     # condition, not a sleep), hold one with another overrun, and the next call runs on the
     # other: the two workers serve both, and no new thread is started.
-    deadline = time.monotonic() + 30
-    while len(deadlines._WORKERS._idle) < 2:
-        assert time.monotonic() < deadline, "the worker of the overrun call never became idle again"
-        time.sleep(0.005)
+    wait_for(
+        lambda: len(deadlines._WORKERS._idle) >= 2,
+        what="the worker of the overrun call to become idle again",
+        timeout_s=30,
+        interval_s=0.005,
+    )
     hold, holder, running = threading.Event(), [], threading.Event()
     assert call_with_deadline(
         lambda: holder.append(threading.get_ident()) or running.set() or hold.wait(60), 20
