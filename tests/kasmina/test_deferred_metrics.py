@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from esper_core.contracts import BlendMode, BlendSchedule, SeedStage
+from esper_core.contracts import BlendMode, SeedStage
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from tests.helpers.kernels import given, kernel_from_registry
+from tests.helpers.kernels import germinate_kernel, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -22,15 +22,7 @@ def test_device_accumulation_matches_eager_per_step_reduction(
 ) -> None:
     trainer = build_trainer(eager_recipe("digits-mlp"), catalog=default_catalog(), run_id="t")
     kernel = kernel_from_registry(compiled_home, "residual_mlp", "f64-b512")
-    trainer.manager.germinate(
-        "slot1",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    germinate_kernel(trainer.manager, "slot1", kernel)
     seed_norms: list[float] = []
     layer_norms: list[list[float]] = []
     accumulate = trainer.grad_norms.step
@@ -60,15 +52,7 @@ def test_convex_blend_replaces_the_activation(compiled_home: EsperSettings) -> N
     trainer = build_trainer(config, catalog=default_catalog(), run_id="t")
     slot = trainer.manager.slots["slot1"]
     kernel = kernel_from_registry(compiled_home, "residual_mlp", "f64-b512")
-    trainer.manager.germinate(
-        "slot1",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=2,
-        lr_scale=1.0,
-    )
+    germinate_kernel(trainer.manager, "slot1", kernel, blend_epochs=2)
     trainer.train_epoch()
     assert slot.stage is SeedStage.BLENDING and slot.alpha == 0.5
     x = torch.randn(3, 64)

@@ -15,7 +15,7 @@ from esper_core.kasmina.loader import LoadedKernel
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.loop import Trainer
-from tests.helpers.kernels import given, kernel_from_registry
+from tests.helpers.kernels import germinate_kernel, given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 PROFILE = "f16-b64"  # the seed-reference slot: 16 features, batches up to 64
@@ -29,15 +29,7 @@ def _trainer(**kasmina: int) -> Trainer:
 
 def _germinate(trainer: Trainer, settings: EsperSettings, *, blend_epochs: int = 1, lr_scale: float = 0.5) -> None:
     kernel = kernel_from_registry(settings, "lowrank_adapter", PROFILE)
-    verdict = trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=blend_epochs,
-        lr_scale=lr_scale,
-    )
+    verdict = germinate_kernel(trainer.manager, "slot0", kernel, blend_epochs=blend_epochs, lr_scale=lr_scale)
     assert verdict.passed, verdict.reason
 
 
@@ -61,15 +53,7 @@ def test_germinate_attaches_kernel_with_its_own_param_group(compiled_home: Esper
 def test_g0_refuses_a_kernel_built_for_another_shape(compiled_home: EsperSettings) -> None:
     trainer = _trainer()
     wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")
-    verdict = trainer.manager.germinate(
-        "slot0",
-        wrong.artifact.blueprint_id,
-        kernels=given(wrong),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    verdict = germinate_kernel(trainer.manager, "slot0", wrong)
     assert not verdict.passed
     assert "(batch *, 16)" in verdict.reason and "(batch 1..512, 64)" in verdict.reason
     slot = trainer.manager.slots["slot0"]
@@ -211,15 +195,7 @@ def test_g3_isolation_holds_on_a_host_with_dropout_and_leaves_the_rng_alone() ->
 def test_undrained_events_travel_in_memory_never_in_a_checkpoint(compiled_home: EsperSettings) -> None:
     trainer = _trainer()
     wrong = kernel_from_registry(compiled_home, "lowrank_adapter", "f64-b512")
-    refused = trainer.manager.germinate(
-        "slot0",
-        wrong.artifact.blueprint_id,
-        kernels=given(wrong),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    refused = germinate_kernel(trainer.manager, "slot0", wrong)
     assert not refused.passed  # its G0 verdict is an event waiting to be drained
     checkpoint, live = trainer.state_dict()["manager"], trainer.state_dict(in_memory=True)["manager"]
     assert "events" not in checkpoint and {k: v for k, v in live.items() if k != "events"} == checkpoint

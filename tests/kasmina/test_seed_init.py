@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 import torch
 
-from esper_core.contracts import BlendSchedule
 from esper_core.karn.catalog import GradMaxLayers, KarnCatalog, default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.config import KasminaConfig
@@ -16,7 +15,7 @@ from esper_core.kasmina.seed_init import gradmax_init_
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.loop import Trainer
-from tests.helpers.kernels import given, kernel_from_registry
+from tests.helpers.kernels import germinate_kernel, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 PROFILE = "f16-b64"  # the seed-reference slot: 16 features, batches up to 64
@@ -31,15 +30,7 @@ def _trainer(seed_init: str) -> Trainer:
 
 def _germinate(trainer: Trainer, settings: EsperSettings, blueprint: str = "lowrank_adapter") -> torch.nn.Module:
     kernel = kernel_from_registry(settings, blueprint, PROFILE)
-    verdict = trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    verdict = germinate_kernel(trainer.manager, "slot0", kernel)
     assert verdict.passed, verdict.reason
     seed = trainer.manager.slots["slot0"].seed
     assert seed is not None
@@ -102,15 +93,7 @@ def test_gradmax_keeps_the_default_for_a_blueprint_without_gradmax_layers(compil
     trainer.manager.catalog = KarnCatalog(
         [dataclasses.replace(b, gradmax=None) if b.blueprint_id == "lowrank_adapter" else b for b in entries]
     )
-    trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    germinate_kernel(trainer.manager, "slot0", kernel)
     assert all(torch.equal(kernel.module.state_dict()[k], v) for k, v in expected.items())
     messages = [e.message for e in trainer.manager.drain_events() if e.name == "kasmina.seed.init"]
     assert messages == ["default init kept: the blueprint names no GradMax layers"]

@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
-from esper_core.contracts import BlendSchedule, SeedStage
+from esper_core.contracts import SeedStage
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.seed_lr import IsolationLRConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
-from tests.helpers.kernels import given, kernel_from_registry
+from tests.helpers.kernels import germinate_kernel, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -38,15 +38,7 @@ def test_seed_group_follows_the_schedule_then_returns_to_its_rate(compiled_home:
     config.kasmina = dataclasses.replace(config.kasmina, min_training_epochs=3, isolation_lr=schedule)
     trainer = build_trainer(config, catalog=default_catalog(), run_id="test")
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=2,
-        lr_scale=0.5,
-    )
+    germinate_kernel(trainer.manager, "slot0", kernel, blend_epochs=2, lr_scale=0.5)
     seed_lr = config.trainer.lr * 0.5
     rates, stages = [], []
     for _ in range(4):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from esper_core.contracts import BlendSchedule
 from esper_core.karn.catalog import default_catalog
 from esper_core.kasmina.loader import load_kernel
 from esper_core.run.build import build_trainer
@@ -17,7 +16,7 @@ from esper_core.tolaria.checkpoint import CheckpointStore
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer
 from esper_core.urza.service import Urza
-from tests.helpers.kernels import given, kernel_from_registry
+from tests.helpers.kernels import germinate_kernel, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -40,15 +39,7 @@ def test_cosine_scales_every_group_and_keeps_a_seeds_lr_scale(compiled_home: Esp
     trainer = _cosine_trainer()
     seen = [trainer.train_epoch().packet.learning_rate]
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=0.5,
-    )
+    germinate_kernel(trainer.manager, "slot0", kernel, lr_scale=0.5)
     # A learning-rate command between epochs (as RunSession applies one) must survive the schedule.
     trainer.optimizer.param_groups[0]["lr"] *= 2.0
     seen.append(trainer.train_epoch().packet.learning_rate)
@@ -62,15 +53,7 @@ def test_cosine_scales_every_group_and_keeps_a_seeds_lr_scale(compiled_home: Esp
 def test_cosine_schedule_resumes_exactly_from_a_checkpoint(tmp_path: Path, compiled_home: EsperSettings) -> None:
     trainer = _cosine_trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=0.5,
-    )
+    germinate_kernel(trainer.manager, "slot0", kernel, lr_scale=0.5)
     trainer.train_epoch()
     trainer.train_epoch()
     store = CheckpointStore(tmp_path / "ckpt")

@@ -14,7 +14,7 @@ from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointSto
 from esper_core.tolaria.config import TrainerConfig
 from esper_core.tolaria.loop import Trainer
 from esper_core.urza.service import Urza
-from tests.helpers.kernels import given, kernel_from_registry
+from tests.helpers.kernels import germinate_kernel, given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
 
 
@@ -68,15 +68,7 @@ def test_same_recipe_and_seed_give_identical_losses() -> None:
 def test_restored_checkpoint_reproduces_the_epoch_exactly(tmp_path, compiled_home: EsperSettings) -> None:
     trainer = _trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    germinate_kernel(trainer.manager, "slot0", kernel)
     trainer.train_epoch()
     store = CheckpointStore(tmp_path / "ckpt")
     store.save("e1", trainer.state_dict())
@@ -130,14 +122,6 @@ def test_two_trainable_seeds_aggregate_host_gradients(compiled_home: EsperSettin
 def test_one_trainable_seed_short_circuits_aggregation(compiled_home: EsperSettings) -> None:
     trainer = _trainer()
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    trainer.manager.germinate(
-        "slot0",
-        kernel.artifact.blueprint_id,
-        kernels=given(kernel),
-        params={},
-        blend_schedule=BlendSchedule.LINEAR,
-        blend_epochs=1,
-        lr_scale=1.0,
-    )
+    germinate_kernel(trainer.manager, "slot0", kernel)
     metrics = {m.name: m.value for m in trainer.train_epoch().metrics}
     assert metrics["tolaria.grad_agg.steps"] == 0.0
