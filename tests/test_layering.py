@@ -7,7 +7,9 @@ hand to a child process: each is an import that runs later.
 
 Inside the library the run layer is one run only: ``esper_core.run`` never imports
 ``esper_core.studies``, the code that runs many runs on top of it (episodes, Simic's training,
-the growth benchmark, drills).
+the growth benchmark, drills). And each subsystem imports only the library packages it is built
+on (``SUBSYSTEMS``): Kasmina never reaches up into the trainer, Tamiyo reads packets and knows no
+seed manager, and so on; a new package declares its place before it is used.
 """
 
 from __future__ import annotations
@@ -28,6 +30,56 @@ PREFECT = ("prefect", "prefect_dask")
 
 INNER = {"esper_core.run": "esper_core.studies"}
 """Inside the library: a package -> the package above it that it may not import."""
+
+FOUNDATION = frozenset(
+    {"_capabilities", "child", "contracts", "data", "determinism", "interrupts", "models", "settings", "threads"}
+)
+"""Library packages every other one may import: contracts, capabilities, settings and plain helpers."""
+
+SUBSYSTEMS: dict[str, tuple[frozenset[str], str]] = {
+    "datasets": (frozenset(), "a data set is built from its generator alone"),
+    "fanout": (frozenset(), "the process pool knows nothing of what it runs"),
+    "karn": (frozenset(), "the catalogue describes blueprints; it builds modules but loads and runs nothing"),
+    "telemetry": (frozenset(), "telemetry takes packets (contracts) from everyone and imports none of them"),
+    "tamiyo": (
+        frozenset(),
+        "Tamiyo decides from packets and candidates (contracts): she never touches a seed manager, a "
+        "trainer or a registry; the run layer hands her what she reads",
+    ),
+    "tezzeret": (frozenset({"karn"}), "the compiler builds Karn's blueprints and nothing else"),
+    "urza": (frozenset({"tezzeret"}), "the registry stores Tezzeret's artifacts; it runs no seed"),
+    "pipeline": (frozenset({"karn", "tezzeret", "urza"}), "compile and publish: Karn -> Tezzeret -> Urza"),
+    "simic": (frozenset({"tamiyo", "urza"}), "Simic trains Tamiyo's policy from records in Urza's database"),
+    "kasmina": (
+        frozenset({"karn", "tezzeret", "urza"}),
+        "Kasmina sits below the trainer and the run: take what it needs through an interface it "
+        "defines (kasmina.signals.GrowthSignals, kasmina.kinds.KernelSource) and let the caller pass it in",
+    ),
+    "hosts": (frozenset({"karn", "kasmina"}), "built-in hosts carry Kasmina's slots and nothing above them"),
+    "tolaria": (
+        frozenset({"hosts", "kasmina"}),
+        "the trainer runs a host and its seed manager; deciding and committing are the run layer's",
+    ),
+    "run": (
+        frozenset(
+            {"datasets", "hosts", "karn", "kasmina", "pipeline", "simic", "tamiyo", "telemetry", "tezzeret"}
+            | {"tolaria", "urza"}
+        ),
+        "the run composes every subsystem below it; what runs many runs lives in esper_core/studies/",
+    ),
+    "benchmarks": (
+        frozenset({"hosts", "karn", "kasmina", "run", "telemetry", "tezzeret", "tolaria"}),
+        "the per-epoch benchmarks time one run's parts against bare PyTorch",
+    ),
+    "studies": (
+        frozenset(
+            {"fanout", "hosts", "karn", "kasmina", "pipeline", "run", "simic", "tamiyo", "telemetry"}
+            | {"tolaria", "urza"}
+        ),
+        "studies run many runs on top of the run layer",
+    ),
+}
+"""Library package -> (the non-foundation library packages it may import, why)."""
 
 _TARGET = re.compile(r"^([A-Za-z_]\w*)(\.\w+)*:\w+$")
 
@@ -88,6 +140,42 @@ def _inner_violations(module: str, tree: ast.AST) -> list[str]:
     return problems
 
 
+def _library_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "esper_core" and len(parts) > 1 else None
+
+
+def subsystem_violations(root: Path) -> list[str]:
+    """Every import by a library package of one it is not built on (``SUBSYSTEMS``), and every
+    library package the table does not declare, one line each."""
+    problems: list[str] = []
+    library = root / "esper_core"
+    declared = FOUNDATION | set(SUBSYSTEMS)
+    for child in sorted(library.iterdir()):
+        name = child.stem if child.suffix == ".py" else child.name
+        if (child.suffix == ".py" or (child / "__init__.py").exists()) and name != "__init__" and name not in declared:
+            problems.append(
+                f"esper_core.{name} is not in tests/test_layering.py's SUBSYSTEMS (nor FOUNDATION): declare what it "
+                "may import, and why"
+            )
+    for path in sorted(library.rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        own = _library_package(module)
+        if own is None or own not in declared:
+            continue
+        allowed, why = SUBSYSTEMS.get(
+            own, (FOUNDATION, "the foundation imports only itself: everything else builds on it")
+        )
+        for line, imported in _imports(ast.parse(path.read_text(), filename=str(path))):
+            other = _library_package(imported)
+            if other is not None and other != own and other not in FOUNDATION and other not in allowed:
+                problems.append(
+                    f"{module} (line {line}) imports {imported}: esper_core.{own} is not built on esper_core.{other}; "
+                    f"{why}"
+                )
+    return problems
+
+
 def violations(root: Path) -> list[str]:
     """Every upward import (and every Prefect import in the library) under ``root``, one line each."""
     problems: list[str] = []
@@ -110,6 +198,46 @@ def violations(root: Path) -> list[str]:
 def test_no_module_imports_a_layer_above_its_own() -> None:
     problems = violations(ROOT)
     assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_each_library_package_imports_only_what_it_is_built_on() -> None:
+    problems = subsystem_violations(ROOT)
+    assert not problems, "imports across the library's subsystems:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "kasmina/manager.py",
+            "def f():\n    from esper_core.tolaria.loop import Trainer\n",
+            "esper_core.kasmina.manager (line 2) imports esper_core.tolaria.loop: esper_core.kasmina is not built on "
+            "esper_core.tolaria; Kasmina sits below the trainer",
+        ),
+        (
+            "tamiyo/graph.py",
+            "from esper_core.kasmina.slot import SeedSlot\n",
+            "esper_core.tamiyo is not built on esper_core.kasmina; Tamiyo decides from packets",
+        ),
+        ("newthing.py", "X = 1\n", "esper_core.newthing is not in tests/test_layering.py's SUBSYSTEMS"),
+        (
+            "contracts/messages.py",
+            "from esper_core.run.config import RunConfig\n",
+            "esper_core.contracts is not built on esper_core.run; the foundation imports only itself",
+        ),
+    ],
+)
+def test_a_subsystem_reaching_past_what_it_is_built_on_is_reported(
+    tmp_path: Path, module: str, source: str, expected: str
+) -> None:
+    path = tmp_path / "esper_core" / module
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    # The foundation and declared neighbours are fine.
+    (tmp_path / "esper_core" / "karn").mkdir()
+    (tmp_path / "esper_core" / "karn" / "ok.py").write_text("from esper_core.contracts import SeedStage\n")
+    (problem,) = subsystem_violations(tmp_path)
+    assert expected in problem
 
 
 def test_every_layer_is_scanned() -> None:
