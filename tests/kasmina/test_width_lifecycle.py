@@ -70,11 +70,15 @@ class Run:
         )
 
 
-def test_a_width_slot_takes_width_seeds_only_and_g0_bounds_the_units() -> None:
+def test_each_slot_takes_seeds_of_its_kind_only_and_g0_bounds_the_units() -> None:
     run = Run(init="random")
     args = {"blend_schedule": BlendSchedule.LINEAR, "blend_epochs": 1, "lr_scale": 1.0}
     with pytest.raises(ValueError, match="'lowrank_adapter' is not on the width menu"):
         run.manager.germinate(SLOT, "lowrank_adapter", params={}, **args)
+    # A branch slot's kind needs a registry kernel, and says how to give it one.
+    with pytest.raises(ValueError, match="slot act2 takes registry kernels: germinate it with kernels="):
+        run.manager.germinate("act2", "lowrank_adapter", params={}, **args)
+    assert run.model.slots()["act2"].stage is SeedStage.DORMANT
     slot = run.model.slots()[SLOT]
     verdict = run.manager.germinate(SLOT, "width-100", params={"units": 7}, **args)
     assert not verdict.passed and "may add 1..6 at once" in verdict.reason
