@@ -24,7 +24,6 @@ from torch.nn import functional as F
 
 from bench._output import save_json
 from esper_core.kasmina.graft import GrowableModel
-from esper_core.kasmina.width import WidthSlot, resize_width
 from esper_core.models.mnist1d import MNIST1DCNN, MNIST1DMLP
 
 MODELS = {
@@ -40,8 +39,7 @@ def grown(model: str) -> GrowableModel:
     _, start, layers, _, width = MODELS[model]
     host = GrowableModel(start(), slots=(), widen=layers, sample_shape=(40,), batch_max=512)
     for slot in host.slots().values():
-        assert isinstance(slot, WidthSlot)
-        slot.site = resize_width(slot.host, slot.site, width)
+        slot.kind.restore_architecture(slot, width)  # each width slot's layer at the grown width
     return host
 
 
