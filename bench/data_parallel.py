@@ -45,7 +45,7 @@ from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.ranks import launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
@@ -66,7 +66,7 @@ def esper(recipe: str, nproc: int, *, epochs: int, home: Path) -> dict[str, Any]
     settings = EsperSettings(home=home)
     run_id = f"bench-{nproc}"
     launch(RunSpec(run_id=run_id, recipe=recipe, nproc=nproc, epochs=epochs, device="cpu"), settings)
-    session = RunSession.open(settings=settings, run_id=run_id)
+    session = Run.resume(settings=settings, run_id=run_id)
     try:
         summary = finish_run(session)
         return {

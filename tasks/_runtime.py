@@ -1,6 +1,6 @@
 """Process-wide state of the task layer: settings, telemetry sinks and live run sessions.
 
-A live ``RunSession`` is cached per process so consecutive tasks of a run skip re-building it;
+A live ``Run`` is cached per process so consecutive tasks of a run skip re-building it;
 a task in another process (or after a crash) reopens the run from its last commit instead.
 """
 
@@ -13,7 +13,7 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from esper_core.run.session import RunHandle, RunSession
+from esper_core.run.session import Run, RunHandle
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import FanoutSink, JsonlSink, PrometheusSink, TelemetrySink, serve
 from esper_core.telemetry.catalog import help_text
@@ -21,7 +21,7 @@ from esper_core.telemetry.push import PushingSink
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_sessions: dict[str, RunSession] = {}
+_sessions: dict[str, Run] = {}
 
 
 def settings() -> EsperSettings:
@@ -77,7 +77,7 @@ def service_sink() -> TelemetrySink:
     return FanoutSink(JsonlSink(settings().home / "telemetry.jsonl"), prometheus())
 
 
-def remember(session: RunSession) -> None:
+def remember(session: Run) -> None:
     """Keep ``session`` live for the following tasks of its run in this process."""
     # Its Prometheus series carry workload=<recipe>: alert rules are scoped by workload.
     prometheus().label_run(session.run_id, workload=session.config.recipe)
@@ -85,12 +85,12 @@ def remember(session: RunSession) -> None:
         _sessions[session.run_id] = session
 
 
-def session_for(handle: RunHandle) -> RunSession:
+def session_for(handle: RunHandle) -> Run:
     """The live session of ``handle``, reopened from its last commit if this process has none."""
     with _lock:
         session = _sessions.get(handle.run_id)
     if session is None:
-        session = RunSession.open(settings=settings(), run_id=handle.run_id, extra_sink=prometheus())
+        session = Run.resume(settings=settings(), run_id=handle.run_id, extra_sink=prometheus())
         remember(session)
     return session
 

@@ -31,7 +31,7 @@ from esper_core.pipeline import find_published
 from esper_core.run.commits import START_TAG, epochs_applied
 from esper_core.run.ranks import launch, record_launch
 from esper_core.run.reports import RunSummary, finish_run
-from esper_core.run.session import RunHandle, RunSession
+from esper_core.run.session import Run, RunHandle
 from esper_core.run.spec import RunSpec, take_plan
 from esper_core.run.steps import EpochReport, grow_epoch
 from esper_core.tolaria.safety import TrainingHalted
@@ -104,7 +104,7 @@ def start_run(spec: RunSpec) -> RunStart:
     flow run executed again after a crash continues its own run.
     """
     run_id = spec.run_id or flow_run_id_default()
-    session = RunSession.from_spec(spec, settings=settings(), run_id=run_id, extra_sink=prometheus())
+    session = Run.start(spec, settings=settings(), run_id=run_id, extra_sink=prometheus())
     remember(session)
     record_launch(session, nproc=1, backend="none", pids=[os.getpid()])
     if session.epoch > 0:
@@ -219,7 +219,7 @@ def grow_parallel(spec: RunSpec) -> RunHandle:
     return launch(dataclasses.replace(spec, run_id=run_id), settings(), sink_factory=run_sink, planned=planned)
 
 
-def history_rows(session: RunSession) -> list[dict[str, Any]]:
+def history_rows(session: Run) -> list[dict[str, Any]]:
     """One row per committed epoch (all of them, also those before a resume): curves, command, seeds."""
     commands = {c.epoch: c for c in session.commands}
     rows = []

@@ -289,7 +289,7 @@ def test_the_run_layer_importing_studies_is_reported_with_its_fix(tmp_path: Path
     (tmp_path / "esper_core" / "studies").mkdir()
     (tmp_path / "esper_core" / "run" / "mod.py").write_text(source)
     # Studies import the run layer, and other library packages are not bound by this rule.
-    (tmp_path / "esper_core" / "studies" / "ok.py").write_text("from esper_core.run.session import RunSession\n")
+    (tmp_path / "esper_core" / "studies" / "ok.py").write_text("from esper_core.run.session import Run\n")
     (tmp_path / "esper_core" / "other.py").write_text("from esper_core.studies.episodes import run_episode\n")
     (problem,) = violations(tmp_path)
     assert expected in problem

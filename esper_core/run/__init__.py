@@ -19,11 +19,32 @@ Growing your own model takes a recipe function returning a ``RunConfig``::
         )
 
 and ``esper run --recipe mypackage.mymodule:recipe`` (see ``examples/grow_your_own.py``).
+
+Without Prefect (a notebook, a script), the same run is a ``Run``, stepped epoch by epoch::
+
+    from esper_core.run import Run, RunSpec, finish_run, grow_epoch
+    from esper_core.settings import EsperSettings
+
+    run = Run.start(RunSpec(recipe="mnist1d-cnn-width", epochs=10, device="cpu"), settings=EsperSettings())
+    for epoch in range(run.epoch, run.config.epochs):
+        print(grow_epoch(run, epoch))  # train, commit, decide, apply, commit
+    summary = finish_run(run)
+    run.close()
+
+``Run.resume(settings=..., run_id=...)`` reopens a run folder at its last commit. A run loads its
+seeds' kernels from the registry and never compiles: ``esper run`` and the flow compile the
+missing ones first, and so does ``publish_missing_kernels(settings, [spec.config()], device="cpu")``
+before ``Run.start``.
 """
 
 from esper_core.data import DataSpec, DataSplits
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.kernels import publish_missing_kernels
+from esper_core.run.reports import finish_run
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
+from esper_core.run.steps import grow_epoch
 from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tolaria.checkpoint import CheckpointConfig
@@ -37,9 +58,14 @@ __all__ = [
     "HeuristicConfig",
     "KasminaConfig",
     "ModelSpec",
+    "Run",
     "RunConfig",
+    "RunSpec",
     "StepEngineConfig",
     "ScheduledGermination",
     "TamiyoConfig",
     "TrainerConfig",
+    "finish_run",
+    "grow_epoch",
+    "publish_missing_kernels",
 ]

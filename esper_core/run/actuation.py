@@ -1,5 +1,5 @@
 """A run's actuation: carrying out one of Tamiyo's commands on the trainer and its seed manager
-(``RunSession.apply`` wraps it with the safety rails, the rejection path and the step's telemetry).
+(``Run.apply`` wraps it with the safety rails, the rejection path and the step's telemetry).
 
 A germination goes to Kasmina, whose slot's kind builds the seed: a branch blueprint's kernel is
 fetched from Urza (through ``fetch``, only when the kind needs one); a width-menu entry is built

@@ -1,7 +1,7 @@
 """A run's control: one command from Tamiyo per trained epoch, under her deadline and circuit
 breaker, from the blueprints the run can germinate, with the record Simic learns from.
 
-``RunSession.decide`` asks the ``Controller``; everything it reads and writes is handed to it:
+``Run.decide`` asks the ``Controller``; everything it reads and writes is handed to it:
 the run's state (history, reports, the outbox of the next commit), its registry link, Tamiyo and
 the candidates' sources. In a data-parallel run rank 0 alone asks; the command reaches the other
 ranks by broadcast.

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from esper_core.kasmina.graft import GrowableModel
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.settings import EsperSettings
 
 EXPORT_FILES = ("model.pt2", "state_dict.pt", "export.json")
@@ -56,7 +56,7 @@ def export_run(*, settings: EsperSettings, run_id: str, out: Path | None = None)
             seed that changes the output without being part of the network; a program whose
             outputs differ from the live model's.
     """
-    session = RunSession.open(settings=settings, run_id=run_id)
+    session = Run.resume(settings=settings, run_id=run_id)
     try:
         host = session.trainer.model
         if not isinstance(host, GrowableModel):

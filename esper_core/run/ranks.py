@@ -4,7 +4,7 @@
 N ranks with ``torch.multiprocessing`` (spawned: no inherited threads or CUDA state) that meet
 through a file store in a fresh temporary folder, with gloo on CPU and NCCL on CUDA (one GPU a
 rank). Every rank builds or reopens the same run and steps through its epochs in lockstep
-(``RunSession`` with a ``ProcessGroup`` collective):
+(``Run`` with a ``ProcessGroup`` collective):
 
 - each rank trains on its shard of every global batch (the recipe's ``batch_size`` is the global
   batch, so the effective batch and learning rate are the single-process run's), gradients are
@@ -42,7 +42,7 @@ from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.outage import open_registry
 from esper_core.run.plan import check_recipe
-from esper_core.run.session import RunHandle, RunSession
+from esper_core.run.session import Run, RunHandle
 from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, check_parallel
 from esper_core.run.steps import decide_and_apply
 from esper_core.settings import EsperSettings
@@ -275,9 +275,9 @@ def train_rank(
     """Build (``new``) or reopen the run on this rank and train it to its last epoch in lockstep."""
     extra = sink_factory(run_id, config.recipe) if sink_factory is not None and group.leader else None
     if new:
-        session = RunSession.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra, collective=group)
+        session = Run.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra, collective=group)
     else:
-        session = RunSession.open(settings=settings, run_id=run_id, extra_sink=extra, collective=group)
+        session = Run.resume(settings=settings, run_id=run_id, extra_sink=extra, collective=group)
         session.rewind_partial_epoch()
     try:
         pids = group.gather(os.getpid())
@@ -296,7 +296,7 @@ def _backend(config: RunConfig) -> str:
     return "nccl" if resolve_device(config.trainer.device).type == "cuda" else "gloo"
 
 
-def record_launch(session: RunSession, *, nproc: int, backend: str, pids: list[int]) -> None:
+def record_launch(session: Run, *, nproc: int, backend: str, pids: list[int]) -> None:
     """Append how this launch trains ``session``'s run to ``launches.json`` (the summary states
     the last one: a run resumed on another number of processes says so)."""
     batch = session.config.data.batch_size

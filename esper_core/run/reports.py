@@ -11,7 +11,7 @@ from typing import Any
 from esper_core.contracts import SeedStage
 from esper_core.run.frontier import FRONTIERS
 from esper_core.run.ranks import launches
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.telemetry import read_jsonl, write_baseline
 from esper_core.tolaria.loop import count_parameters
 
@@ -58,7 +58,7 @@ class RunSummary:
         return asdict(self)
 
 
-def finish_run(session: RunSession) -> RunSummary:
+def finish_run(session: Run) -> RunSummary:
     """Evaluate on the test split and write the run's summary, baseline and report."""
     test = session.trainer.evaluate(session.trainer.data.test)
     last = session.history[-1]
@@ -107,14 +107,14 @@ def finish_run(session: RunSession) -> RunSummary:
     return summary
 
 
-def _frontier(session: RunSession, test_accuracy: float) -> dict[str, Any] | None:
+def _frontier(session: Run, test_accuracy: float) -> dict[str, Any] | None:
     frontier = FRONTIERS.get(session.config.recipe)
     if frontier is None or len(session.history) != frontier.epochs:
         return None
     return frontier.compare(params=count_parameters(session.trainer.model), test_accuracy=test_accuracy)
 
 
-def _sharing(session: RunSession) -> dict[str, Any]:
+def _sharing(session: Run) -> dict[str, Any]:
     """How the last launch shared the run among processes (one process when never launched parallel)."""
     batch = session.config.data.batch_size
     last = (launches(Path(session.run_dir)) or [{"nproc": 1, "rank_batch": [batch]}])[-1]
@@ -154,7 +154,7 @@ def frontier_lines(f: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_report(session: RunSession, summary: RunSummary) -> str:
+def render_report(session: Run, summary: RunSummary) -> str:
     """Markdown report: headline, per-epoch table, commands and seeds."""
     lines = [
         f"# Run {summary.run_id} ({summary.recipe})",

@@ -66,8 +66,12 @@ class RunHandle:
     run_dir: str
 
 
-class RunSession:
+class Run:
     """One training run: host, seeds, controller, checkpoints and telemetry.
+
+    Two constructors: ``start`` (a spec: a new run, or the existing run of that id reopened) and
+    ``resume`` (a run folder, at its last commit). ``begin`` starts a run of a configuration built
+    in code (a study's episode, a data-parallel rank), which has no ``run.json`` to resume from.
 
     Its control (``control.Controller``: Tamiyo's decisions) and actuation
     (``actuation.Actuator``: commands applied to the trainer and seeds) are components with the
@@ -164,32 +168,14 @@ class RunSession:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def create(
-        cls,
-        *,
-        recipe: str,
-        settings: EsperSettings,
-        epochs: int | None = None,
-        device: str | None = None,
-        seed: int | None = None,
-        run_id: str | None = None,
-        extra_sink: TelemetrySink | None = None,
-    ) -> RunSession:
-        """Start a new run (or reopen ``run_id`` if it already exists) and commit its start.
-
-        One process; a data-parallel run starts through ``esper_core.run.ranks.launch``."""
-        spec = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id)
-        return cls.from_spec(spec, settings=settings, extra_sink=extra_sink)
-
-    @classmethod
-    def from_spec(
+    def start(
         cls,
         spec: RunSpec,
         *,
         settings: EsperSettings,
         run_id: str | None = None,
         extra_sink: TelemetrySink | None = None,
-    ) -> RunSession:
+    ) -> Run:
         """Start ``spec``'s run as ``run_id`` (default: ``spec.run_id``, else a new id), or reopen
         it if it exists, and commit its start.
 
@@ -207,8 +193,8 @@ class RunSession:
         )
 
     @classmethod
-    def _reopen(cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None) -> RunSession:
-        session = cls.open(settings=settings, run_id=run_id, extra_sink=extra_sink)
+    def _reopen(cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None) -> Run:
+        session = cls.resume(settings=settings, run_id=run_id, extra_sink=extra_sink)
         session.rewind_partial_epoch()
         return session
 
@@ -223,7 +209,7 @@ class RunSession:
         tamiyo: TamiyoService | None = None,
         collective: Collective | None = None,
         planned: PlannedRun | None = None,
-    ) -> RunSession:
+    ) -> Run:
         """A new run of ``config`` on the settings' registry, with its start committed (every
         rank of a data-parallel run calls it: they build the same model from the same seed).
         ``planned``: ``config``'s plan and data, when already made in this process."""
@@ -244,14 +230,14 @@ class RunSession:
         return session
 
     @classmethod
-    def open(
+    def resume(
         cls,
         *,
         settings: EsperSettings,
         run_id: str,
         extra_sink: TelemetrySink | None = None,
         collective: Collective | None = None,
-    ) -> RunSession:
+    ) -> Run:
         """Reopen an existing run at its last committed step (e.g. in a new worker process, or on
         every rank of a data-parallel resume, whatever the number of ranks it had before)."""
         config = RunSpec.load(settings.runs_dir / run_id).config()

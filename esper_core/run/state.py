@@ -155,7 +155,7 @@ UNSENT = "unsent"
 
 A process killed between the commit and the send (SIGKILL cannot be deferred) would lose them
 for good: a resume starts after the commit. The checkpoint therefore carries them, and a restore
-hands them back so the session sends whatever its files lack (``RunSession.restore``).
+hands them back so the session sends whatever its files lack (``Run.restore``).
 Checkpoints written before this key existed load with nothing unsent."""
 CHECKPOINT_KEYS = frozenset({"trainer", "emergency", UNSENT, *(f.name for f in _KEPT)})
 """The top-level keys of a commit's checkpoint (changing them needs a loader for the old ones)."""

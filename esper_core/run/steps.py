@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from esper_core.contracts import SystemStatePacket
 from esper_core.run.commits import START_TAG, epoch_tag
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,14 +32,14 @@ def before(epoch: int) -> str:
     return START_TAG if epoch == 0 else epoch_tag(epoch - 1, "applied")
 
 
-def trained(session: RunSession, epoch: int) -> SystemStatePacket:
+def trained(session: Run, epoch: int) -> SystemStatePacket:
     """Epoch ``epoch`` trained and committed as ``trained``.
 
     An epoch already committed (by an execution that died before its decision was applied) is
     restored, not trained again, so its telemetry and field reports are not written twice.
     Single process only: it reads the run's latest commit on disk, which rank 0 of a
     data-parallel run may have moved on while another rank reads it (ranks resume through
-    ``RunSession.rewind_partial_epoch`` instead).
+    ``Run.rewind_partial_epoch`` instead).
     """
     tag = epoch_tag(epoch, "trained")
     if session.checkpoints.latest() == tag:
@@ -51,7 +51,7 @@ def trained(session: RunSession, epoch: int) -> SystemStatePacket:
     return packet
 
 
-def decide_and_apply(session: RunSession, packet: SystemStatePacket) -> EpochReport:
+def decide_and_apply(session: Run, packet: SystemStatePacket) -> EpochReport:
     """Ask Tamiyo about the trained epoch ``packet``, have Kasmina apply her command, commit."""
     command = session.decide()
     outcome = session.apply(command)
@@ -68,6 +68,6 @@ def decide_and_apply(session: RunSession, packet: SystemStatePacket) -> EpochRep
     )
 
 
-def grow_epoch(session: RunSession, epoch: int) -> EpochReport:
+def grow_epoch(session: Run, epoch: int) -> EpochReport:
     """Train epoch ``epoch``, ask Tamiyo, have Kasmina apply her command; commit after each half."""
     return decide_and_apply(session, trained(session, epoch))

@@ -4,7 +4,7 @@
 SQLite) and keeps policy weights in Urza's content-addressed blob store. Every write is one
 transaction and an upsert on the record's key (a report's ``report_id``; a decision's run and
 epoch), so a retried or replayed step rewrites its rows instead of duplicating them; a run that
-dies loses nothing that reached a commit (``RunSession.commit`` records before it checkpoints).
+dies loses nothing that reached a commit (``Run.commit`` records before it checkpoints).
 
 The record types and their JSON forms are ``esper_core.simic.record_types``; they are re-exported
 here, so ``from esper_core.simic.records import DecisionRecord, SimicStore`` keeps working.

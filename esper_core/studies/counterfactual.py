@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.simic.records import CounterfactualOutcome, DecisionRecord
 from esper_core.tamiyo.actions import has_choice, legal_masks
 from esper_core.tamiyo.baselines import RandomGerminationPolicy, ScheduledGrowthPolicy, decision_seed
@@ -106,7 +106,7 @@ class CounterfactualForks:
         self.run_id = run_id
         self.forks = 0
 
-    def should_fork(self, session: RunSession, command: AdaptationCommand) -> bool:
+    def should_fork(self, session: Run, command: AdaptationCommand) -> bool:
         """Whether to fork at ``command``: within budget, with epochs left, a recorded decision
         of Tamiyo's, a real choice (a seed operation was legal), and the per-decision draw."""
         record = session.control.pending_decision(command)
@@ -117,7 +117,7 @@ class CounterfactualForks:
         draw = random.Random(decision_seed(self.run_id, command.epoch, COUNTERFACTUAL_ISSUER)).random()
         return draw < self.config.fork_probability
 
-    def maybe_fork(self, session: RunSession, command: AdaptationCommand) -> CounterfactualOutcome | None:
+    def maybe_fork(self, session: Run, command: AdaptationCommand) -> CounterfactualOutcome | None:
         """Fork at ``command`` if ``should_fork`` says so, and attach the outcome to its decision.
 
         Call after ``decide`` and before ``apply``; the session is left exactly as it was.
@@ -137,7 +137,7 @@ class CounterfactualForks:
 
 
 def fork(
-    session: RunSession, command: AdaptationCommand, *, record: DecisionRecord, config: CounterfactualConfig
+    session: Run, command: AdaptationCommand, *, record: DecisionRecord, config: CounterfactualConfig
 ) -> CounterfactualOutcome | None:
     """Play ``command`` and the baseline's command out from the session's current state.
 
@@ -186,7 +186,7 @@ def fork(
     )
 
 
-def lifecycle_horizon(session: RunSession, *commands: AdaptationCommand) -> int:
+def lifecycle_horizon(session: Run, *commands: AdaptationCommand) -> int:
     """Epochs from a germination to G4's verdict on it: isolation, the blend, probation.
 
     The blend is the longest any of ``commands`` germinates with (the heuristic's when none
@@ -205,7 +205,7 @@ class _Branch:
     params: int
 
 
-def _branch(session: RunSession, command: AdaptationCommand, horizon: int) -> _Branch:
+def _branch(session: Run, command: AdaptationCommand, horizon: int) -> _Branch:
     """Apply ``command``, then train ``horizon`` epochs with lifecycle-only decisions between them."""
     lifecycle = ScheduledGrowthPolicy((), session.tamiyo.heuristic)
     session.apply(command)
@@ -220,7 +220,7 @@ def _branch(session: RunSession, command: AdaptationCommand, horizon: int) -> _B
     )
 
 
-def _baseline_command(session: RunSession, record: DecisionRecord, baseline: str) -> AdaptationCommand:
+def _baseline_command(session: Run, record: DecisionRecord, baseline: str) -> AdaptationCommand:
     current = record.state.current
     if baseline == "wait":
         return AdaptationCommand(
@@ -233,9 +233,7 @@ def _baseline_command(session: RunSession, record: DecisionRecord, baseline: str
     return _risk_reviewed(session, record, session.tamiyo.heuristic.decide)
 
 
-def _risk_reviewed(
-    session: RunSession, record: DecisionRecord, decide: Callable[..., AdaptationCommand]
-) -> AdaptationCommand:
+def _risk_reviewed(session: Run, record: DecisionRecord, decide: Callable[..., AdaptationCommand]) -> AdaptationCommand:
     """``decide``'s command at the decision's state, after the risk engine (as the decided one was)."""
     history, candidates = tuple(session.history), tuple(record.state.candidates)
     proposal = decide(history, candidates, run_id=session.run_id)
@@ -247,7 +245,7 @@ def _same_effect(a: AdaptationCommand, b: AdaptationCommand) -> bool:
     return all(getattr(a, name) == getattr(b, name) for name in _EFFECT_FIELDS)
 
 
-def _epochs_left(session: RunSession) -> int:
+def _epochs_left(session: Run) -> int:
     return session.config.epochs - session.epoch
 
 
@@ -262,8 +260,8 @@ class _Snapshot:
         self.state = state
 
     @classmethod
-    def take(cls, session: RunSession) -> _Snapshot:
+    def take(cls, session: Run) -> _Snapshot:
         return cls(copy.deepcopy(session.state.state_dict(in_memory=True)))
 
-    def put_back(self, session: RunSession) -> None:
+    def put_back(self, session: Run) -> None:
         session.state.load_state_dict(copy.deepcopy(self.state))

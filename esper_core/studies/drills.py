@@ -21,7 +21,7 @@ from esper_core.contracts import TelemetryPacket
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import read_jsonl
@@ -57,15 +57,15 @@ def _config(safety: SafetyConfig) -> RunConfig:
     return config
 
 
-def _session(home: Path, run_id: str, *, config: RunConfig, tamiyo: Any = None) -> RunSession:
+def _session(home: Path, run_id: str, *, config: RunConfig, tamiyo: Any = None) -> Run:
     """A drill's run; faults come in through the collaborators it is built with."""
     settings = EsperSettings(home=home)
-    session = RunSession(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home), tamiyo=tamiyo)
+    session = Run(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home), tamiyo=tamiyo)
     session.commit(START_TAG)
     return session
 
 
-def _epoch(session: RunSession) -> None:
+def _epoch(session: Run) -> None:
     epoch = session.epoch
     session.train_epoch()
     session.commit(epoch_tag(epoch, "trained"))

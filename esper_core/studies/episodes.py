@@ -1,6 +1,6 @@
 """Run whole training runs in-process to produce Simic's data (and the growth benchmark's arms).
 
-An episode is a real ``RunSession`` (Tolaria trains, Tamiyo decides, Kasmina applies, every
+An episode is a real ``Run`` (Tolaria trains, Tamiyo decides, Kasmina applies, every
 step committed), so its decisions and field reports reach the registry exactly as a production
 run's do. Episodes share one ``TamiyoService`` when given one (one policy load and, if
 compiled, one compile for all of them).
@@ -24,7 +24,7 @@ from esper_core.data import DataConfig
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
 from esper_core.studies.counterfactual import CounterfactualConfig, CounterfactualForks
@@ -155,7 +155,7 @@ def run_episode(
     if tamiyo is not None:
         tamiyo.breaker.reset()
     start = time.perf_counter()
-    session = RunSession.begin(config=config, settings=settings, run_id=run_id, tamiyo=tamiyo)
+    session = Run.begin(config=config, settings=settings, run_id=run_id, tamiyo=tamiyo)
     forks = None if counterfactual is None else CounterfactualForks(counterfactual, run_id=run_id)
     fork_ms = 0.0
     sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)

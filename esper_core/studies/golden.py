@@ -17,10 +17,10 @@ from typing import Any
 
 from esper_core._capabilities import one_thread
 from esper_core.run.commits import epoch_tag
-from esper_core.run.session import RunSession
+from esper_core.run.kernels import publish_missing_kernels
+from esper_core.run.session import Run
 from esper_core.settings import EsperSettings
 from esper_core.studies.episodes import episode_config
-from esper_core.studies.kernels import publish_missing_kernels
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,7 +63,7 @@ def record(cases: Sequence[GoldenCase], settings: EsperSettings) -> dict[str, An
     with one_thread():
         for case, config in zip(cases, configs, strict=True):
             (settings.runs_dir / case.name).mkdir(parents=True, exist_ok=True)
-            session = RunSession.begin(config=config, settings=settings, run_id=case.name)
+            session = Run.begin(config=config, settings=settings, run_id=case.name)
             try:
                 epochs = []
                 for epoch in range(config.epochs):
@@ -107,7 +107,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _digest(session: RunSession) -> str:
+def _digest(session: Run) -> str:
     state = session.trainer.model.state_dict()
     h = hashlib.sha256()
     for key in sorted(state):

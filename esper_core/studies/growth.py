@@ -38,6 +38,7 @@ from esper_core._capabilities import one_thread
 from esper_core.data import load_dataset
 from esper_core.fanout import FanOut, Pool
 from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -50,7 +51,6 @@ from esper_core.studies.growth_report import (
     frontier_png,
     summarise_recipe,
 )
-from esper_core.studies.kernels import publish_missing_kernels
 from esper_core.studies.simic_train import (
     TrainingPlan,
     collect_all_demonstrations,

@@ -20,6 +20,7 @@ from esper_core.contracts import new_id
 from esper_core.fanout import LOCAL, Pool
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.config import RunConfig
+from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
@@ -28,7 +29,6 @@ from esper_core.simic.learn import SimicConfig, imitate, ppo_update
 from esper_core.simic.records import DecisionRecord, PolicyVersion, SimicStore
 from esper_core.studies.counterfactual import CounterfactualConfig
 from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
-from esper_core.studies.kernels import publish_missing_kernels
 from esper_core.studies.schedule_search import (
     HalvingSearch,
     Schedule,

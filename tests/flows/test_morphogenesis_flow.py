@@ -7,7 +7,7 @@ import json
 import pytest
 
 from esper_core.contracts import ArtifactKind
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 from esper_core.urza.service import Urza
@@ -65,7 +65,7 @@ def test_morphogenesis_trains_one_run_on_two_processes(esper_home: EsperSettings
     summary = state.result()
     assert (summary.epochs, summary.processes, summary.batch_per_process) == (3, 2, (32, 32))
     assert summary.seeds == {"fc2+width": "blending (width)"}  # widened after epoch 0, on both ranks
-    session = RunSession.open(settings=esper_home, run_id="dp")
+    session = Run.resume(settings=esper_home, run_id="dp")
     assert [c.action for c in session.commands] == ["germinate", "wait", "wait"]
     session.close()
     with pytest.raises(ValueError, match="cannot be shared by 65 processes"):
@@ -96,17 +96,17 @@ def test_retried_grow_task_reproduces_the_run(compiled_home: EsperSettings, monk
 
     clean = morphogenesis(recipe="seed-reference", epochs=3, device="cpu", seed=1, run_id="clean")
 
-    original = RunSession.train_epoch
+    original = Run.train_epoch
     failed = []
 
-    def flaky(self: RunSession):
+    def flaky(self: Run):
         packet = original(self)
         if self.epoch == 2 and not failed:  # die after training, before the commit
             failed.append(True)
             raise RuntimeError("injected worker failure")
         return packet
 
-    monkeypatch.setattr(RunSession, "train_epoch", flaky)
+    monkeypatch.setattr(Run, "train_epoch", flaky)
     retried = morphogenesis(recipe="seed-reference", epochs=3, device="cpu", seed=1, run_id="retried")
     assert failed, "the injected failure never fired"
     assert retried.test_loss == clean.test_loss and retried.seeds == clean.seeds
@@ -158,20 +158,20 @@ def test_retried_grow_task_skips_the_epochs_it_applied(
 
     trained: list[int] = []
     fired: list[bool] = []
-    train, apply = RunSession.train_epoch, RunSession.apply
+    train, apply = Run.train_epoch, Run.apply
 
-    def counted(self: RunSession):
+    def counted(self: Run):
         trained.append(self.epoch)
         return train(self)
 
-    def flaky(self: RunSession, command):
+    def flaky(self: Run, command):
         if self.epoch == 3 and not fired:  # epoch 2 trained and committed, its command not applied yet
             fired.append(True)
             raise RuntimeError("injected worker failure")
         return apply(self, command)
 
-    monkeypatch.setattr(RunSession, "train_epoch", counted)
-    monkeypatch.setattr(RunSession, "apply", flaky)
+    monkeypatch.setattr(Run, "train_epoch", counted)
+    monkeypatch.setattr(Run, "apply", flaky)
     retried = morphogenesis(**args, run_id="retried")
     assert fired, "the injected failure never fired"
     assert trained == [0, 1, 2], "the retry trained an epoch again"

@@ -22,7 +22,8 @@ import pytest
 
 from esper_cli.local_prefect import LocalPrefect, stop
 from esper_core.run.reports import finish_run
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 from tests.helpers.waiting import wait_for
@@ -174,7 +175,7 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     # And the result is exactly that of an uninterrupted run of the same recipe and seed.
     reference = EsperSettings(home=tmp_path / "ref")
     shutil.copytree(local.home, reference.home, ignore=shutil.ignore_patterns("runs", "prefect"))
-    session = RunSession.create(recipe=RECIPE["recipe"], settings=reference, epochs=epochs, device="cpu", seed=3)
+    session = Run.start(RunSpec(recipe=RECIPE["recipe"], epochs=epochs, device="cpu", seed=3), settings=reference)
     for _ in range(epochs):
         session.train_epoch()
         session.apply(session.decide())

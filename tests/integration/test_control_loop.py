@@ -9,12 +9,13 @@ import pytest
 from esper_core.contracts import CommandType, SeedStage
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.reports import finish_run
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
 
 
-def _loop(session: RunSession, epochs: int) -> list:
+def _loop(session: Run, epochs: int) -> list:
     commands = []
     for epoch in range(session.epoch, epochs):
         session.train_epoch()
@@ -27,7 +28,7 @@ def _loop(session: RunSession, epochs: int) -> list:
 
 
 def test_digits_run_grows_a_seed_and_writes_every_output(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=4, run_id="loop")
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=4, device=None, run_id="loop"), settings=compiled_home)
     commands = _loop(session, 4)
     germinate = [c for c in commands if c.action == "germinate"]
     assert germinate and germinate[0].issued_by == "heuristic" and germinate[0].reason
@@ -45,7 +46,7 @@ def test_digits_run_grows_a_seed_and_writes_every_output(compiled_home: EsperSet
 
 
 def test_a_retried_step_restores_and_reproduces(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=3, run_id="retry")
+    session = Run.start(RunSpec(recipe="seed-reference", epochs=3, device=None, run_id="retry"), settings=compiled_home)
     _loop(session, 2)
     committed = epoch_tag(1, "applied")
     first = session.train_epoch()  # then the task "dies" before committing
@@ -60,25 +61,27 @@ def test_a_retried_step_restores_and_reproduces(compiled_home: EsperSettings) ->
 
 
 def test_reopening_a_run_resumes_after_the_last_applied_epoch(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=3, run_id="resume")
+    session = Run.start(
+        RunSpec(recipe="seed-reference", epochs=3, device=None, run_id="resume"), settings=compiled_home
+    )
     _loop(session, 1)
     session.train_epoch()
     session.commit(epoch_tag(1, "trained"))  # crashed before epoch 1's decision was applied
     session.close()
-    reopened = RunSession.create(recipe="seed-reference", settings=compiled_home, run_id="resume")
+    reopened = Run.start(RunSpec(recipe="seed-reference", device=None, run_id="resume"), settings=compiled_home)
     assert reopened.committed_tag == epoch_tag(0, "applied") and reopened.epoch == 1
     reopened.close()
 
 
 def test_unknown_recipe_and_missing_run_errors(compiled_home: EsperSettings) -> None:
     with pytest.raises(ValueError, match="unknown recipe 'nope'; choose one of"):
-        RunSession.create(recipe="nope", settings=compiled_home)
+        Run.start(RunSpec(recipe="nope", device=None), settings=compiled_home)
     with pytest.raises(ValueError, match="no run 'ghost'"):
-        RunSession.open(settings=compiled_home, run_id="ghost")
+        Run.resume(settings=compiled_home, run_id="ghost")
 
 
 def test_germinating_without_a_published_kernel_is_rejected_not_fatal(esper_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="seed-reference", settings=esper_home, epochs=2, run_id="empty")
+    session = Run.start(RunSpec(recipe="seed-reference", epochs=2, device=None, run_id="empty"), settings=esper_home)
     assert session.committed_tag == START_TAG
     _loop(session, 2)
     assert session.control.candidates() == []
@@ -93,7 +96,9 @@ def test_same_recipe_and_seed_give_identical_runs(compiled_home: EsperSettings) 
     # reuses it. Both switch at the same step, so their losses agree exactly.
     losses = []
     for run_id in ("first", "second"):
-        session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=5, run_id=run_id)
+        session = Run.start(
+            RunSpec(recipe="seed-reference", epochs=5, device=None, run_id=run_id), settings=compiled_home
+        )
         _loop(session, 5)
         losses.append([p.train_loss for p in session.history])
         session.close()

@@ -16,14 +16,15 @@ import pytest
 
 from esper_core.run.commits import epoch_tag
 from esper_core.run.reports import finish_run
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 
 EPOCHS = 3  # the step engine decides at step 18 (~1 epoch of digits-mlp) and switches after it
 
 
 def _run(home: EsperSettings, run_id: str) -> tuple[dict[str, Any], str]:
-    session = RunSession.create(recipe="digits-mlp", settings=home, epochs=EPOCHS, run_id=run_id)
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=EPOCHS, device=None, run_id=run_id), settings=home)
     for epoch in range(EPOCHS):
         session.train_epoch()
         session.commit(epoch_tag(epoch, "trained"))

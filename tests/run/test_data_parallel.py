@@ -25,7 +25,7 @@ from esper_core.run.commits import epoch_tag, epochs_applied
 from esper_core.run.ranks import LAUNCHES_FILE, ParallelRunFailed, launch
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec, check_parallel
 from esper_core.run.steps import grow_epoch
 from esper_core.settings import EsperSettings
@@ -39,8 +39,8 @@ LONG = "tests.helpers.user_models:mlp_widen_long"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _solo(settings: EsperSettings, recipe: str, run_id: str) -> RunSession:
-    session = RunSession.create(recipe=recipe, settings=settings, device="cpu", run_id=run_id)
+def _solo(settings: EsperSettings, recipe: str, run_id: str) -> Run:
+    session = Run.start(RunSpec(recipe=recipe, device="cpu", run_id=run_id), settings=settings)
     while session.epoch < session.config.epochs:
         grow_epoch(session, session.epoch)
     return session
@@ -135,7 +135,7 @@ def test_a_command_one_rank_cannot_apply_is_undone_on_every_rank(esper_home: Esp
         def gather(self, obj: object) -> list[object]:
             return [obj, "rejected: kasmina missed its deadline"]
 
-    session = RunSession.create(recipe=LONG, settings=esper_home, device="cpu", run_id="agree")
+    session = Run.start(RunSpec(recipe=LONG, device="cpu", run_id="agree"), settings=esper_home)
     session.train_epoch()
     session.commit(epoch_tag(0, "trained"))
     before = state_digest(session.trainer.model)
@@ -167,9 +167,9 @@ def test_n_processes_train_the_single_process_run(compiled_home: EsperSettings, 
     13, so the gradient sum's weights are checked where they are not all alike."""
     launch(RunSpec(run_id="two", recipe=GROWN, nproc=nproc, device="cpu"), compiled_home)
     one = _solo(compiled_home, GROWN, "one")
-    two = RunSession.open(settings=compiled_home, run_id="two")
+    two = Run.resume(settings=compiled_home, run_id="two")
 
-    def growth(session: RunSession) -> list[tuple[int, str, str | None, str | None]]:
+    def growth(session: Run) -> list[tuple[int, str, str | None, str | None]]:
         return [(c.epoch, c.action, c.slot_id, c.blueprint_id) for c in session.commands if c.action != "wait"]
 
     # The same decisions at the same epochs: widen, germinate the branch, fossilise (merge), cull.
@@ -234,7 +234,7 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_process
 
     # One process finishes what two started, from the last commit.
     launch(RunSpec(run_id="killed", recipe=LONG, nproc=1), esper_home)
-    resumed = RunSession.open(settings=esper_home, run_id="killed")
+    resumed = Run.resume(settings=esper_home, run_id="killed")
     assert [p.epoch for p in resumed.history] == list(range(40))
     assert [launch["nproc"] for launch in json.loads((run_dir / LAUNCHES_FILE).read_text())] == [2, 1]
     assert json.loads((run_dir / LAUNCHES_FILE).read_text())[-1]["from_epoch"] == stopped_at
@@ -276,7 +276,7 @@ def test_torchrun_ranks_train_a_run(esper_home: EsperSettings) -> None:
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "run tr: trained on 2 processes" in out.stdout
-    session = RunSession.open(settings=esper_home, run_id="tr")
+    session = Run.resume(settings=esper_home, run_id="tr")
     assert [p.epoch for p in session.history] == [0, 1, 2]
     assert session.manager.slots["fc2+width"].stage is not SeedStage.DORMANT  # widened after epoch 0
     session.close()

@@ -10,7 +10,8 @@ import pytest
 from esper_core.run.frontier import FRONTIERS, MNIST1D_CNN, FrontierPoint, StaticFrontier
 from esper_core.run.recipes import get_recipe
 from esper_core.run.reports import finish_run, frontier_lines
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.run.steps import grow_epoch
 from esper_core.settings import EsperSettings
 
@@ -50,7 +51,7 @@ def test_the_frontier_is_read_between_its_points_and_never_past_them() -> None:
 
 @pytest.mark.slow
 def test_the_main_job_grows_and_sets_the_network_beside_the_frontier(esper_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="mnist1d-cnn-grown", settings=esper_home, device="cpu", run_id="main")
+    session = Run.start(RunSpec(recipe="mnist1d-cnn-grown", device="cpu", run_id="main"), settings=esper_home)
     while session.epoch < session.config.epochs:
         grow_epoch(session, session.epoch)
     summary = finish_run(session)
@@ -64,7 +65,7 @@ def test_the_main_job_grows_and_sets_the_network_beside_the_frontier(esper_home:
     assert "## Against the static frontier" in report and "its starting size, 858 parameters" in report
     session.close()
     # A run of another length is not compared with a frontier trained for 60 epochs.
-    short = RunSession.create(recipe="mnist1d-cnn-grown", settings=esper_home, device="cpu", run_id="short", epochs=4)
+    short = Run.start(RunSpec(recipe="mnist1d-cnn-grown", epochs=4, device="cpu", run_id="short"), settings=esper_home)
     while short.epoch < short.config.epochs:
         grow_epoch(short, short.epoch)
     assert finish_run(short).frontier is None

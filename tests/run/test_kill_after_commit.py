@@ -14,7 +14,8 @@ from pathlib import Path
 
 from esper_core.contracts import FieldReport
 from esper_core.run.commits import epoch_tag
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.telemetry.sinks import read_jsonl
 
@@ -24,10 +25,11 @@ KILL_AT = 3  # the applied commit of this epoch dies before its send
 _CHILD = f"""
 import os, signal
 from esper_core.run.commits import epoch_tag
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 
-session = RunSession.create(recipe="digits-mlp", settings=EsperSettings(), epochs={EPOCHS}, run_id="killed")
+session = Run.start(RunSpec(recipe="digits-mlp", device=None, epochs={EPOCHS}, run_id="killed"), settings=EsperSettings())
 send = session._send
 for epoch in range({EPOCHS}):
     session.train_epoch()
@@ -49,7 +51,7 @@ def test_a_run_killed_between_commit_and_send_resends_on_resume(compiled_home: E
     assert [p.epoch for p in before if p.source == "tolaria"] == list(range(KILL_AT + 1))
     assert [p.epoch for p in before if p.source == "tamiyo"] == list(range(KILL_AT)), "killed after the send"
 
-    session = RunSession.open(settings=compiled_home, run_id="killed")
+    session = Run.resume(settings=compiled_home, run_id="killed")
     assert session.epoch == KILL_AT + 1  # the killed commit stands
     while session.epoch < EPOCHS:
         epoch = session.epoch
@@ -70,11 +72,11 @@ def test_a_run_killed_between_commit_and_send_resends_on_resume(compiled_home: E
 
 
 def test_reopening_a_run_whose_commit_was_sent_sends_nothing_again(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=2, run_id="whole")
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=2, device=None, run_id="whole"), settings=compiled_home)
     session.train_epoch()
     session.commit(epoch_tag(0, "trained"))
     session.close()
     telemetry = Path(session.run_dir) / "telemetry.jsonl"
     before = telemetry.read_bytes()
-    RunSession.open(settings=compiled_home, run_id="whole").close()
+    Run.resume(settings=compiled_home, run_id="whole").close()
     assert telemetry.read_bytes() == before

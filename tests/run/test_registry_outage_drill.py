@@ -24,7 +24,8 @@ from esper_core.run.commits import epoch_tag
 from esper_core.run.outage import RegistryOutageError, open_registry
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
 from tests.helpers.waiting import wait_for
@@ -63,7 +64,7 @@ def test_a_run_survives_a_30_s_registry_outage(server: postgres.LocalServer, tmp
             publish_kernel(urza, catalog, compile_job(catalog, job, "cpu"))
     finally:
         urza.close()
-    session = RunSession.create(recipe="digits-mlp", settings=settings, epochs=EPOCHS, device="cpu", run_id="drill")
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=EPOCHS, device="cpu", run_id="drill"), settings=settings)
     outcomes: dict[int, tuple[str, str]] = {}
     failure: list[BaseException] = []
 

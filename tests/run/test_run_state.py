@@ -24,7 +24,7 @@ from esper_core.contracts import (
 )
 from esper_core.run import state as run_state
 from esper_core.run.commits import START_TAG, epoch_tag
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.run.state import CHECKPOINT_KEYS, IN_MEMORY, RunRecord
 from esper_core.settings import EsperSettings
 from esper_core.studies.episodes import episode_config
@@ -137,10 +137,10 @@ def test_a_record_field_must_say_whether_a_checkpoint_stores_it() -> None:
         run_state._split(Grown)
 
 
-def _session(settings: EsperSettings, run_id: str) -> RunSession:
+def _session(settings: EsperSettings, run_id: str) -> Run:
     config = episode_config("seed-reference", seed=0, policy="heuristic", epochs=3)
     (settings.runs_dir / run_id).mkdir(parents=True)
-    return RunSession(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home))
+    return Run(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home))
 
 
 def test_a_sessions_checkpoint_has_the_layout_earlier_versions_wrote(compiled_home: EsperSettings) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import esper_core.run.spec as spec_module
 from esper_core.run.commits import START_TAG
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec, compile_jobs, plan_spec, resolve, take_plan
 from esper_core.settings import EsperSettings
 from tests.helpers.planning import count_planning
@@ -88,12 +88,12 @@ def test_a_session_starts_from_a_spec_planned_in_another_process(
 ) -> None:
     spec = plan_spec("seed-reference", epochs=2, device="cpu", run_id="elsewhere")
     monkeypatch.setattr(spec_module, "_plans", {})  # a flow run retried in a new process
-    session = RunSession.from_spec(spec, settings=compiled_home)
+    session = Run.start(spec, settings=compiled_home)
     assert (session.run_id, session.config.epochs, session.plan.jobs) == ("elsewhere", 2, spec.jobs)
     session.close()
     # Reopened from its run.json; the plan made for it here is dropped, not kept for nobody.
     again = plan_spec("seed-reference", epochs=2, device="cpu", run_id="elsewhere")
-    reopened = RunSession.from_spec(again, settings=compiled_home)
+    reopened = Run.start(again, settings=compiled_home)
     assert reopened.committed_tag == START_TAG and take_plan(again) is None
     reopened.close()
 

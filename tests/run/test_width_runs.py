@@ -20,7 +20,8 @@ from esper_core.karn.width import WIDTH_PROFILE
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import ModelSpec
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from tests.helpers.state import assert_same_state
 from tests.helpers.user_models import DigitsCNN
@@ -28,7 +29,7 @@ from tests.helpers.user_models import DigitsCNN
 SCHEDULED = "tests.helpers.user_models:cnn_widen_scheduled"
 
 
-def _step(session: RunSession) -> str:
+def _step(session: Run) -> str:
     """One epoch as the flow runs it: train, commit, decide, apply, commit. Returns the outcome."""
     epoch = session.epoch
     session.train_epoch()
@@ -39,19 +40,19 @@ def _step(session: RunSession) -> str:
     return f"{command.seed_operation or command.command_type}: {outcome}"
 
 
-def _run(settings: EsperSettings, run_id: str, *, stop_after: int | None = None) -> RunSession:
-    session = RunSession.create(recipe=SCHEDULED, settings=settings, device="cpu", run_id=run_id)
+def _run(settings: EsperSettings, run_id: str, *, stop_after: int | None = None) -> Run:
+    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id=run_id), settings=settings)
     while session.epoch < session.config.epochs:
         _step(session)
         if stop_after is not None and session.epoch == stop_after + 1:
             session.close()
-            session = RunSession.create(recipe=SCHEDULED, settings=settings, device="cpu", run_id=run_id)
+            session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id=run_id), settings=settings)
             stop_after = None
     return session
 
 
 def test_the_width_menu_fits_width_slots_only_and_needs_no_kernel(esper_home: EsperSettings) -> None:
-    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="plan")
+    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="plan"), settings=esper_home)
     try:
         plan = session.plan
         assert plan.built_slots == {"features.0+width": "features.0", "features.3+width": "features.3"}
@@ -112,7 +113,7 @@ def test_a_width_blueprint_in_a_branch_slot_and_a_kernel_in_a_width_slot_are_rej
 ) -> None:
     from esper_core.contracts import AdaptationCommand, CommandType
 
-    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="misfit")
+    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="misfit"), settings=esper_home)
     try:
         session.train_epoch()
         for slot, blueprint, why in (
@@ -163,7 +164,7 @@ def test_a_layer_that_cannot_widen_is_refused_when_the_recipe_is_checked() -> No
 def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSettings, tmp_path: Path) -> None:
     from esper_core.run.export import export_run
 
-    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="grown")
+    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="grown"), settings=esper_home)
     try:
         for _ in range(3):
             _step(session)  # epoch 2: the width seed is blending, so it is not part of the network yet
@@ -173,7 +174,7 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
         export_run(settings=esper_home, run_id="grown")
     assert not (esper_home.runs_dir / "grown" / "export").exists()
 
-    session = RunSession.create(recipe=SCHEDULED, settings=esper_home, device="cpu", run_id="grown")
+    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="grown"), settings=esper_home)
     try:
         while session.epoch < session.config.epochs:
             _step(session)
@@ -207,8 +208,9 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
 def test_the_compiled_step_retraces_at_growth_events_only(esper_home: EsperSettings) -> None:
     """``tolaria.compile.traces`` per epoch: graphs at the first epoch and after each change of the
     network (a seed in, its stage, its merge), none in an epoch whose network the last one had."""
-    session = RunSession.create(
-        recipe="tests.helpers.user_models:mlp_widen_compiled", settings=esper_home, device="cpu", run_id="traces"
+    session = Run.start(
+        RunSpec(recipe="tests.helpers.user_models:mlp_widen_compiled", device="cpu", run_id="traces"),
+        settings=esper_home,
     )
     structures = []  # each epoch's seeds, stages and widths as it starts (what the step's graph depends on)
     while session.epoch < session.config.epochs:

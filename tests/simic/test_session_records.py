@@ -14,7 +14,8 @@ from esper_core.karn.capacity import seed_capacity
 from esper_core.karn.catalog import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.run.commits import START_TAG, epoch_tag
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore, report_id_for
 from esper_core.studies.episodes import episode_config, run_episode
@@ -24,7 +25,7 @@ from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 from esper_core.urza.service import Urza
 
 
-def _step(session: RunSession, epoch: int) -> None:
+def _step(session: Run, epoch: int) -> None:
     session.train_epoch()
     session.commit(epoch_tag(epoch, "trained"))
     session.apply(session.decide())
@@ -32,7 +33,7 @@ def _step(session: RunSession, epoch: int) -> None:
 
 
 def test_every_applied_decision_and_report_reaches_the_registry(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=5, device="cpu", run_id="rec")
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=5, device="cpu", run_id="rec"), settings=compiled_home)
     for epoch in range(5):
         _step(session, epoch)
     assert session.reports, "the germination's window closed: a report is due"
@@ -63,7 +64,7 @@ def test_a_gnn_run_hot_swaps_to_the_newest_policy_between_epochs(compiled_home: 
     torch.manual_seed(0)
     store.publish_policy(TamiyoGNN(small).state_dict(), gnn=small, method="imitation", provenance={})
     (compiled_home.runs_dir / "swap").mkdir(parents=True)
-    session = RunSession(config=config, settings=compiled_home, run_id="swap", urza=Urza.open(compiled_home.home))
+    session = Run(config=config, settings=compiled_home, run_id="swap", urza=Urza.open(compiled_home.home))
     session.commit(START_TAG)
     _step(session, 0)
     torch.manual_seed(1)
@@ -78,7 +79,7 @@ def test_a_gnn_run_hot_swaps_to_the_newest_policy_between_epochs(compiled_home: 
 def test_a_failing_tamiyo_opens_the_breaker_and_training_goes_on(
     compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=3, device="cpu", run_id="brk")
+    session = Run.start(RunSpec(recipe="seed-reference", epochs=3, device="cpu", run_id="brk"), settings=compiled_home)
     session.train_epoch()
     session.commit(epoch_tag(0, "trained"))
     calls = []
@@ -108,7 +109,7 @@ def test_episodes_report_accuracy_parameters_and_commands(compiled_home: EsperSe
 def test_tamiyo_reads_the_new_inputs_on_a_real_run(compiled_home: EsperSettings) -> None:
     """digits-mlp, real trainer: train accuracy, slot bottlenecks, blueprint capacity and the
     remaining parameter budget reach the stored state and the rebuilt graph, with their values."""
-    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=2, device="cpu", run_id="inputs")
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=2, device="cpu", run_id="inputs"), settings=compiled_home)
     for epoch in range(2):
         _step(session, epoch)
     store = SimicStore.open(compiled_home.home)

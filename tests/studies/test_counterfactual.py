@@ -1,5 +1,5 @@
 """Counterfactual forks on real runs (seed-reference: 16 samples, a Linear 16->4 host, real
-RunSession, real kernels from the compiled registry): the main run is untouched, both branches
+Run, real kernels from the compiled registry): the main run is untouched, both branches
 are real training, forks happen only where a choice exists and within budget, and Simic's
 counterfactual samples are exactly the forked decisions."""
 
@@ -16,7 +16,7 @@ import torch
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.config import RunConfig
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import build_samples
 from esper_core.simic.records import CounterfactualOutcome, SimicStore
@@ -41,7 +41,7 @@ class _Run:
 def _run(settings: EsperSettings, config: RunConfig, run_id: str, forks: CounterfactualConfig | None = None) -> _Run:
     """``run_episode``'s loop, keeping what the tests compare."""
     (settings.runs_dir / run_id).mkdir(parents=True)
-    session = RunSession(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home))
+    session = Run(config=config, settings=settings, run_id=run_id, urza=Urza.open(settings.home))
     session.commit(START_TAG)
     evaluator = None if forks is None else CounterfactualForks(forks, run_id=run_id)
     outcomes = {}
@@ -91,7 +91,7 @@ def test_a_fork_puts_back_every_field_of_the_run_state(compiled_home: EsperSetti
     trainer, rails, seed manager) is the state before it, and no attribute of the session was
     replaced: whatever a step changes lives in the state object the fork copies."""
     (compiled_home.runs_dir / "every").mkdir(parents=True)
-    session = RunSession(config=_config(), settings=compiled_home, run_id="every", urza=Urza.open(compiled_home.home))
+    session = Run(config=_config(), settings=compiled_home, run_id="every", urza=Urza.open(compiled_home.home))
     try:
         session.commit(START_TAG)
         session.train_epoch()
@@ -272,7 +272,7 @@ def test_default_horizon_lasts_until_g4_judges_a_seed_germinated_at_the_fork(com
     forks = CounterfactualConfig(max_forks=1, fork_probability=1.0)  # horizon None: the seed's lifecycle
     ((_, outcome),) = _run(compiled_home, config, "lifecycle", forks).outcomes.items()
     assert outcome.horizon == lifecycle + config.tamiyo.heuristic.blend_epochs
-    session = RunSession(config=config, settings=compiled_home, run_id="lifecycle", urza=Urza.open(compiled_home.home))
+    session = Run(config=config, settings=compiled_home, run_id="lifecycle", urza=Urza.open(compiled_home.home))
     try:
         wait = AdaptationCommand(run_id="r", epoch=0, command_type=CommandType.WAIT, issued_by="t", reason="t")
         germinate = AdaptationCommand(

@@ -8,7 +8,7 @@ from typing import Any
 
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo.build import PreparedPolicy
 from esper_core.telemetry import read_jsonl
@@ -33,7 +33,7 @@ class _SlowForward:
         return getattr(self.inner, name)
 
 
-def _run(home: EsperSettings, run_id: str, policy: str) -> RunSession:
+def _run(home: EsperSettings, run_id: str, policy: str) -> Run:
     config = get_recipe("seed-reference", epochs=3, device="cpu")
     config.trainer = dataclasses.replace(
         config.trainer, safety=DEADLINE, step=dataclasses.replace(config.trainer.step, compile="off")
@@ -41,7 +41,7 @@ def _run(home: EsperSettings, run_id: str, policy: str) -> RunSession:
     config.tamiyo = dataclasses.replace(
         config.tamiyo, policy=policy, compile=dataclasses.replace(config.tamiyo.compile, enabled=False)
     )
-    session = RunSession(config=config, settings=home, run_id=run_id, urza=Urza.open(home.home))
+    session = Run(config=config, settings=home, run_id=run_id, urza=Urza.open(home.home))
     session.commit(START_TAG)
     session.tamiyo.policy = _SlowForward(session.tamiyo.policy, delay_s=0.6)  # type: ignore[assignment]
     for epoch in range(3):

@@ -10,7 +10,8 @@ from esper_core.data import load_dataset
 from esper_core.karn.catalog import default_catalog
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.run.recipes import get_recipe
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import PrometheusSink, exposition, read_jsonl
 from esper_core.telemetry.catalog import CATALOG, Kind, TelemetryName, exposed_series, help_text, lookup
@@ -53,7 +54,7 @@ def _assert_catalogued(packets: list[TelemetryPacket]) -> set[str]:
 
 @pytest.mark.slow
 def test_every_name_a_real_run_emits_is_catalogued(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=5, device="cpu", seed=0)
+    session = Run.start(RunSpec(recipe="seed-reference", epochs=5, device="cpu", seed=0), settings=compiled_home)
     for epoch in range(5):
         session.train_epoch()
         session.commit(f"epoch-{epoch:04d}-trained")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
-from esper_core.run.session import RunSession
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.checkpoint import CheckpointConfig, CheckpointStore, retained
 
@@ -44,7 +45,7 @@ def test_prune_never_touches_a_file_being_written(tmp_path) -> None:  # noqa: AN
 
 
 def test_a_40_epoch_run_keeps_at_most_the_configured_files_and_resumes(compiled_home: EsperSettings) -> None:
-    session = RunSession.create(recipe="seed-reference", settings=compiled_home, epochs=40, run_id="long")
+    session = Run.start(RunSpec(recipe="seed-reference", epochs=40, device=None, run_id="long"), settings=compiled_home)
     for epoch in range(40):
         session.train_epoch()
         session.commit(epoch_tag(epoch, "trained"))
@@ -58,6 +59,6 @@ def test_a_40_epoch_run_keeps_at_most_the_configured_files_and_resumes(compiled_
     assert f"{epoch_tag(best, 'applied')}.pt" in files
     history = [p.val_loss for p in session.history]
     session.close()
-    again = RunSession.open(settings=compiled_home, run_id="long")  # a new process resumes at LATEST
+    again = Run.resume(settings=compiled_home, run_id="long")  # a new process resumes at LATEST
     assert again.epoch == 40 and [p.val_loss for p in again.history] == history
     again.close()

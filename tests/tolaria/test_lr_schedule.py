@@ -40,7 +40,7 @@ def test_cosine_scales_every_group_and_keeps_a_seeds_lr_scale(compiled_home: Esp
     seen = [trainer.train_epoch().packet.learning_rate]
     kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
     germinate_kernel(trainer.manager, "slot0", kernel, lr_scale=0.5)
-    # A learning-rate command between epochs (as RunSession applies one) must survive the schedule.
+    # A learning-rate command between epochs (as Run applies one) must survive the schedule.
     trainer.optimizer.param_groups[0]["lr"] *= 2.0
     seen.append(trainer.train_epoch().packet.learning_rate)
     factor = trainer.config.lr_factor(1, 5)

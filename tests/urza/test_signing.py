@@ -309,10 +309,11 @@ def test_concurrent_first_uses_agree_on_one_key(tmp_path: Path) -> None:
 
 def test_a_run_rejects_a_mis_signed_kernel_and_reports_it(compiled_home: EsperSettings) -> None:
     from esper_core.run.commits import epoch_tag
-    from esper_core.run.session import RunSession
+    from esper_core.run.session import Run
+    from esper_core.run.spec import RunSpec
 
     _sql(compiled_home.registry_db_url, "UPDATE artifacts SET signature = :s", s="0" * 64)
-    session = RunSession.create(recipe="digits-mlp", settings=compiled_home, epochs=3, device="cpu", run_id="forged")
+    session = Run.start(RunSpec(recipe="digits-mlp", epochs=3, device="cpu", run_id="forged"), settings=compiled_home)
     outcomes = []
     try:
         for epoch in range(3):
