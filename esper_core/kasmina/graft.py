@@ -31,6 +31,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -336,26 +337,25 @@ class GrowableModel(nn.Module):
         self.kind = "custom"
         self.sites = tuple(sites)
         # ModuleDict keys cannot hold dots; the slot id (what commands and packets carry) keeps them.
-        self.seed_slots = nn.ModuleDict(
-            {
-                site.module.replace(".", "-"): GraftedSlot(
-                    slot_id=site.module,
-                    layer=site.layer,
-                    profile=ShapeProfile(
-                        feature_shape=site.feature_shape,
-                        batch_max=batch_max,
-                        tokens=site.tokens,
-                        causal=causal and site.tokens,
-                    ),
-                )
-                for site in sites
-            }
-        )
+        grafted = [
+            GraftedSlot(
+                slot_id=site.module,
+                layer=site.layer,
+                profile=ShapeProfile(
+                    feature_shape=site.feature_shape,
+                    batch_max=batch_max,
+                    tokens=site.tokens,
+                    causal=causal and site.tokens,
+                ),
+            )
+            for site in sites
+        ]
+        self.seed_slots = nn.ModuleDict({slot.slot_id.replace(".", "-"): slot for slot in grafted})
         modules = dict(model.named_modules())
         # The ids of the branch slots' hooks on the user's modules, so that a plain copy can
         # leave them out.
         self._hook_ids: list[int] = []
-        for slot in self.seed_slots.values():
+        for slot in grafted:
             base, index = parse_slot_name(slot.slot_id)
             self._hook_ids.append(slot.hook_onto(modules[base], index))
         for site in width_sites:
@@ -370,7 +370,7 @@ class GrowableModel(nn.Module):
     @property
     def layer_widths(self) -> tuple[int, ...]:
         """Each weight layer's current output width (a merged width seed changes it)."""
-        return tuple(int(m.weight.shape[0]) for m in self.layers)
+        return tuple(int(m.get_parameter("weight").shape[0]) for m in self.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -383,7 +383,7 @@ class GrowableModel(nn.Module):
             ValueError: a seed that is not merged into the host changes its output (blending,
                 probationary or a fossilised branch seed); the message names the slots.
         """
-        acting = [s.slot_id for s in self.seed_slots.values() if s.seed is not None and s.stage in BLENDED_STAGES]
+        acting = [s.slot_id for s in self.slots().values() if s.seed is not None and s.stage in BLENDED_STAGES]
         if acting:
             raise ValueError(
                 f"slots {acting} hold seeds that change the network's output but are not part of it: a plain "
@@ -391,7 +391,7 @@ class GrowableModel(nn.Module):
                 "from an earlier commit"
             )
         plain = copy.deepcopy(self.model)
-        ids = set(self._hook_ids).union(*(s.hook_ids for s in self.seed_slots.values()))
+        ids = set(self._hook_ids).union(*(s.hook_ids for s in self.slots().values()))
         for module in plain.modules():
             for hooks in (module._forward_hooks, module._forward_pre_hooks):
                 for hook_id in ids & set(hooks):
@@ -400,7 +400,9 @@ class GrowableModel(nn.Module):
 
     def slots(self) -> dict[str, SeedSlot]:
         """The seed slots by id (the module name), in the order they were named."""
-        return {slot.slot_id: slot for slot in self.seed_slots.values()}
+        # The ModuleDict holds only slots (its values are typed as plain modules).
+        slots = cast("list[SeedSlot]", list(self.seed_slots.values()))
+        return {slot.slot_id: slot for slot in slots}
 
     def host_parameters(self) -> list[nn.Parameter]:
         """The user model's trainable parameters, excluding any seed."""
@@ -456,8 +458,9 @@ def _graft(slot: SeedSlot, index: int | None) -> Callable[[nn.Module, object, ob
         # The other elements (an LSTM's (h, c), attention weights) pass through untouched.
         items = list(output)  # type: ignore[call-overload]
         items[index] = slot(items[index])
+        rebuild: Any = type(output)
         if hasattr(output, "_fields"):  # a namedtuple
-            return type(output)(*items)
-        return type(output)(items)
+            return rebuild(*items)
+        return rebuild(items)
 
     return hook_element

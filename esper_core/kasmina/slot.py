@@ -11,6 +11,8 @@ receive the true task gradient of "adding delta here". G3 verifies this numerica
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -30,6 +32,7 @@ class SeedSlot(nn.Module):
 
     kind: SeedKind = BRANCH
     """What the seeds of this slot are (``kinds.SeedKind``): the manager asks it, never the type."""
+    alpha_t: torch.Tensor
 
     def __init__(self, *, slot_id: str, layer: str, profile: ShapeProfile) -> None:
         super().__init__()
@@ -46,7 +49,7 @@ class SeedSlot(nn.Module):
         # Set only inside SeedManager.probe(): forces the seed in at this alpha for evaluation.
         self.probe_alpha: float | None = None
 
-    def __setattr__(self, name: str, value: object) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         # Every path that gives or takes the slot's seed (germinate, merge, cull, restore, a task
         # of an aggregated step that leaves it out) sets ``seed``: slots that hook into the host
