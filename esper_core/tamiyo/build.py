@@ -6,37 +6,27 @@ off on CPU); then an ahead-of-time ``torch.compile(dynamic=True, mode="reduce-ov
 fullgraph=True)`` with the compiler caches under ``<ESPER_HOME>/cache/inductor``. ``TamiyoGNN``
 itself stays plain PyTorch.
 
-Never blocking a decision on the compiler: a cold compile costs 30-45 s on 2 busy CPU cores. So
-eager serves until a compiled policy is ready, and the compile happens off the decision path in
-two stages: a low-priority child process (``esper_core.tamiyo.warmup``) compiles the same module
-and shapes and stores the compiled policy (``esper_core.tamiyo.precompile``), then a background
-thread loads it into this process (1-2 s; no tracing), pausing while a decision runs
-(``esper_core.tamiyo.yielding``). A compile on a thread of this process would hold its GIL for
-the whole compile, and eager decisions made meanwhile took seconds (2.8 s measured). A stored
-policy is loaded without a child at all.
+Never blocking a decision on the compiler: a cold compile costs 30-45 s on 2 busy CPU cores, and
+loading a stored one ~1.5 s of GIL-held Python. Both happen in a policy server process
+(``esper_core.tamiyo.server``) that then serves the compiled policy; this process serves eagerly
+until the server is ready, and changes no interpreter-wide state for it. A policy compiled once is
+stored (``esper_core.tamiyo.precompile``) and the next server loads it without compiling.
 
 Each compiled policy carries the guards of its compile (shapes, dtypes, grad mode); a decision
-whose inputs no loaded policy accepts (e.g. a first graph with one slot after compiling on six)
-is served eagerly while a background job compiles for those inputs too. Any other compiler or
-runtime error disables the compiled path for good: one WARNING, ``fallback_total`` (exported as
-``tamiyo.gnn.compile_fallback_total``), eager from then on.
+whose inputs no compiled policy accepts (e.g. a first graph with one slot after compiling on six)
+is served eagerly while the server compiles for those inputs too. Any other compiler or runtime
+error, or a server that exits or stops answering, disables the compiled path for good: one
+WARNING, ``fallback_total`` (exported as ``tamiyo.gnn.compile_fallback_total``), eager from then on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import queue
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator
+import weakref
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -45,24 +35,18 @@ from esper_core._capabilities import cuda_available, initialise_pytorch_defaults
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.graph import EdgeType, NodeType, TamiyoGraph, build_graph
 from esper_core.tamiyo.model import PolicyOutput, TamiyoGNN
-from esper_core.tamiyo.precompile import (
-    CompiledPolicy,
-    artifact_path,
-    compile_policy,
-    guard_state,
-    load_policy,
-    process_state,
-    recorded_vec_isa,
-    save_policy,
-)
+from esper_core.tamiyo.precompile import process_state
+from esper_core.tamiyo.server import PolicyServer, Setup, Timing, pack_inputs, pack_state, unpack
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
-from esper_core.tamiyo.yielding import deciding, loading
-from esper_core.threads import start_daemon
 
 log = logging.getLogger(__name__)
 
 XDict = dict[NodeType, Tensor]
 EdgeDict = dict[EdgeType, Tensor]
+
+CALL_TIMEOUT_S = 30.0
+"""Longest a decision waits for the policy server's compiled answer (it takes ~1 ms) before
+compiling is given up for good: a server that hangs must not hang the run."""
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -109,39 +93,15 @@ def use_compiler_cache(cache_dir: Path) -> Path:
     return cache_dir
 
 
-@contextlib.contextmanager
-def compiled_context(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
-    """What the compiled policy runs under, and is compiled under: its guards record it.
-
-    ``no_grad`` rather than ``inference_mode``, even inside a caller's ``inference_mode``: a
-    precompiled function's tensor guards expect the autograd dispatch keys that ``inference_mode``
-    strips (measured: every call failed its guards).
-    """
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.inference_mode(False))
-        stack.enter_context(torch.no_grad())
-        if dtype is not None:
-            stack.enter_context(torch.autocast(device.type, dtype=dtype))
-        yield
-
-
-def guard_state_under(device: torch.device, dtype: torch.dtype | None) -> str:
-    """``precompile.guard_state`` as a compiled policy of this process sees it when called."""
-    with compiled_context(device, dtype):
-        return guard_state()
-
-
-class _Job(NamedTuple):
-    """A background compile: the inputs, and the calling thread's settings (see ``warm``)."""
-
-    x_dict: XDict
-    edge_index_dict: EdgeDict
-    process: dict[str, Any]
-    guard_state: str
-
-
 class PreparedPolicy:
-    """The policy as Tamiyo calls it: compiled when ready, eager otherwise, never blocking.
+    """The policy as Tamiyo calls it: compiled when its server is ready, eager otherwise, never
+    waiting for a compile.
+
+    The compiled policy lives in a policy server process (``esper_core.tamiyo.server``), started by
+    the first ``warm``. This process serves eagerly until the server says a compile is ready, then
+    sends it each decision's inputs while no compile is in flight. Weights changed here (by
+    ``load_state_dict`` or an optimiser step, seen by the parameters' version counters) reach the
+    server before the next compiled decision.
 
     Args:
         model: The policy network, already on ``device`` and in eval mode.
@@ -167,34 +127,31 @@ class PreparedPolicy:
         self.compiled_calls = 0
         self.eager_calls = 0
         self.last_call_compiled = False
-        self.cache_warm_s = 0.0
-        """Seconds the last background job spent in the warm-up child process."""
+        self.compile_s = 0.0
+        """Seconds the server spent compiling for the last ready shapes (0: loaded from the store)."""
         self.load_s = 0.0
-        """Seconds the last background job then spent loading the compiled policy here."""
-        self.stage = "idle"
-        """What the background compile is doing: ``idle``, ``warming`` (the child process
-        compiles) or ``loading`` (this process loads what it compiled)."""
+        """Seconds the server spent loading the stored policy for the last ready shapes."""
         self.ready_after_s: float | None = None
-        """Seconds from the first ``warm`` call until a compiled policy was ready."""
+        """Seconds from the first ``warm`` until a compiled policy was ready (the server's start included)."""
         self._enabled = compile_config is not None
-        self._started: float | None = None
-        # One compiled function per shape family, tried in order; replaced, never mutated, so a
-        # decision can read it without the lock.
-        self._compiled: tuple[CompiledPolicy, ...] = ()
-        self._lock = threading.Lock()  # held while compiled code runs or this process compiles
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._server: PolicyServer | None = None
+        self._stop_server: weakref.finalize | None = None
+        self._ready = 0  # compiles the server has finished
+        self._pending: float | None = None  # when the compile in flight was asked for
+        self._queued: list[tuple[XDict, EdgeDict]] = []  # compiles waiting for the one in flight
         self._shapes: set[tuple[tuple[int, ...], ...]] = set()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._pending = 0
-        self._state_lock = threading.Lock()
-        # Set once the background compiler has stopped; None until it starts.
-        self._worker: threading.Event | None = None
+        self._started: float | None = None
+        self._weights_version = -1  # the parameters' version the server holds
 
     @property
     def compile_enabled(self) -> bool:
         """True once a compiled policy is ready and compiling has not fallen back."""
-        return self._enabled and bool(self._compiled)
+        return self._enabled and self._ready > 0
+
+    @property
+    def compiling(self) -> bool:
+        """True while the server compiles (or loads) for new shapes."""
+        return self._enabled and self._pending is not None
 
     def inputs(self, graph: TamiyoGraph) -> tuple[XDict, EdgeDict]:
         """The graph's ``(x_dict, edge_index_dict)`` on the policy's device (pinned copies on CUDA)."""
@@ -205,59 +162,58 @@ class PreparedPolicy:
     def __call__(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:
         """One inference; never waits on a compile.
 
-        Compiled when a ready compiled policy's guards accept these inputs; otherwise eager under
-        ``inference_mode`` (and autocast on CUDA), and inputs no compiled policy accepts are
-        queued for a background compile of their own. A compiled policy loading meanwhile on
-        another thread pauses at its next Python call until this one returns (``yielding.deciding``).
+        Compiled when the server is idle and one of its compiled functions accepts these inputs;
+        otherwise eager under ``inference_mode`` (and autocast on CUDA). Inputs the server's guards
+        reject are queued for a compile of their own.
         """
-        with deciding():
-            return self._decide(x_dict, edge_index_dict)
-
-    def _decide(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:
-        if self.compile_enabled and self._lock.acquire(blocking=False):
-            unseen = False
-            try:
-                with compiled_context(self.device, self.dtype):
-                    fn = next((f for f in self._compiled if f.guard_check(self.model, x_dict, edge_index_dict)), None)
-                    if fn is not None:
-                        out = fn(self.model, x_dict, edge_index_dict)
-                        self.compiled_calls += 1
-                        self.last_call_compiled = True
-                        return out
-                unseen = True
-            # Compiled code fails in many exception types (Inductor, CUDA graph, guard errors):
-            # any of them retires the compiled path.
-            except Exception as e:  # noqa: BLE001
-                self._fall_back(e)
-            finally:
-                self._lock.release()
-            if unseen:  # after releasing the lock: the compile job takes it
-                self.warm(x_dict, edge_index_dict)
+        self._hear(0)
+        if self._enabled and self._server is not None and self._ready and self._pending is None:
+            out = self._served(x_dict, edge_index_dict)
+            if out is not None:
+                self.compiled_calls += 1
+                self.last_call_compiled = True
+                return out
         out = self._eager(x_dict, edge_index_dict)
         self.eager_calls += 1
         self.last_call_compiled = False
         return out
 
     def _eager(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:
-        # On the CPU an eager decision runs on one intra-op thread: a graph of Tamiyo's size gains
-        # nothing from a thread team, and while the warm-up child compiles on the other core each
-        # op's team waits for it. Measured on a 2-core machine (`esper bench policy`), decisions
-        # made while the child compiled took 75 ms at the median and 411 ms at worst with two
-        # threads, 4.1 and 13 ms on one. Torch's thread count is shared state (a thread started
-        # meanwhile takes the last value set) and Inductor keys its cache on it while it
-        # compiles, so it changes only under the lock an in-process compile holds; while one
-        # runs, the decision keeps the process's threads rather than wait.
-        if self.device.type == "cpu" and self._lock.acquire(blocking=False):
-            try:
-                with one_thread(), self._eager_context():
-                    return self.model(x_dict, edge_index_dict)
-            finally:
-                self._lock.release()
-        with self._eager_context():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            if self.dtype is not None:
+                stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+            if self.device.type == "cpu":
+                # A graph of Tamiyo's size gains nothing from a thread team, and while the server
+                # compiles on another core each op's team waits for it (measured on 2 cores: 75 ms
+                # median decisions with two threads, 4.1 ms on one).
+                stack.enter_context(one_thread())
             return self.model(x_dict, edge_index_dict)
 
+    def _served(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput | None:
+        """The server's compiled answer; None when its guards reject the inputs (a compile for
+        them is queued) or the server failed (compiling falls back for good)."""
+        assert self._server is not None
+        try:
+            self._send_weights()
+            self._server.post("call", pack_inputs((x_dict, edge_index_dict)))
+            answer = self._server.answer(CALL_TIMEOUT_S)
+        except (OSError, EOFError) as e:
+            self._fall_back(f"the policy server exited ({e}): {self._server.last_words() or 'no error output'}")
+            return None
+        if answer is None:
+            self._fall_back(f"the policy server did not answer a decision within {CALL_TIMEOUT_S:.0f} s")
+            return None
+        if answer[0] == "out":
+            return PolicyOutput(*(unpack(t).to(self.device) for t in answer[1]))
+        if answer[0] == "miss":
+            self.warm(x_dict, edge_index_dict)
+            return None
+        self._fall_back(answer[1])
+        return None
+
     def warm(self, x_dict: XDict, edge_index_dict: EdgeDict) -> bool:
-        """Compile for these inputs' shapes: in the background, or now when not ``background``.
+        """Compile for these inputs' shapes: in the policy server, waited for unless ``background``.
 
         Returns:
             True when a compile was started or queued; False when compiling is off, has fallen
@@ -266,247 +222,124 @@ class PreparedPolicy:
         if not self._enabled or self.config is None:
             return False
         shapes = tuple(tuple(t.shape) for t in (*x_dict.values(), *edge_index_dict.values()))
-        with self._state_lock:
-            if shapes in self._shapes or len(self._shapes) >= self.config.max_shapes:
-                return False
-            self._shapes.add(shapes)
-            if self._started is None:
-                self._started = time.perf_counter()
-            if not self.config.background:
-                self._compile(x_dict, edge_index_dict)
-                return True
-            self._pending += 1
-            self._idle.clear()
-            if self._worker is None:
-                # Started without waiting for it to run: see ``esper_core.threads``.
-                self._worker = start_daemon(self._work, name="tamiyo-policy-compile")
-        # The settings the compiled policy's guards will check, read on the thread that calls it.
-        self._jobs.put(_Job(x_dict, edge_index_dict, process_state(), guard_state_under(self.device, self.dtype)))
+        if shapes in self._shapes or len(self._shapes) >= self.config.max_shapes:
+            return False
+        self._shapes.add(shapes)
+        if self._started is None:
+            self._started = time.perf_counter()
+        self._queued.append((x_dict, edge_index_dict))
+        self._next_compile()
+        if not self.config.background:
+            self.wait_until_idle(self.config.warmup_timeout_s)
         return True
 
     def wait_until_idle(self, timeout: float | None = None) -> bool:
-        """Block until no compile is queued or running (tests, benchmarks, shutdown).
+        """Block until no compile is queued or in flight (tests, benchmarks, shutdown).
 
         Returns:
             False if ``timeout`` seconds passed first.
         """
-        return self._idle.wait(timeout)
-
-    def close(self, timeout: float | None = None) -> None:
-        """Stop the background compiler after its current job (waits up to ``timeout`` s)."""
-        worker = self._worker
-        if worker is not None:
-            self._jobs.put(None)
-            worker.wait(timeout)
-            self._worker = None
-
-    # ------------------------------------------------------------------ internals
-
-    def _eager_context(self) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.inference_mode())
-        if self.dtype is not None:
-            stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
-        return stack
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                self._compile_isolated(job)
-            finally:
-                with self._state_lock:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.set()
-
-    def _compile_isolated(self, job: _Job) -> None:
-        """The background job: the compile in a child process (skipped when the compiled policy
-        is already stored, see ``artifact_path``), then loading it here, yielding the GIL often."""
-        assert self.config is not None
-        start = time.perf_counter()
-        x_dict, edge_index_dict = inputs = (job.x_dict, job.edge_index_dict)
-        stored = artifact_path(
-            self.model, inputs, config=self.config, device=self.device, dtype=self.dtype, process=job.process
-        )
-        with tempfile.TemporaryDirectory(prefix="esper-tamiyo-policy-") as tmp:
-            path = stored or Path(tmp) / "policy.bin"
-            loaded = time.perf_counter()
-            self.cache_warm_s = 0.0
-            self.stage = "loading"
-            with loading(), recorded_vec_isa():
-                fn = self._load_stored(path)
-            try:
-                if fn is None:
-                    self.stage = "warming"
-                    warm_in_subprocess(
-                        self.model,
-                        inputs,
-                        out=path,
-                        process=job.process,
-                        guard_state=job.guard_state,
-                        config=self.config,
-                        device=self.device,
-                        dtype=self.dtype,
-                        timeout_s=self.config.warmup_timeout_s,
-                    )
-                    loaded = time.perf_counter()
-                    self.cache_warm_s = loaded - start
-                    self.stage = "loading"
-                    with loading(), recorded_vec_isa():
-                        fn = load_policy(path, model=self.model)
-                with loading(), recorded_vec_isa():
-                    self._install(fn, x_dict, edge_index_dict)
-                self.load_s = time.perf_counter() - loaded
-            # A child that failed to compile, or a policy it compiled that does not load or run
-            # here, would fail again: serve eagerly for good.
-            except Exception as e:  # noqa: BLE001
-                self._fall_back(e)
-        self.stage = "idle"
-
-    def _compile(self, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
-        """Compile in this process (``background=False``; benchmarks, tests): the stored policy when
-        there is one (an ahead-of-time compile does not use Inductor's caches: 10-20 s each time
-        on 2 cores), else a compile here, stored for the next process."""
-        assert self.config is not None
-        inputs = (x_dict, edge_index_dict)
-        stored = artifact_path(
-            self.model, inputs, config=self.config, device=self.device, dtype=self.dtype, process=process_state()
-        )
-        try:
-            with self._lock:
-                if not self._enabled:
-                    return
-                with recorded_vec_isa():
-                    fn = self._load_stored(stored)
-                if fn is None:
-                    with compiled_context(self.device, self.dtype):
-                        fn = compile_policy(self.model, inputs, config=self.config)
-                    if stored is not None:
-                        save_policy(fn, stored, model=self.model)
-            self._install(fn, x_dict, edge_index_dict)
-        # Compiler failures surface as many exception types (BackendCompilerFailed, Unsupported,
-        # InductorError, ...): each means "serve eagerly", not "crash".
-        except Exception as e:  # noqa: BLE001
-            self._fall_back(e)
-
-    def _load_stored(self, path: Path | None) -> CompiledPolicy | None:
-        """The policy stored at ``path``; None when there is none or it does not load (another
-        PyTorch or machine wrote it, or the file is damaged: it is removed, to be compiled again)."""
-        if path is None or not path.exists():
-            return None
-        try:
-            return load_policy(path, model=self.model)
-        except Exception as e:  # noqa: BLE001 - unpickling and PyTorch's compatibility checks raise many types
-            log.info("Tamiyo: the stored compiled policy %s did not load (%s); compiling it again", path, e)
-            path.unlink(missing_ok=True)
-            return None
-
-    def _install(self, fn: CompiledPolicy, x_dict: XDict, edge_index_dict: EdgeDict) -> None:
-        """Make ``fn`` servable after one call on its own inputs (lazy initialisation and, on
-        CUDA, graph capture happen here rather than in a decision).
-
-        Raises:
-            RuntimeError: ``fn``'s guards reject the very inputs it was compiled for: it would
-                never serve a decision (a process setting the child did not share, say).
-        """
-        with self._lock:
-            if not self._enabled:
-                return
-            with compiled_context(self.device, self.dtype):
-                if not fn.guard_check(self.model, x_dict, edge_index_dict):
-                    raise RuntimeError(
-                        "the compiled policy's guards reject the inputs it was compiled for, so it would never "
-                        "serve: this process's global state differs from the compiling one's (compare "
-                        "esper_core.tamiyo.precompile.process_state in both)"
-                    )
-                fn(self.model, x_dict, edge_index_dict)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self._compiled = (*self._compiled, fn)
-            if self.ready_after_s is None and self._started is not None:
-                self.ready_after_s = time.perf_counter() - self._started
-
-    def _fall_back(self, error: BaseException) -> None:
-        self.fallback_total += 1
-        self._enabled = False
-        self._compiled = ()
-        if self.fallback_reason is None:
-            self.fallback_reason = f"{type(error).__name__}: {error}".splitlines()[0][:500]
-            log.warning("Tamiyo policy compile disabled, serving eager from now on: %s", self.fallback_reason)
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while self.compiling:
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left <= 0:
+                return False
+            self._hear(left)
+        return True
 
     def load_state_dict(self, state_dict: dict[str, Tensor]) -> None:
-        """Copy new weights into the served network in place (the compiled code stays valid)."""
+        """Copy new weights into the served network in place (the server gets them before its next call)."""
         with torch.no_grad():
             self.model.load_state_dict(state_dict)
 
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the policy server (killed if it has not exited after ``timeout`` s, default 10)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(10.0 if timeout is None else timeout)
+        if self._stop_server is not None:
+            self._stop_server.detach()
+        self._ready = 0
+        self._pending = None
+        self._queued.clear()
 
-def warm_in_subprocess(
-    model: TamiyoGNN,
-    inputs: tuple[dict[Any, torch.Tensor], dict[Any, torch.Tensor]],
-    *,
-    out: Path,
-    process: dict[str, Any],
-    guard_state: str,
-    config: PolicyCompileConfig,
-    device: torch.device,
-    dtype: torch.dtype | None,
-    timeout_s: float,
-) -> None:
-    """Compile ``model`` for ``inputs`` in a child process and store the compiled policy at ``out``.
+    # ------------------------------------------------------------------ internals
 
-    The child also fills the shared compiler cache. It takes the serving thread's settings that
-    the compiled policy's guards check (``process``: the intra-op thread count, which Inductor
-    also bakes into its CPU kernels, matmul precision, determinism, ...) and fails naming the
-    difference if Dynamo still sees another global state than ``guard_state``.
-
-    Args:
-        model: The served policy network (its config and weights are copied to the child).
-        inputs: ``(x_dict, edge_index_dict)`` of the shapes to compile for.
-        out: Where the child writes the compiled policy (``precompile.save_policy``).
-        process: The serving thread's settings (``precompile.process_state``) the child takes.
-        guard_state: Dynamo's global state on the serving thread (``guard_state_under``); the
-            child fails if it sees another after taking ``process``.
-        config: The compile settings the serving process will use (same mode and dynamic).
-        device: Where the policy runs.
-        dtype: The autocast dtype, or None.
-        timeout_s: Longest the child may take.
-
-    Raises:
-        RuntimeError: If the child fails or times out (its error output is quoted).
-    """
-    x_dict, edge_index_dict = inputs
-    job = {
-        "gnn": dataclasses.asdict(model.config),
-        "state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "x": {k: v.cpu() for k, v in x_dict.items()},
-        "edges": {k: v.cpu() for k, v in edge_index_dict.items()},
-        "mode": config.mode,
-        "dynamic": config.dynamic,
-        "backend": config.backend,
-        "device": str(device),
-        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-        "process": process,
-        "guard_state": guard_state,
-        "out": str(out),
-    }
-    with tempfile.TemporaryDirectory(prefix="esper-tamiyo-warmup-") as tmp:
-        path = Path(tmp) / "job.pt"
-        torch.save(job, path)
+    def _next_compile(self) -> None:
+        """Start the next queued compile if none is in flight (the server does one thing at a time)."""
+        if self._pending is not None or not self._queued or not self._enabled:
+            return
+        assert self.config is not None
+        inputs = pack_inputs(self._queued.pop(0))
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "esper_core.tamiyo.warmup", str(path)],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"the compile warm-up process took over {timeout_s:.0f} s") from e
-    if done.returncode != 0:
-        raise RuntimeError(f"the compile warm-up process failed: {done.stderr.strip()[-1500:]}")
+            if self._server is None:
+                self._server = PolicyServer(
+                    Setup(
+                        gnn=self.model.config,
+                        state=pack_state(self.model),
+                        config=self.config,
+                        device=str(self.device),
+                        dtype=None if self.dtype is None else str(self.dtype).removeprefix("torch."),
+                        # Read here, on the serving thread: the intra-op thread count is per thread.
+                        process=process_state(),
+                        inputs=inputs,
+                    )
+                )
+                self._weights_version = self._version()
+                # A policy dropped without ``close`` does not leave its server behind.
+                self._stop_server = weakref.finalize(self, self._server.stop, 10.0)
+            else:
+                self._server.post("compile", inputs)
+        except OSError as e:
+            self._fall_back(f"the policy server could not be started or reached: {e}")
+            return
+        self._pending = time.perf_counter()
+
+    def _hear(self, timeout_s: float | None) -> None:
+        """Take in what the server said about its compile (``ready`` or ``failed``), waiting up
+        to ``timeout_s``; a compile past ``warmup_timeout_s`` gives compiling up for good."""
+        if self._server is None or self._pending is None:
+            return
+        assert self.config is not None
+        try:
+            answer = self._server.answer(timeout_s)
+        except (OSError, EOFError) as e:
+            self._fall_back(f"the policy server exited ({e}): {self._server.last_words() or 'no error output'}")
+            return
+        if answer is None:
+            if time.perf_counter() - self._pending > self.config.warmup_timeout_s:
+                self._fall_back(f"the policy server's compile took over {self.config.warmup_timeout_s:.0f} s")
+            return
+        if answer[0] != "ready":
+            self._fall_back(answer[1])
+            return
+        timing: Timing = answer[1]
+        self.compile_s, self.load_s = timing.compile_s, timing.load_s
+        self._ready += 1
+        self._pending = None
+        if self.ready_after_s is None and self._started is not None:
+            self.ready_after_s = time.perf_counter() - self._started
+        self._next_compile()
+
+    def _version(self) -> int:
+        """A number that changes whenever a parameter or buffer of the network changes in place."""
+        return sum(t._version for t in (*self.model.parameters(), *self.model.buffers()))
+
+    def _send_weights(self) -> None:
+        assert self._server is not None
+        version = self._version()
+        if version != self._weights_version:
+            self._server.post("weights", pack_state(self.model))
+            self._weights_version = version
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_total += 1
+        self._enabled = False
+        self._ready = 0
+        if self.fallback_reason is None:
+            self.fallback_reason = reason.splitlines()[0][:500]
+            log.warning("Tamiyo policy compile disabled, serving eager from now on: %s", self.fallback_reason)
+        self.close(timeout=1.0)
 
 
 def policy_graph() -> TamiyoGraph:

@@ -33,12 +33,12 @@ class PolicyCompileConfig:
             (``esper_core.tamiyo.precompile``), so the backend must return code PyTorch can
             serialise (Inductor and those two do); with another one compiling falls back to eager
             after the first attempt.
-        background: Compile on a background thread while eager serves decisions; False
-            compiles before ``prepare_policy`` returns (benchmarks, tests).
+        background: Compile in the policy server while eager serves decisions; False waits for
+            the compile before ``prepare_policy`` (or ``warm``) returns (benchmarks, tests).
         max_shapes: Shape signatures compiled at most (each new one is compiled in the
             background on first sight); later ones are served eagerly.
-        warmup_timeout_s: Longest the background compile's child process may take (its cold
-            compile, see ``esper_core.tamiyo.warmup``) before compiling is given up for good.
+        warmup_timeout_s: Longest one compile in the policy server may take (a cold one, see
+            ``esper_core.tamiyo.server``) before compiling is given up for good.
     """
 
     enabled: bool = True

@@ -1,4 +1,4 @@
-"""Tamiyo's compiled policy as a file: compiled once, in the warm-up child, loaded in ~1.5 s.
+"""Tamiyo's compiled policy as a file: compiled once by a policy server, loaded by the next in ~1.5 s.
 
 ``torch.compile`` against a hot cache still traces the GNN again with Dynamo and rebuilds its
 guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on the
@@ -6,7 +6,7 @@ guards before Inductor's cache answers: 3.8-4.0 s of mostly GIL-held Python on t
 interpreter. PyTorch's AOT precompile (``torch.compile(...).aot_compile``) captures the traced
 graph, its guards and Inductor's output in one artifact; loading it skips tracing. Measured
 by ``esper bench policy`` on the same machine, a cached warm-up (the load, the first imports of
-Inductor's runtime and one call) went from 3.77 s to 1.13-1.63 s over seven runs, with
+Inductor's runtime and one call) went from 3.77 s to 1.13-1.63 s over seven runs (2026-11-25), with
 Inductor's vector-ISA probe skipped (``recorded_vec_isa``; it took 1.2-1.6 s of child processes
 the first time a process loaded CPU kernels).
 
@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 import torch._inductor.config as inductor_config
@@ -62,7 +62,7 @@ def artifact_path(
     """Where the compiled policy for this network, these settings and these shapes is stored.
 
     It lives inside the compiler cache directory (``build.use_compiler_cache``): removing the cache
-    removes it too. The key holds ``process``, the serving thread's settings that the compiled
+    removes it too. The key holds ``process``, the compiling process's settings that the compiled
     policy's guards check (``process_state``): a process with other settings compiles its own.
 
     Returns:
@@ -90,14 +90,12 @@ def artifact_path(
 
 
 def process_state() -> dict[str, Any]:
-    """The settings a compiled policy's guards check, as the calling thread sees them.
+    """The settings that change the policy's numerics or its guards, as the calling thread sees them.
 
     Dynamo's global-state guard compares them at every call (grad and autocast mode are set by
-    the calling context): a policy compiled in a child process with other settings would never
-    pass its guards here. ``apply_process_state`` sets them in the child. Read it on the thread
-    that will call the policy: the intra-op thread count is per thread, and a thread started
-    while an eager decision ran on one thread took that count (measured: a child compiled for 1
-    thread, and the serving thread's calls, on 2, all failed their guards).
+    the calling context), and the policy server takes the serving thread's (``apply_process_state``)
+    so that its compiled decisions compute what an eager one would. Read it on the serving thread:
+    the intra-op thread count is per thread.
     """
     return {
         "threads": torch.get_num_threads(),
@@ -120,10 +118,20 @@ def apply_process_state(state: dict[str, Any]) -> None:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = state["bf16_reduce"]
 
 
-def guard_state() -> str:
-    """Dynamo's own record of the global state its guards check, as text (to compare processes)."""
-    # A str at run time; the stub leaves __getstate__ as object's.
-    return cast(str, torch._C._dynamo.guards.GlobalStateGuard().__getstate__())
+@contextlib.contextmanager
+def compiled_context(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """What the compiled policy runs under, and is compiled under: its guards record it.
+
+    ``no_grad`` rather than ``inference_mode``, even inside a caller's ``inference_mode``: a
+    precompiled function's tensor guards expect the autograd dispatch keys that ``inference_mode``
+    strips (measured: every call failed its guards).
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.no_grad())
+        if dtype is not None:
+            stack.enter_context(torch.autocast(device.type, dtype=dtype))
+        yield
 
 
 def compile_policy(model: TamiyoGNN, inputs: Inputs, *, config: PolicyCompileConfig) -> CompiledPolicy:
