@@ -38,7 +38,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
-from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve, take_plan
+from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve
 from esper_core.run.state import RunRecord, RunState, Unsent
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -175,14 +175,15 @@ class Run:
         settings: EsperSettings,
         run_id: str | None = None,
         extra_sink: TelemetrySink | None = None,
+        planned: PlannedRun | None = None,
     ) -> Run:
         """Start ``spec``'s run as ``run_id`` (default: ``spec.run_id``, else a new id), or reopen
         it if it exists, and commit its start.
 
-        In the process that planned ``spec`` (``plan_spec``) the session takes that plan's
-        configuration, plan and data; elsewhere (a flow run retried in a new process) it resolves
-        the recipe again from the spec. An existing run reopens from its own ``run.json``."""
-        planned = take_plan(spec)
+        ``planned``: the spec's plan (``plan_spec``), made in this process; the session is built
+        on its configuration, plan and data. Without one (a flow run executed again in a new
+        process) the spec is resolved here. An existing run reopens from its own ``run.json``."""
+        assert planned is None or planned.spec.key == spec.key, "planned must be the plan of the spec"
         run_id = run_id or spec.run_id or new_run_id()
         if (settings.runs_dir / run_id / SPEC_FILE).exists():
             return cls._reopen(settings=settings, run_id=run_id, extra_sink=extra_sink)
