@@ -18,7 +18,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
     # take, a blueprint that fits no slot) or a batch the processes cannot share fails here,
     # before Prefect starts a server or a flow run, with the message that says what was expected.
-    # The plan stays in this process: the flow's first task finds it instead of planning again.
+    # The flow plans again in its first task: its parameters are the request, not this plan (a
+    # flow parameter is serialised, and a deployment is asked by the same parameters).
     plan_spec(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id, nproc=args.nproc)
     quiet_prefect()
     from flows.morphogenesis import morphogenesis

@@ -7,7 +7,7 @@ from prefect import flow
 from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
 from esper_core.run.reports import RunSummary
-from flows.compile_catalog import compile_catalog
+from flows.compile_catalog import compile_planned
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
 from tasks.plan import plan_run_spec
@@ -43,15 +43,16 @@ def morphogenesis(
     """
     # Planned once, first: a bad recipe (unknown name, bad import path, wrong return type, a
     # blueprint that fits no slot) fails the run here, before any work, with the message that says
-    # what was expected. Every later task receives the spec.
-    spec = plan_run_spec(recipe, epochs, device, seed, run_id, nproc)
+    # what was expected. Every later task receives the plan (in memory) or its spec.
+    planned = plan_run_spec(recipe, epochs, device, seed, run_id, nproc)
+    spec = planned.spec
     task_seconds = settings().grow_task_seconds
     if not kernels_ready(spec):
-        compile_catalog(recipe=spec.recipe, device=device, approve=list(spec.approved) or None)
+        compile_planned(recipe=spec.recipe, jobs=list(spec.jobs), device=device)
     if spec.nproc > 1:
-        handle = grow_parallel(spec)
+        handle = grow_parallel(planned)
     else:
-        start = start_run(spec)
+        start = start_run(planned)
         handle = start.handle
         epoch = start.next_epoch
         while epoch < start.epochs:

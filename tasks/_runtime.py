@@ -1,7 +1,13 @@
 """Process-wide state of the task layer: settings, telemetry sinks and live run sessions.
 
-A live ``Run`` is cached per process so consecutive tasks of a run skip re-building it;
-a task in another process (or after a crash) reopens the run from its last commit instead.
+Why live sessions are kept here: a Prefect task takes and returns small serialisable values
+(practice 10), so the morphogenesis flow's tasks pass a ``RunHandle``, not the ``Run`` (which
+holds the model, its optimizer, open files and a Tamiyo thread). Rebuilding the run from its last
+commit in every ``grow`` task would cost a restore per task, so the process that started the run
+keeps it live here, by run id, from ``start-run`` (``remember``) to ``finish-run`` (``forget``).
+It is a cache, never the truth: the run's state is its last commit, and a task in another
+process (or after a crash) finds nothing here and reopens the run from that commit
+(``session_for``), which gives the same run.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from esper_core.telemetry.push import PushingSink
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_sessions: dict[str, Run] = {}
+_sessions: dict[str, Run] = {}  # run id -> the live run of this process (see the module's docstring)
 
 
 def settings() -> EsperSettings:

@@ -6,17 +6,19 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from esper_core.pipeline import CompileJob
-from esper_core.run.spec import RunSpec, compile_jobs, plan_spec
+from esper_core.run.spec import PlannedRun, compile_jobs, plan_spec
 
 
-# NO_CACHE: the plan's configuration and data stay in the process that made it, where the session
-# takes them (esper_core.run.spec); a spec cached from another process would leave it nothing to
-# take. No retries: a recipe refused once is refused again. No tags (see tasks.compile).
+# NO_CACHE: the planned run holds the resolved configuration and data, which cannot be persisted;
+# without a cache (and with results not persisted, the default) Prefect hands the value itself to
+# the tasks that take it in this flow run, and a flow run executed again plans again.
+# No retries: a recipe refused once is refused again. No tags (see tasks.compile).
 @task(name="plan-run", cache_policy=NO_CACHE)
 def plan_run_spec(
     recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None, nproc: int
-) -> RunSpec:
-    """Resolve and plan the run once: the spec every later task of the morphogenesis flow receives.
+) -> PlannedRun:
+    """Resolve and plan the run once: what every later task of the morphogenesis flow receives
+    (its ``spec``, or the whole planned run where the session is built).
 
     Raises:
         ValueError, ApprovalRequiredError: a bad recipe or override, or a run ``nproc`` processes
@@ -36,6 +38,6 @@ def plan_compiles(
     """The compile jobs of ``recipe`` (optionally narrowed to ``blueprints``).
 
     ``approve`` names the experimental / high-risk blueprints explicitly approved for compiling.
-    Inside a morphogenesis flow run these are the jobs its ``plan-run`` task planned.
+    (A morphogenesis flow run compiles the jobs its ``plan-run`` task planned instead.)
     """
     return compile_jobs(recipe, blueprints=blueprints, backend=backend, approved=tuple(approve or ()))

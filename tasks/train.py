@@ -32,7 +32,7 @@ from esper_core.run.commits import START_TAG, epochs_applied
 from esper_core.run.ranks import launch, record_launch
 from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import Run, RunHandle
-from esper_core.run.spec import RunSpec, take_plan
+from esper_core.run.spec import PlannedRun, RunSpec
 from esper_core.run.steps import EpochReport, grow_epoch
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
@@ -97,14 +97,15 @@ def kernels_ready(spec: RunSpec) -> bool:
 
 
 @task(name="start-run", retries=1, cache_policy=NO_CACHE)
-def start_run(spec: RunSpec) -> RunStart:
-    """Create the run (or reopen it) from ``spec`` and report which epoch comes next.
+def start_run(planned: PlannedRun) -> RunStart:
+    """Create the run from ``planned`` (or reopen it) and report which epoch comes next.
 
-    Without ``spec.run_id`` the run is named after the flow run (``flow_run_id_default``), so a
-    flow run executed again after a crash continues its own run.
+    Without ``planned.spec.run_id`` the run is named after the flow run (``flow_run_id_default``),
+    so a flow run executed again after a crash continues its own run.
     """
+    spec = planned.spec
     run_id = spec.run_id or flow_run_id_default()
-    session = Run.start(spec, settings=settings(), run_id=run_id, extra_sink=prometheus())
+    session = Run.start(spec, settings=settings(), run_id=run_id, extra_sink=prometheus(), planned=planned)
     remember(session)
     record_launch(session, nproc=1, backend="none", pids=[os.getpid()])
     if session.epoch > 0:
@@ -204,18 +205,18 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
     timeout_seconds=time_limit("train"),
     **limited("train"),
 )
-def grow_parallel(spec: RunSpec) -> RunHandle:
+def grow_parallel(planned: PlannedRun) -> RunHandle:
     """Train the whole run on ``spec.nproc`` data-parallel processes (``esper_core.run.ranks``).
 
     Without ``spec.run_id`` the run is named after the flow run, as ``start_run`` names it. A retry
     (a rank died, the machine ran out of memory) launches the ranks again, and they resume from the
     run's last commit; so does a later ``esper run --run-id ... --nproc N`` with any N.
     """
+    spec = planned.spec
     run_id = spec.run_id or flow_run_id_default()
     if run_id is None:
         raise ValueError("grow_parallel runs inside the morphogenesis flow, or needs a spec with a run_id")
     get_run_logger().info("training run %s on %d data-parallel processes", run_id, spec.nproc)
-    planned = take_plan(spec)
     return launch(dataclasses.replace(spec, run_id=run_id), settings(), sink_factory=run_sink, planned=planned)
 
 

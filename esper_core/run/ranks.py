@@ -275,7 +275,7 @@ def train_rank(
     """Build (``new``) or reopen the run on this rank and train it to its last epoch in lockstep."""
     extra = sink_factory(run_id, config.recipe) if sink_factory is not None and group.leader else None
     if new:
-        session = Run.begin(config=config, settings=settings, run_id=run_id, extra_sink=extra, collective=group)
+        session = Run.start(config, settings=settings, run_id=run_id, extra_sink=extra, collective=group)
     else:
         session = Run.resume(settings=settings, run_id=run_id, extra_sink=extra, collective=group)
         session.rewind_partial_epoch()

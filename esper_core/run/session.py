@@ -38,7 +38,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
-from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve, take_plan
+from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve
 from esper_core.run.state import RunRecord, RunState, Unsent
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
@@ -69,9 +69,9 @@ class RunHandle:
 class Run:
     """One training run: host, seeds, controller, checkpoints and telemetry.
 
-    Two constructors: ``start`` (a spec: a new run, or the existing run of that id reopened) and
-    ``resume`` (a run folder, at its last commit). ``begin`` starts a run of a configuration built
-    in code (a study's episode, a data-parallel rank), which has no ``run.json`` to resume from.
+    Two constructors: ``start`` (a spec: a new run, or the existing run of that id reopened; or
+    a configuration built in code: a study's episode, a data-parallel rank) and ``resume`` (a run
+    folder, at its last commit).
 
     Its control (``control.Controller``: Tamiyo's decisions) and actuation
     (``actuation.Actuator``: commands applied to the trainer and seeds) are components with the
@@ -170,49 +170,53 @@ class Run:
     @classmethod
     def start(
         cls,
-        spec: RunSpec,
+        run: RunSpec | RunConfig,
         *,
         settings: EsperSettings,
         run_id: str | None = None,
-        extra_sink: TelemetrySink | None = None,
-    ) -> Run:
-        """Start ``spec``'s run as ``run_id`` (default: ``spec.run_id``, else a new id), or reopen
-        it if it exists, and commit its start.
-
-        In the process that planned ``spec`` (``plan_spec``) the session takes that plan's
-        configuration, plan and data; elsewhere (a flow run retried in a new process) it resolves
-        the recipe again from the spec. An existing run reopens from its own ``run.json``."""
-        planned = take_plan(spec)
-        run_id = run_id or spec.run_id or new_run_id()
-        if (settings.runs_dir / run_id / SPEC_FILE).exists():
-            return cls._reopen(settings=settings, run_id=run_id, extra_sink=extra_sink)
-        planned = planned or resolve(spec)
-        spec.save(settings.runs_dir / run_id)
-        return cls.begin(
-            config=planned.config, settings=settings, run_id=run_id, extra_sink=extra_sink, planned=planned
-        )
-
-    @classmethod
-    def _reopen(cls, *, settings: EsperSettings, run_id: str, extra_sink: TelemetrySink | None) -> Run:
-        session = cls.resume(settings=settings, run_id=run_id, extra_sink=extra_sink)
-        session.rewind_partial_epoch()
-        return session
-
-    @classmethod
-    def begin(
-        cls,
-        *,
-        config: RunConfig,
-        settings: EsperSettings,
-        run_id: str,
         extra_sink: TelemetrySink | None = None,
         tamiyo: TamiyoService | None = None,
         collective: Collective | None = None,
         planned: PlannedRun | None = None,
     ) -> Run:
-        """A new run of ``config`` on the settings' registry, with its start committed (every
-        rank of a data-parallel run calls it: they build the same model from the same seed).
-        ``planned``: ``config``'s plan and data, when already made in this process."""
+        """Start ``run`` as ``run_id`` on the settings' registry and commit its start.
+
+        A ``RunSpec`` (``esper run``, the flow, a notebook) is a run that can be resumed: its
+        ``run_id`` defaults to ``spec.run_id``, else a new id; if a run of that id exists it is
+        reopened at its last commit (``resume``, a partly trained epoch rewound), else the spec
+        is written to the run folder's ``run.json`` and the run built from ``planned`` (the
+        spec's ``plan_spec``, made in this process) or, without one, from the spec resolved
+        here (a flow run executed again in a new process).
+
+        A ``RunConfig`` built in code (a study's episode, a data-parallel rank) is always a new
+        run (default id: a new one), built from ``planned`` when given (its ``config`` must be
+        this one); no ``run.json`` is written and no existing run looked for, so it has nothing
+        to resume from. Every rank of a data-parallel run starts its own: they build the same
+        model from the same seed.
+
+        Args:
+            run: What to run: a spec, or a configuration built in code.
+            settings: Where the registry and the run folders are.
+            run_id: The run's id (see above for its default).
+            extra_sink: Telemetry beside the run's ``telemetry.jsonl``.
+            tamiyo: A running Tamiyo to decide with (see ``Run``).
+            collective: This process's place among a data-parallel run's ranks (see ``Run``).
+            planned: ``run``'s plan, configuration and data, already made in this process.
+        """
+        if isinstance(run, RunSpec):
+            assert planned is None or planned.spec.key == run.key, "planned must be the plan of the spec"
+            run_id = run_id or run.run_id or new_run_id()
+            if (settings.runs_dir / run_id / SPEC_FILE).exists():
+                session = cls.resume(
+                    settings=settings, run_id=run_id, extra_sink=extra_sink, tamiyo=tamiyo, collective=collective
+                )
+                session.rewind_partial_epoch()
+                return session
+            planned = planned or resolve(run)
+            run.save(settings.runs_dir / run_id)
+            config = planned.config
+        else:
+            run_id, config = run_id or new_run_id(), run
         session = cls(
             config=config,
             settings=settings,
@@ -236,10 +240,13 @@ class Run:
         settings: EsperSettings,
         run_id: str,
         extra_sink: TelemetrySink | None = None,
+        tamiyo: TamiyoService | None = None,
         collective: Collective | None = None,
     ) -> Run:
         """Reopen an existing run at its last committed step (e.g. in a new worker process, or on
-        every rank of a data-parallel resume, whatever the number of ranks it had before)."""
+        every rank of a data-parallel resume, whatever the number of ranks it had before).
+
+        ``extra_sink``, ``tamiyo``, ``collective``: as for ``start``."""
         config = RunSpec.load(settings.runs_dir / run_id).config()
         session = cls(
             config=config,
@@ -247,6 +254,7 @@ class Run:
             run_id=run_id,
             urza=open_registry(settings),
             extra_sink=extra_sink,
+            tamiyo=tamiyo,
             collective=collective,
         )
         session.restore()

@@ -1,23 +1,21 @@
-"""A run planned once: the request and what its plan decided, as one small serialisable value.
+"""A run planned once: the request and what its plan decided, handed from task to task.
 
 ``plan_spec`` resolves the recipe, loads its data and plans it (``plan_run``: the meta-host dry
-forward, the kernels, their costs) once, and returns a ``RunSpec`` that the morphogenesis flow
-hands to each task: the readiness check and the compile read its jobs, the session starts from
-it. A ``RunConfig`` cannot travel that way (a user's recipe holds callables such as
-``ModelSpec.build``), so the spec names the recipe and its overrides, and the resolved
-configuration, plan and data stay behind in the process that planned them (``take_plan``).
-
-That per-process memo is why a run resolves its recipe once: ``esper run`` plans before Prefect
-starts (to refuse bad input without a server) and the flow's first task, in the same process,
-finds that plan; the flow's tasks run in its process too. A retried or resumed flow run in another
-process finds nothing and resolves again from the spec (``resolve``), as a data-parallel rank does.
+forward, the kernels, their costs) once, and returns a ``PlannedRun``: its ``spec`` is the small
+serialisable ``RunSpec`` (the request, its jobs and approvals), the rest (the resolved
+configuration, the plan, the data) is not, since a user's recipe holds callables such as
+``ModelSpec.build`` and the data its tensors. The morphogenesis flow hands the planned run
+explicitly to the tasks that need it (Prefect passes a task's result in memory within a flow
+run): the readiness check reads the spec's jobs, the compile builds them, the session starts
+from the plan. A flow run executed again in another process plans again from its first task,
+and a run started from a spec alone (a notebook, a data-parallel rank) resolves it itself
+(``resolve``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +38,6 @@ SPEC_FILE = "run.json"
 SPEC_VERSION = 2
 """``run.json``'s format: 2 is ``RunSpec``'s own fields; 1 (no version key, before 2026-11-27)
 held recipe, epochs, device and seed as a hand-built dict, and still loads."""
-
-KEEP_PLANS = 4
-"""Plans a process keeps for the tasks that follow (each holds its run's data): a plan nobody
-takes (a flow that failed before its session started) gives way to newer ones."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,22 +118,22 @@ class RunSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlannedRun:
-    """A spec's recipe resolved and planned in this process. Not serialisable: the configuration
-    may hold a user's callables and the data its tensors.
+    """A spec resolved and planned in this process: what ``Run.start`` builds the run from.
+
+    Not serialisable (the configuration may hold a user's callables and the data its tensors):
+    it goes from task to task of one flow run in memory, and a new process plans again.
 
     Attributes:
+        spec: The request, with what its plan decided (``approved``, ``jobs``).
         config: The recipe with the spec's overrides (``get_recipe``).
         plan: Its plan (``plan_run``).
         data: Its data (``load_run_data``), from which the plan took its shapes.
     """
 
+    spec: RunSpec
     config: RunConfig
     plan: RunPlan
     data: Dataset
-
-
-_plans: dict[tuple[str, int | None, str | None, int | None], PlannedRun] = {}
-_lock = threading.Lock()
 
 
 def plan_spec(
@@ -150,11 +144,8 @@ def plan_spec(
     seed: int | None = None,
     run_id: str | None = None,
     nproc: int = 1,
-) -> RunSpec:
+) -> PlannedRun:
     """Resolve ``recipe`` with its overrides, plan it, and check it for ``nproc`` processes.
-
-    Resolved and planned once per process: a second call for the same recipe and overrides (the
-    flow's first task after ``esper run`` checked the same request) reuses the first plan.
 
     Args:
         recipe: A built-in recipe or ``package.module:function``.
@@ -165,7 +156,8 @@ def plan_spec(
         nproc: Data-parallel processes training the run together.
 
     Returns:
-        The spec; its configuration, plan and data wait in this process for ``take_plan``.
+        The planned run: its ``spec`` for every task, its configuration, plan and data for the
+        session (``Run.start(planned.spec, planned=planned)``).
 
     Raises:
         ValueError: an unknown or unloadable recipe, a bad override, a slot the model cannot
@@ -174,19 +166,17 @@ def plan_spec(
         ApprovalRequiredError: a listed non-safe blueprint the recipe does not approve.
     """
     spec = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=nproc)
-    with _lock:
-        planned = _plans.get(spec.key)
-    fresh = planned is None
-    planned = planned or resolve(spec)
+    planned = resolve(spec)
     if nproc != 1:
         check_parallel(planned.config, nproc, train_samples=len(planned.data.train))
-    if fresh:
-        _remember(spec, planned)
-    return dataclasses.replace(spec, approved=planned.config.approved_blueprints, jobs=planned.plan.jobs)
+    return planned
 
 
 def resolve(spec: RunSpec, *, catalog: KarnCatalog | None = None) -> PlannedRun:
-    """Resolve ``spec``'s recipe, load its data and plan it, now (nothing is remembered).
+    """Resolve ``spec``'s recipe, load its data and plan it, now.
+
+    Returns:
+        The planned run; its ``spec`` is ``spec`` with the plan's approvals and jobs.
 
     Raises:
         ValueError, ApprovalRequiredError: as ``plan_spec``.
@@ -194,21 +184,8 @@ def resolve(spec: RunSpec, *, catalog: KarnCatalog | None = None) -> PlannedRun:
     config = spec.config()
     data = load_run_data(config)
     plan = plan_run(config, catalog=catalog or default_catalog(), data=data, approved=config.approved_blueprints)
-    return PlannedRun(config=config, plan=plan, data=data)
-
-
-def take_plan(spec: RunSpec) -> PlannedRun | None:
-    """The configuration, plan and data ``plan_spec`` made for ``spec`` in this process, handed
-    over once (a session owns them from then on); None in another process or once taken."""
-    with _lock:
-        return _plans.pop(spec.key, None)
-
-
-def _remember(spec: RunSpec, planned: PlannedRun) -> None:
-    with _lock:
-        _plans[spec.key] = planned
-        while len(_plans) > KEEP_PLANS:
-            _plans.pop(next(iter(_plans)))
+    planned_spec = dataclasses.replace(spec, approved=config.approved_blueprints, jobs=plan.jobs)
+    return PlannedRun(spec=planned_spec, config=config, plan=plan, data=data)
 
 
 def compile_jobs(
@@ -221,22 +198,12 @@ def compile_jobs(
 ) -> list[CompileJob]:
     """The compile jobs of ``recipe`` (optionally narrowed to ``blueprints``), for the compile flow.
 
-    When a run of ``recipe`` with the same approvals was planned in this process and nothing is
-    narrowed (the morphogenesis flow's compile), its jobs: the overrides of a run (epochs,
-    device, seed) never change a slot's shape. Else the recipe is resolved and planned here.
+    The recipe is resolved and planned here: what the ``compile_catalog`` flow compiles when asked
+    for a recipe. (A planned run's compile takes its ``spec.jobs`` instead of planning again.)
 
     Raises:
         ValueError, ApprovalRequiredError: as ``plan_run``.
     """
-    if not blueprints and Backend(backend) is Backend.EXPORT:
-        with _lock:
-            planned = [
-                p
-                for p in _plans.values()
-                if p.config.recipe == recipe and set(p.config.approved_blueprints) == set(approved)
-            ]
-        if planned:
-            return list(planned[-1].plan.jobs)
     config = get_recipe(recipe)
     if blueprints:
         config.blueprints = tuple(blueprints)

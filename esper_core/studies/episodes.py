@@ -155,7 +155,7 @@ def run_episode(
     if tamiyo is not None:
         tamiyo.breaker.reset()
     start = time.perf_counter()
-    session = Run.begin(config=config, settings=settings, run_id=run_id, tamiyo=tamiyo)
+    session = Run.start(config, settings=settings, run_id=run_id, tamiyo=tamiyo)
     forks = None if counterfactual is None else CounterfactualForks(counterfactual, run_id=run_id)
     fork_ms = 0.0
     sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)

@@ -63,7 +63,7 @@ def record(cases: Sequence[GoldenCase], settings: EsperSettings) -> dict[str, An
     with one_thread():
         for case, config in zip(cases, configs, strict=True):
             (settings.runs_dir / case.name).mkdir(parents=True, exist_ok=True)
-            session = Run.begin(config=config, settings=settings, run_id=case.name)
+            session = Run.start(config, settings=settings, run_id=case.name)
             try:
                 epochs = []
                 for epoch in range(config.epochs):

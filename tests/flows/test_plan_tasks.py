@@ -1,32 +1,28 @@
-"""The morphogenesis flow's planning: its readiness check asks for exactly the session's kernels."""
+"""The morphogenesis flow's planning: its readiness check asks for exactly the session's kernels,
+and the session is built on the plan the flow's first task made."""
 
 from __future__ import annotations
 
 import pytest
 
-import esper_core.run.spec as spec_module
 from esper_core.karn.catalog import default_catalog
 from esper_core.pipeline import compile_job, publish_kernel
-from esper_core.run.spec import plan_spec, resolve, take_plan
+from esper_core.run.spec import plan_spec, resolve
 from esper_core.settings import EsperSettings
 from esper_core.urza.service import Urza
-from tasks.train import kernels_ready
+from tasks._runtime import forget, session_for
+from tasks.train import kernels_ready, start_run
 
 APPROVING = "tests.helpers.recipes:seed_reference_approving"
-
-
-@pytest.fixture(autouse=True)
-def own_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spec_module, "_plans", {})
 
 
 @pytest.mark.slow
 def test_kernels_ready_checks_the_approved_blueprints_the_session_germinates(compiled_home: EsperSettings) -> None:
     # The registry holds seed-reference's lowrank_adapter kernel, not the approved norm_gate one.
     # The readiness check once planned without the recipe's approvals: it never asked for it.
-    spec = plan_spec(APPROVING, device="cpu")
-    session_jobs = take_plan(spec).plan.jobs  # type: ignore[union-attr]
-    assert session_jobs == resolve(spec).plan.jobs == spec.jobs
+    planned = plan_spec(APPROVING, device="cpu")
+    spec = planned.spec
+    assert planned.plan.jobs == resolve(spec).plan.jobs == spec.jobs
     assert not kernels_ready.fn(spec)
     [missing] = [job for job in spec.jobs if job.blueprint_id == "norm_gate"]
     assert missing.approved
@@ -36,3 +32,15 @@ def test_kernels_ready_checks_the_approved_blueprints_the_session_germinates(com
     finally:
         urza.close()
     assert kernels_ready.fn(spec)
+
+
+@pytest.mark.slow
+def test_start_run_builds_the_session_on_the_plan_it_is_given(compiled_home: EsperSettings) -> None:
+    planned = plan_spec("seed-reference", epochs=2, device="cpu", run_id="handed")
+    start = start_run.fn(planned)  # a new run: it logs nothing, so no run logger is needed
+    session = session_for(start.handle)
+    try:
+        assert (start.next_epoch, start.epochs) == (0, 2)
+        assert session.plan is planned.plan and session.config is planned.config
+    finally:
+        forget(start.handle)

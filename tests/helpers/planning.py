@@ -10,12 +10,11 @@ import pytest
 
 import esper_core.run.plan as plan_module
 import esper_core.run.recipes as recipes_module
-import esper_core.run.spec as spec_module
 
 
 def count_planning(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """From here on, count recipe resolutions (``resolve``: ``load_recipe``) and meta-host plans
-    (``meta_host``); the process starts with no remembered plan."""
+    """From here on, count recipe resolutions (``resolve``: ``load_recipe``, which calls the recipe's
+    function) and meta-host plans (``meta_host``)."""
     calls: Counter[str] = Counter()
 
     def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,5 +26,4 @@ def count_planning(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
     monkeypatch.setattr(recipes_module, "load_recipe", counted("resolve", recipes_module.load_recipe))
     monkeypatch.setattr(plan_module, "meta_host", counted("meta_host", plan_module.meta_host))
-    monkeypatch.setattr(spec_module, "_plans", {})
     return calls

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from esper_core.run import Run, RunSpec, finish_run, grow_epoch, publish_missing_kernels
+from esper_core.run.commits import START_TAG
 from esper_core.settings import EsperSettings
 
 
@@ -25,3 +26,15 @@ def test_a_notebook_starts_steps_finishes_and_resumes_a_run(esper_home: EsperSet
         resumed.close()
     assert summary.epochs == 3 and summary.run_id == "notebook"
     assert RunSpec.load(esper_home.runs_dir / "notebook") == spec
+
+
+def test_a_configuration_built_in_code_starts_a_new_run_without_a_run_json(esper_home: EsperSettings) -> None:
+    config = RunSpec(recipe="seed-reference", epochs=2, device="cpu", seed=0).config()
+    run = Run.start(config, settings=esper_home, run_id="in-code")
+    try:
+        assert run.config is config and run.epoch == 0 and run.committed_tag == START_TAG
+    finally:
+        run.close()
+    # Nothing to resume from: a study's episode or a rank keeps no request of its own.
+    assert (esper_home.runs_dir / "in-code" / "checkpoints").is_dir()
+    assert not (esper_home.runs_dir / "in-code" / "run.json").exists()

@@ -1,4 +1,4 @@
-"""A run planned once: the spec is small and serialisable, and a process resolves and plans it once."""
+"""A run planned once: the spec is small and serialisable, and the plan is handed to the session."""
 
 from __future__ import annotations
 
@@ -10,21 +10,14 @@ from pathlib import Path
 
 import pytest
 
-import esper_core.run.spec as spec_module
 from esper_core.run.commits import START_TAG
 from esper_core.run.session import Run
-from esper_core.run.spec import RunSpec, compile_jobs, plan_spec, resolve, take_plan
+from esper_core.run.spec import RunSpec, compile_jobs, plan_spec, resolve
 from esper_core.settings import EsperSettings
 from tests.helpers.planning import count_planning
 
 APPROVING = "tests.helpers.recipes:seed_reference_approving"
 MISFIT = "tests.helpers.user_models:cnn_with_a_misfit"
-
-
-@pytest.fixture(autouse=True)
-def own_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with no plan in the process."""
-    monkeypatch.setattr(spec_module, "_plans", {})
 
 
 @pytest.fixture
@@ -34,38 +27,34 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 
 def test_the_spec_is_serialisable() -> None:
-    spec = plan_spec(APPROVING, epochs=2, device="cpu", seed=3, run_id="r")
+    spec = plan_spec(APPROVING, epochs=2, device="cpu", seed=3, run_id="r").spec
     assert pickle.loads(pickle.dumps(spec)) == spec
     as_json = json.loads(json.dumps(dataclasses.asdict(spec)))
     assert as_json["recipe"] == APPROVING and as_json["jobs"][0]["blueprint_id"] == "lowrank_adapter"
 
 
-def test_a_process_resolves_and_plans_a_request_once(calls: Counter[str]) -> None:
-    first = plan_spec("seed-reference", epochs=2, device="cpu")
-    again = plan_spec("seed-reference", epochs=2, device="cpu", run_id="named")  # esper run, then the flow
-    assert again == dataclasses.replace(first, run_id="named")
+def test_a_request_is_resolved_and_planned_once_into_the_planned_run(calls: Counter[str]) -> None:
+    planned = plan_spec("seed-reference", epochs=2, device="cpu", run_id="named")
     assert calls == {"resolve": 1, "meta_host": 1}
-    planned = take_plan(again)
-    assert planned is not None and planned.config.epochs == 2 and planned.plan.jobs == first.jobs
-    assert take_plan(again) is None  # handed over once: a session owns it
-    assert compile_jobs("seed-reference") == list(first.jobs)  # once taken, a compile plans afresh
-    assert calls["meta_host"] == 2
+    assert planned.spec == RunSpec(
+        recipe="seed-reference", epochs=2, device="cpu", run_id="named", jobs=planned.plan.jobs
+    )
+    assert planned.config.epochs == 2 and planned.data.feature_shape == planned.plan.feature_shape
 
 
-def test_the_compile_of_a_planned_run_reuses_its_jobs(calls: Counter[str]) -> None:
-    spec = plan_spec(APPROVING, device="cpu")
+def test_a_recipe_compile_plans_the_jobs_a_run_of_it_plans(calls: Counter[str]) -> None:
+    spec = plan_spec(APPROVING, device="cpu").spec
+    # The compile_catalog flow asked for the recipe plans it itself (a run's compile takes spec.jobs).
     assert compile_jobs(APPROVING, approved=["norm_gate"]) == list(spec.jobs)
-    assert calls["meta_host"] == 1
-    # Narrowed, or with other approvals, it is another plan.
-    assert [j.blueprint_id for j in compile_jobs(APPROVING, blueprints=["lowrank_adapter"])] == ["lowrank_adapter"]
     assert calls["meta_host"] == 2
+    assert [j.blueprint_id for j in compile_jobs(APPROVING, blueprints=["lowrank_adapter"])] == ["lowrank_adapter"]
 
 
 def test_the_jobs_include_the_recipes_approved_blueprints() -> None:
-    spec = plan_spec(APPROVING, device="cpu")
+    spec = plan_spec(APPROVING, device="cpu").spec
     assert spec.approved == ("norm_gate",)
     assert [(j.blueprint_id, j.approved) for j in spec.jobs] == [("lowrank_adapter", False), ("norm_gate", True)]
-    # What the session plans, in a process that did not plan the spec.
+    # What the session plans from the spec alone (a flow run executed again in a new process).
     assert resolve(spec).plan.jobs == spec.jobs
 
 
@@ -83,18 +72,23 @@ def test_bad_input_is_refused_before_any_work_naming_the_fix() -> None:
 
 
 @pytest.mark.slow
-def test_a_session_starts_from_a_spec_planned_in_another_process(
-    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+def test_a_session_builds_on_the_plan_it_is_given_else_resolves_the_spec(
+    compiled_home: EsperSettings, calls: Counter[str]
 ) -> None:
-    spec = plan_spec("seed-reference", epochs=2, device="cpu", run_id="elsewhere")
-    monkeypatch.setattr(spec_module, "_plans", {})  # a flow run retried in a new process
+    planned = plan_spec("seed-reference", epochs=2, device="cpu", run_id="given")
+    session = Run.start(planned.spec, settings=compiled_home, planned=planned)
+    assert session.plan is planned.plan and session.config is planned.config
+    assert calls == {"resolve": 1, "meta_host": 1}
+    session.close()
+    # A spec alone (a flow run executed again in a new process): the session resolves it.
+    spec = dataclasses.replace(planned.spec, run_id="elsewhere")
     session = Run.start(spec, settings=compiled_home)
     assert (session.run_id, session.config.epochs, session.plan.jobs) == ("elsewhere", 2, spec.jobs)
+    assert calls["resolve"] == 2
     session.close()
-    # Reopened from its run.json; the plan made for it here is dropped, not kept for nobody.
-    again = plan_spec("seed-reference", epochs=2, device="cpu", run_id="elsewhere")
-    reopened = Run.start(again, settings=compiled_home)
-    assert reopened.committed_tag == START_TAG and take_plan(again) is None
+    # An existing run reopens from its own run.json; a plan given for it goes unused.
+    reopened = Run.start(planned.spec, settings=compiled_home, planned=planned)
+    assert reopened.committed_tag == START_TAG and reopened.plan is not planned.plan
     reopened.close()
 
 
