@@ -142,6 +142,7 @@ class PreparedPolicy:
         self._shapes: set[tuple[tuple[int, ...], ...]] = set()
         self._started: float | None = None
         self._weights_version = -1  # the parameters' version the server holds
+        self._tensors: tuple[Tensor, ...] | None = None
 
     @property
     def compile_enabled(self) -> bool:
@@ -323,7 +324,9 @@ class PreparedPolicy:
 
     def _version(self) -> int:
         """A number that changes whenever a parameter or buffer of the network changes in place."""
-        return sum(t._version for t in (*self.model.parameters(), *self.model.buffers()))
+        if self._tensors is None:  # the network's structure is fixed; walking it cost 0.05 ms a call
+            self._tensors = (*self.model.parameters(), *self.model.buffers())
+        return sum(t._version for t in self._tensors)
 
     def _send_weights(self) -> None:
         assert self._server is not None
