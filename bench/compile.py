@@ -185,7 +185,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def registry_numbers(url: str, blob_root: Path, config: CompileBenchConfig) -> dict[str, Any]:
     """Publish ``config.publishes`` synthetic artifacts, then time ``config.lookups`` lookups."""
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from esper_core.tezzeret.timing import percentile
     from esper_core.urza.service import Urza
 
@@ -230,7 +230,7 @@ def _synthetic_kernels(count: int, device: str) -> list[Any]:
     from types import SimpleNamespace
 
     from esper_core.contracts import GuardSchema, KernelArtifact
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from esper_core.tezzeret.config import environment_key
     from esper_core.urza.blobs import sha256_hex
 
@@ -287,7 +287,7 @@ def _median(values: list[float]) -> float:
 
 
 def _worker_compile(args: argparse.Namespace) -> dict[str, Any]:
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from esper_core.pipeline import PublishPlan, compile_job, job_for, new_compile_run, publish_kernel
     from esper_core.tezzeret.config import Backend, TezzeretConfig
     from esper_core.tezzeret.formats import decode_bundle
@@ -312,7 +312,7 @@ def _worker_compile(args: argparse.Namespace) -> dict[str, Any]:
 def _worker_load(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from esper_core.kasmina.loader import load_for_slot
     from esper_core.urza.service import Urza
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings

@@ -23,7 +23,7 @@ _POLICY = {
 
 
 def _cmd_catalog_list(args: argparse.Namespace) -> int:
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
 
     tier = None if args.tier is None else BlueprintTier(args.tier)
     rows = default_catalog().list(tier=tier, host_kind=args.host_kind)
@@ -53,7 +53,7 @@ def _cmd_catalog_list(args: argparse.Namespace) -> int:
 
 def _cmd_catalog_show(args: argparse.Namespace) -> int:
     from esper_core.karn.capacity import reference_profile, seed_capacity
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from esper_core.karn.profiles import ShapeProfile
 
     entry = default_catalog().get(args.blueprint)  # UnknownBlueprintError lists the known ids
@@ -111,7 +111,7 @@ def _check_compile_input(args: argparse.Namespace) -> None:
         ValueError: The problem and its fix (main prints it without a traceback).
     """
     from esper_core._capabilities import resolve_device
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from tasks.plan import plan_compiles
 
     catalog = default_catalog()

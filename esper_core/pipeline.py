@@ -20,7 +20,8 @@ import torch
 
 from esper_core._capabilities import resolve_device
 from esper_core.contracts import ArtifactStatus, KernelArtifact
-from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.karn.catalog import KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import approval_tags, require_approval
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.tezzeret.compiler import CompiledKernel, compile_blueprint

@@ -23,7 +23,7 @@ from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
 from esper_core.contracts import KernelArtifact, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import CompileJob, PublishPlan, find_published, new_compile_run, publish_staged
 from esper_core.urza.service import Urza
 from tasks._limits import in_child, limited

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from esper_core.data import load_dataset
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import compile_job, publish_kernel
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.run.recipes import get_recipe

@@ -7,7 +7,7 @@ import torch
 
 from esper_core.contracts import BlendSchedule
 from esper_core.hosts import CNNHost, HostConfig, MLPHost, build_host_from_config
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from tests.helpers.kernels import given, kernel_from_registry

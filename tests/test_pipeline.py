@@ -13,7 +13,7 @@ import pytest
 
 from esper_core.contracts import ArtifactKind, ArtifactStatus
 from esper_core.data import load_dataset
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import ApprovalRequiredError
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.pipeline import (
@@ -179,7 +179,7 @@ def _compile_missing(urza: Urza, jobs: list[CompileJob]) -> int:
 _INTERRUPTED = textwrap.dedent(
     """
     import sys
-    from esper_core.karn.catalog import default_catalog
+    from esper_core.karn.entries import default_catalog
     from esper_core.pipeline import compile_job, find_published, job_for, publish_kernel
     from esper_core.urza.service import Urza
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from esper_core.contracts import BlendSchedule
 from esper_core.data import AnySplit, Split, epoch_batches, epoch_order
 from esper_core.hosts import CNNHost
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.kinds import Residual

@@ -33,7 +33,7 @@ from typing import Any
 from esper_core.benchmarks import NO_PROGRESS, Progress
 from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one, unmerged_twin
 from esper_core.contracts import TelemetryEvent, TelemetryLevel
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import get_recipe

@@ -10,8 +10,8 @@ from esper_core.karn.catalog import (
     InvalidBlueprintParamsError,
     KarnCatalog,
     UnknownBlueprintError,
-    default_catalog,
 )
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import APPROVED_TAG, ApprovalRequiredError, publish_status, require_approval
 from esper_core.karn.profiles import HOST_KINDS, SUPPORTED_DTYPES, ShapeProfile
 from esper_core.karn.rules import ProfileRule, UnsupportedProfileError

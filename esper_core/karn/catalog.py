@@ -8,7 +8,6 @@ their bounds and builds modules; ``default_catalog()`` is the catalogue the plat
 from __future__ import annotations
 
 import builtins
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -275,12 +274,3 @@ def _check_value(blueprint_id: str, name: str, value: object, bound: ParamBound)
             f"{where} must be an integer, got {number:g}: round it, e.g. to {round(number)}"
         )
     return number
-
-
-@functools.cache
-def default_catalog() -> KarnCatalog:
-    """The catalogue Esper ships (cached: built once per process)."""
-    # Imported here: entries.py imports this module for ``Blueprint``.
-    from esper_core.karn.entries import default_blueprints
-
-    return KarnCatalog(default_blueprints())

@@ -21,7 +21,7 @@ from esper_core.contracts import BlueprintDescriptor, BlueprintTier, ParamBound
 from esper_core.karn import blueprints as mlp
 from esper_core.karn import blueprints_conv as conv
 from esper_core.karn import blueprints_tok as tok
-from esper_core.karn.catalog import Blueprint, BlueprintBuilder, GradMaxLayers
+from esper_core.karn.catalog import Blueprint, BlueprintBuilder, GradMaxLayers, KarnCatalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.karn.rules import ProfileRule
 
@@ -424,3 +424,9 @@ def default_blueprints() -> list[Blueprint]:
     """Every blueprint of the shipped catalogue: MLP ones, then 2-D and 1-D convolutional ones,
     then the token ones."""
     return _mlp_blueprints() + _conv_blueprints() + _seq_blueprints() + _tok_blueprints()
+
+
+@functools.cache
+def default_catalog() -> KarnCatalog:
+    """The catalogue Esper ships (cached: built once per process)."""
+    return KarnCatalog(default_blueprints())

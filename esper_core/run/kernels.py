@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from esper_core._capabilities import resolve_device
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import compile_job, find_published, publish_kernel
 from esper_core.run.config import RunConfig
 from esper_core.run.plan import plan_compile_jobs, recipe_feature_shape

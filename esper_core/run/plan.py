@@ -19,7 +19,8 @@ import torch
 from esper_core.data import Dataset, load_dataset
 from esper_core.hosts import Host
 from esper_core.karn.capacity import SeedCapacity, seed_capacity
-from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.karn.catalog import KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import needs_approval, require_approval
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.kinds import SeedKind

@@ -27,7 +27,8 @@ from esper_core.contracts import (
 )
 from esper_core.determinism import capture_rng, restore_rng
 from esper_core.interrupts import deferred_interrupts
-from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.karn.catalog import KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.actuation import Actuator

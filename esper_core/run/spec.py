@@ -25,7 +25,8 @@ import torch
 
 from esper_core._capabilities import DEVICE_CHOICES, resolve_device
 from esper_core.data import Dataset
-from esper_core.karn.catalog import KarnCatalog, default_catalog
+from esper_core.karn.catalog import KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import CompileJob
 from esper_core.run.build import load_run_data
 from esper_core.run.config import RunConfig

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from esper_core.contracts.enums import SeedOperation
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.run.task import EpisodeTask

@@ -18,7 +18,7 @@ import torch
 from esper_core._capabilities import one_thread
 from esper_core.contracts import new_id
 from esper_core.fanout import LOCAL, Pool
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.config import RunConfig
 from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.plan import plan_run

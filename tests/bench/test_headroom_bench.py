@@ -10,7 +10,7 @@ import pytest
 
 from bench.headroom import HeadroomConfig
 from esper_cli.main import main
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings

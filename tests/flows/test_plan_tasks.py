@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import compile_job, publish_kernel
 from esper_core.run.spec import plan_spec, resolve
 from esper_core.settings import EsperSettings

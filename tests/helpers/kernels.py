@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from esper_core.contracts import BlendSchedule, GateVerdict
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.kinds import KernelSource
 from esper_core.kasmina.loader import LoadedKernel, load_kernel
 from esper_core.kasmina.manager import SeedManager

@@ -18,7 +18,8 @@ from esper_core.karn.capacity import (
     reference_profile,
     seed_capacity,
 )
-from esper_core.karn.catalog import Blueprint, KarnCatalog, default_catalog
+from esper_core.karn.catalog import Blueprint, KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import HOST_KINDS, ShapeProfile
 
 CATALOG = default_catalog()

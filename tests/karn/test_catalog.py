@@ -13,8 +13,8 @@ from esper_core.karn.catalog import (
     InvalidBlueprintParamsError,
     KarnCatalog,
     UnknownBlueprintError,
-    default_catalog,
 )
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import HOST_KINDS, ShapeProfile
 from esper_core.karn.rules import ProfileRule, UnsupportedProfileError
 from esper_core.urza import params_key

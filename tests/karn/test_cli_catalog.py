@@ -7,7 +7,7 @@ import json
 import pytest
 
 from esper_cli.main import main
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 
 
 def test_list_table_and_filters(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from esper_core.contracts import ArtifactStatus, BlueprintTier
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import (
     APPROVED_TAG,
     HIGH_RISK_REASON,

@@ -9,7 +9,7 @@ from torch import nn
 
 from esper_core.contracts import ArtifactKind, ArtifactStatus
 from esper_core.karn.capacity import randomize_
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import GuardMismatchError, check_guard
 from esper_core.tezzeret.compiler import compile_blueprint

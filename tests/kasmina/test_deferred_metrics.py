@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from esper_core.contracts import BlendMode, SeedStage
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings

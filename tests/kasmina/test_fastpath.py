@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import fx
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.fastpath import call_ops_directly, prepare_seed, strip_runtime_guards
 from esper_core.kasmina.loader import load_kernel

@@ -14,7 +14,8 @@ from torch import nn
 
 import esper_core.kasmina
 from esper_core.contracts import BlueprintDescriptor, BlueprintTier, GuardSchema, KernelArtifact
-from esper_core.karn.catalog import Blueprint, KarnCatalog, default_catalog
+from esper_core.karn.catalog import Blueprint, KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import ApprovalRequiredError
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import (

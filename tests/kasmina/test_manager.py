@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from esper_core.contracts import BlendSchedule, SeedStage
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.lifecycle import IllegalTransitionError
 from esper_core.kasmina.loader import LoadedKernel

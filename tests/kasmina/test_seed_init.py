@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from esper_core.karn.catalog import GradMaxLayers, KarnCatalog, default_catalog
+from esper_core.karn.catalog import GradMaxLayers, KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.seed_init import gradmax_init_

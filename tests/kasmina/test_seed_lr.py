@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from esper_core.contracts import SeedStage
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.seed_lr import IsolationLRConfig
 from esper_core.run.build import build_trainer

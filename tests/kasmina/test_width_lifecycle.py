@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from esper_core.contracts import BlendSchedule, GateVerdict, SeedStage
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import EpochObservation, SeedManager

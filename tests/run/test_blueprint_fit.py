@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from esper_cli.main import main
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run import ScheduledGermination, TamiyoConfig
 from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import get_recipe

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import MNIST1D_TEST, RECIPES, get_recipe

@@ -9,7 +9,7 @@ import torch
 
 from esper_core.data import DataSpec
 from esper_core.hosts import HostConfig
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig

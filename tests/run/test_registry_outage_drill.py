@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 
 from esper_core.contracts import SeedOperation, TelemetryEvent
 from esper_core.data import load_dataset
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import compile_job, publish_kernel
 from esper_core.run.commits import epoch_tag
 from esper_core.run.outage import RegistryOutageError, open_registry

@@ -11,7 +11,7 @@ import torch
 
 from esper_core.contracts import CommandType
 from esper_core.karn.capacity import seed_capacity
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.session import Run

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import find_published
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.settings import EsperSettings

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from esper_core.contracts import AdaptationCommand, CommandType, MetricPoint, SeedOperation, TelemetryPacket
 from esper_core.data import load_dataset
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.plan import plan_compile_jobs
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import Run

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from esper_core.contracts import ArtifactKind, ArtifactStatus
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.loader import GuardMismatchError, load_kernel
 from esper_core.tezzeret import inductor

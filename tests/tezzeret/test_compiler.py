@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from esper_core.contracts import ArtifactKind, ArtifactStatus, BlueprintDescriptor, BlueprintTier
-from esper_core.karn.catalog import Blueprint, KarnCatalog, default_catalog
+from esper_core.karn.catalog import Blueprint, KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.tezzeret.compiler import (
     Backend,

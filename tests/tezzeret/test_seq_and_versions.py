@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from esper_core.contracts import ArtifactStatus
-from esper_core.karn.catalog import Blueprint, KarnCatalog, default_catalog
+from esper_core.karn.catalog import Blueprint, KarnCatalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.gates import g0_sanity
 from esper_core.kasmina.loader import load_for_slot

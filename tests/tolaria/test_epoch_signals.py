@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from esper_core.benchmarks.common import germinate_one
 from esper_core.contracts import SeedStage
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer, growth_signals
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.modes import eval_mode

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.loader import load_kernel
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from esper_core.data import DataConfig, load_dataset
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.tolaria.staging import BatchSource, LoaderConfig
 from tests.helpers.recipes import eager_recipe

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._dynamo import register_backend
 
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.recipes import get_recipe
 from esper_core.tolaria.loop import Trainer

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from esper_core.contracts import BlendSchedule
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.loader import load_kernel
 from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings

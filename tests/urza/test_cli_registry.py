@@ -8,7 +8,7 @@ import pytest
 
 from esper_cli.main import main
 from esper_core.contracts import ArtifactStatus, KernelArtifact
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import compile_job, job_for, publish_kernel
 from esper_core.settings import EsperSettings
 from esper_core.tezzeret.config import TezzeretConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from esper_core.contracts import ArtifactStatus
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.tezzeret.compiler import CompiledKernel, TezzeretConfig, compile_blueprint
 from esper_core.urza.errors import (

@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 
 from esper_cli.main import main
 from esper_core.contracts import KernelArtifact
-from esper_core.karn.catalog import default_catalog
+from esper_core.karn.entries import default_catalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina import loader
 from esper_core.kasmina.loader import load_for_slot
