@@ -23,7 +23,7 @@ from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.reporting import command_attributes, decision_metrics
 from esper_core.tamiyo.service import Decision, TamiyoService
 from esper_core.tolaria.collective import Collective
-from esper_core.tolaria.deadlines import call_with_deadline
+from esper_core.tolaria.deadlines import decide_within
 
 
 class Controller:
@@ -118,7 +118,8 @@ class Controller:
         else:
             # The deadline covers the deciding policy only: the GNN's shadow scoring (when the
             # heuristic decides) runs after it, so its timing can never turn into a WAIT.
-            outcome = call_with_deadline(
+            safety = self.config.trainer.safety
+            outcome = decide_within(
                 lambda: self.tamiyo.decide(
                     history,
                     candidates,
@@ -127,8 +128,11 @@ class Controller:
                     total_epochs=self.config.epochs,
                     shadow=False,
                 ),
-                self.config.trainer.safety.tamiyo_deadline_ms,
+                safety.tamiyo_deadline_ms,
+                enforce=safety.enforce_deadlines,
             )
+            if not safety.enforce_deadlines and outcome.elapsed_ms > safety.tamiyo_deadline_ms:
+                self.rails.overran("tamiyo", elapsed_ms=outcome.elapsed_ms, action="decide")
             metrics.append(MetricPoint(name="tamiyo.decision.latency_ms", value=outcome.elapsed_ms, unit="ms"))
             self.record.timings["decide_ms"].append(outcome.elapsed_ms)
             if outcome.timed_out or outcome.error is not None or outcome.value is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_core.contracts import SeedStage
+from esper_core.run.config import RunConfig
 from esper_core.run.frontier import FRONTIERS
 from esper_core.run.ranks import launches
 from esper_core.run.session import Run
@@ -52,6 +53,14 @@ class RunSummary:
     frontier: dict[str, Any] | None = None
     """The grown network beside the committed static frontier of its recipe
     (``StaticFrontier.compare``), for a recipe that has one and a run of its length."""
+    deadline_overruns: int = 0
+    """Tamiyo decisions and Kasmina commands past their deadline that were observed only."""
+    reproducible: bool = True
+    """Whether the run's numbers depend on its recipe and seed only. False when it acted on the
+    wall clock (``load_dependence`` says how): the same seed may then give other numbers on a
+    busier machine."""
+    load_dependence: tuple[str, ...] = ()
+    """The wall-clock inputs the run acted on (an opt-in setting each)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -80,6 +89,8 @@ def finish_run(session: Run) -> RunSummary:
         checkpoints={"files": len(session.checkpoints.tags()), "bytes": session.checkpoints.size_bytes()},
         **_decision_latency(Path(session.run_dir) / "telemetry.jsonl"),
         **_sharing(session),
+        reproducible=not load_dependence(session.config),
+        load_dependence=load_dependence(session.config),
         frontier=_frontier(session, test.accuracy),
     )
     run_dir = Path(session.run_dir)
@@ -126,14 +137,33 @@ def _sharing(session: Run) -> dict[str, Any]:
     }
 
 
+def load_dependence(config: RunConfig) -> tuple[str, ...]:
+    """The settings of ``config`` that let the wall clock change the run's numbers (all off by default)."""
+    acting = []
+    if config.trainer.safety.enforce_deadlines:
+        acting.append("trainer.safety.enforce_deadlines: Tamiyo's and Kasmina's deadlines")
+    if config.tamiyo.risk.max_latency_ratio is not None:
+        acting.append("tamiyo.risk.max_latency_ratio: the risk engine's epoch-latency veto")
+    return tuple(acting)
+
+
 def _decision_latency(telemetry: Path) -> dict[str, Any]:
-    """The worst decision latency and the timeout count over every epoch the run committed
-    (read from its telemetry: the epochs may have run in other processes)."""
+    """The worst decision latency, the timeout count and the observed deadline overruns over every
+    epoch the run committed (read from its telemetry: the epochs may have run in other processes)."""
     packets = read_jsonl(telemetry) if telemetry.exists() else []
     metrics = [m for p in packets for m in p.metrics]
     latencies = [m.value for m in metrics if m.name == "tamiyo.decision.latency_ms"]
     timeouts = sum(m.value for m in metrics if m.name == "tolaria.timeout.tamiyo_total")
-    return {"tamiyo_decision_max_ms": max(latencies, default=0.0), "tamiyo_timeouts": int(timeouts)}
+    overruns = sum(
+        m.value
+        for m in metrics
+        if m.name in ("tolaria.deadline.tamiyo_overrun_total", "tolaria.deadline.kasmina_overrun_total")
+    )
+    return {
+        "tamiyo_decision_max_ms": max(latencies, default=0.0),
+        "tamiyo_timeouts": int(timeouts),
+        "deadline_overruns": int(overruns),
+    }
 
 
 def frontier_lines(f: dict[str, Any]) -> list[str]:
@@ -154,6 +184,23 @@ def frontier_lines(f: dict[str, Any]) -> list[str]:
     ]
 
 
+def _reproducibility_lines(summary: RunSummary) -> list[str]:
+    if not summary.reproducible:
+        return [
+            "**Not reproducible:** the run acted on the wall clock ("
+            + "; ".join(summary.load_dependence)
+            + "), so the same seed may give other numbers on a busier machine.",
+            "",
+        ]
+    if summary.deadline_overruns:
+        return [
+            f"{summary.deadline_overruns} deadline overrun(s) observed and not acted on: the numbers depend on "
+            "the recipe and seed only.",
+            "",
+        ]
+    return []
+
+
 def render_report(session: Run, summary: RunSummary) -> str:
     """Markdown report: headline, per-epoch table, commands and seeds."""
     lines = [
@@ -167,6 +214,7 @@ def render_report(session: Run, summary: RunSummary) -> str:
         f"{summary.batch_size} ({' + '.join(map(str, summary.batch_per_process))} per process), learning rate "
         f"{summary.learning_rate:g}.",
         "",
+        *_reproducibility_lines(summary),
         "| epoch | train loss | val loss | val acc | train ms | seeds |",
         "|---:|---:|---:|---:|---:|---|",
     ]

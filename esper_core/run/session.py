@@ -361,7 +361,10 @@ class Run:
             outcome = "applied"
             elapsed = (time.perf_counter() - start) * 1e3
             calls_kasmina = command.command_type not in (CommandType.WAIT, CommandType.PAUSE)
-            if calls_kasmina and elapsed > self.config.trainer.safety.kasmina_deadline_ms:
+            safety = self.config.trainer.safety
+            if calls_kasmina and elapsed > safety.kasmina_deadline_ms and not safety.enforce_deadlines:
+                self.rails.overran("kasmina", elapsed_ms=elapsed, action=command.action)
+            elif calls_kasmina and elapsed > safety.kasmina_deadline_ms:
                 reason = self.rails.kasmina_missed(elapsed_ms=elapsed, action=command.action)
                 self._rollback(why=reason)
                 self.commands.append(command)

@@ -28,7 +28,9 @@ from esper_core.telemetry import read_jsonl
 from esper_core.tolaria.safety import SafetyConfig, TrainingHalted
 from esper_core.urza.service import Urza
 
-_DRILL_SAFETY = SafetyConfig(tamiyo_deadline_ms=200.0, kasmina_deadline_ms=10_000.0, max_failed_epochs=3)
+_DRILL_SAFETY = SafetyConfig(
+    tamiyo_deadline_ms=200.0, kasmina_deadline_ms=10_000.0, max_failed_epochs=3, enforce_deadlines=True
+)
 
 
 class _SlowTamiyo:

@@ -108,3 +108,16 @@ def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResul
     if not finished:
         return DeadlineResult(value=None, elapsed_ms=elapsed, timed_out=True)
     return DeadlineResult(value=box.get("value"), elapsed_ms=elapsed, timed_out=False, error=box.get("error"))
+
+
+def decide_within(fn: Callable[[], T], deadline_ms: float, *, enforce: bool) -> DeadlineResult[T]:
+    """``fn`` under ``deadline_ms`` when ``enforce``, else on this thread, timed and never cut
+    short (``SafetyConfig.enforce_deadlines``); an exception is returned either way."""
+    if enforce:
+        return call_with_deadline(fn, deadline_ms)
+    start = time.perf_counter()
+    try:
+        value, error = fn(), None
+    except Exception as e:  # noqa: BLE001 - handed to the caller, as call_with_deadline hands it
+        value, error = None, e
+    return DeadlineResult(value=value, elapsed_ms=(time.perf_counter() - start) * 1e3, timed_out=False, error=error)

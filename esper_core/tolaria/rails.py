@@ -28,7 +28,14 @@ class SafetyRails:
         self.config = config
         self.tiers = tiers
         self.emergency = EmergencyState(config)
-        self._counts = {"tamiyo": 0, "kasmina": 0, "deadline": 0, "failures": 0}
+        self._counts = {
+            "tamiyo": 0,
+            "kasmina": 0,
+            "deadline": 0,
+            "failures": 0,
+            "tamiyo_overrun": 0,
+            "kasmina_overrun": 0,
+        }
         self._restore_ms: list[float] = []
         self._events: list[TelemetryEvent] = []
 
@@ -63,6 +70,20 @@ class SafetyRails:
         )
         self._event("tolaria.timeout", TelemetryLevel.WARNING, reason, part="kasmina", elapsed_ms=elapsed_ms)
         return reason
+
+    def overran(self, part: str, *, elapsed_ms: float, action: str) -> None:
+        """Record a deadline overrun that is observed only (``SafetyConfig.enforce_deadlines`` off):
+        counted and reported, and the run goes on as if it had been on time."""
+        deadline = self.config.tamiyo_deadline_ms if part == "tamiyo" else self.config.kasmina_deadline_ms
+        self._counts[f"{part}_overrun"] += 1
+        self._event(
+            "tolaria.deadline.overrun",
+            TelemetryLevel.WARNING,
+            f"{part.capitalize()} took {elapsed_ms:.0f} ms to {action} (deadline {deadline:.0f} ms); observed only, "
+            "so the run stays reproducible (SafetyConfig.enforce_deadlines acts on it)",
+            part=part,
+            elapsed_ms=elapsed_ms,
+        )
 
     def filter(self, command: AdaptationCommand) -> AdaptationCommand:
         """In conservative mode, downgrade growth and reshaping commands to WAIT (says why)."""
@@ -133,6 +154,8 @@ class SafetyRails:
         metrics = [
             MetricPoint(name="tolaria.timeout.tamiyo_total", value=float(self._counts["tamiyo"])),
             MetricPoint(name="tolaria.timeout.kasmina_total", value=float(self._counts["kasmina"])),
+            MetricPoint(name="tolaria.deadline.tamiyo_overrun_total", value=float(self._counts["tamiyo_overrun"])),
+            MetricPoint(name="tolaria.deadline.kasmina_overrun_total", value=float(self._counts["kasmina_overrun"])),
             MetricPoint(name="tolaria.rollback.deadline_exceeded_total", value=float(self._counts["deadline"])),
             MetricPoint(name="tolaria.rollback.failures_total", value=float(self._counts["failures"])),
             MetricPoint(name="tolaria.emergency.level", value=float(self.emergency.level)),

@@ -15,7 +15,7 @@ from esper_core.telemetry import read_jsonl
 from esper_core.tolaria.safety import SafetyConfig
 from esper_core.urza.service import Urza
 
-DEADLINE = SafetyConfig(tamiyo_deadline_ms=300.0)
+DEADLINE = SafetyConfig(tamiyo_deadline_ms=300.0, enforce_deadlines=True)
 
 
 class _SlowForward:

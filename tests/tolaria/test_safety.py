@@ -69,3 +69,19 @@ def test_rails_state_checkpoints_the_escalation_and_forks_the_undrained_telemetr
     other.load_state_dict(live)  # a fork's put-back: the counters and events too
     assert other.drain() == rails.drain()
     assert other.state_dict(in_memory=True) == rails.state_dict(in_memory=True)
+
+
+def test_an_observed_overrun_is_counted_and_reported_and_changes_nothing(tmp_path: Path) -> None:
+    rails = SafetyRails(SafetyConfig(kasmina_deadline_ms=10.0), RollbackTiers(CheckpointStore(tmp_path)))
+    rails.overran("kasmina", elapsed_ms=25.0, action="germinate")
+    assert rails.emergency.level is EmergencyLevel.NORMAL and not rails.emergency.conservative
+    metrics, events = rails.drain()
+    counts = {m.name: m.value for m in metrics}
+    assert counts["tolaria.deadline.kasmina_overrun_total"] == 1.0 and counts["tolaria.timeout.kasmina_total"] == 0.0
+    (event,) = events
+    assert event.name == "tolaria.deadline.overrun" and event.attributes["part"] == "kasmina"
+    assert "25 ms to germinate (deadline 10 ms); observed only" in event.message
+
+
+def test_deadlines_are_observed_only_unless_a_recipe_opts_in() -> None:
+    assert not SafetyConfig().enforce_deadlines
