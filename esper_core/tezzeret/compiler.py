@@ -172,8 +172,15 @@ def compile_blueprint(
         output_shape = tuple(built.kernel(inputs[0]).shape[1:])
     problems = list(built.problems)
     over_budget = budget_problem(latency, config.latency_budget_ms)
-    if over_budget is not None:
+    if over_budget is not None and config.enforce_latency_budget:
         problems.append(over_budget)
+    elif over_budget is not None:
+        logger.warning(
+            "tezzeret: %s for %s: %s; published all the same (TezzeretConfig.enforce_latency_budget quarantines it)",
+            blueprint_id,
+            profile.name,
+            over_budget,
+        )
     # The tier policy is one more reason: a high-risk blueprint is quarantine-only.
     tier_status, tier_reason = publish_status(catalog.get(blueprint_id).descriptor)
     if tier_status is ArtifactStatus.QUARANTINED and tier_reason is not None:

@@ -238,12 +238,20 @@ def test_a_numeric_mismatch_is_quarantined_with_the_reason() -> None:
     assert "exported program" in artifact.status_reason and "differs from eager" in artifact.status_reason
 
 
-def test_missing_the_latency_budget_is_quarantined_with_the_reason() -> None:
-    config = TezzeretConfig(timing_iters=3, warmup_iters=0, latency_budget_ms=1e-9)
+def test_missing_an_enforced_latency_budget_is_quarantined_with_the_reason() -> None:
+    config = TezzeretConfig(timing_iters=3, warmup_iters=0, latency_budget_ms=1e-9, enforce_latency_budget=True)
     artifact = compile_blueprint(default_catalog(), "lowrank_adapter", PROFILE, config=config).artifact
     assert artifact.status is ArtifactStatus.QUARANTINED
     assert artifact.status_reason is not None
     assert artifact.status_reason.startswith("latency budget 1e-09 ms exceeded: b1 p50")
+
+
+def test_by_default_a_missed_latency_budget_is_reported_not_acted_on(caplog: pytest.LogCaptureFixture) -> None:
+    config = TezzeretConfig(timing_iters=3, warmup_iters=0, latency_budget_ms=1e-9)
+    with caplog.at_level("WARNING", logger="esper_core.tezzeret.compiler"):
+        artifact = compile_blueprint(default_catalog(), "lowrank_adapter", PROFILE, config=config).artifact
+    assert artifact.status is ArtifactStatus.ACTIVE and artifact.latency["b1"].p50_ms > 1e-9
+    assert any("latency budget 1e-09 ms exceeded" in r.message for r in caplog.records)
 
 
 def test_high_risk_blueprints_compile_but_are_quarantined() -> None:
