@@ -7,6 +7,7 @@ from prefect import flow
 from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
 from esper_core.run.reports import RunSummary
+from esper_core.run.spec import Epochs, Processes, Seed
 from flows.compile_catalog import compile_planned
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
@@ -17,11 +18,11 @@ from tasks.train import finish, grow, grow_parallel, kernels_ready, start_run
 @flow(name="morphogenesis", log_prints=True)
 def morphogenesis(
     recipe: RecipeRef = "digits-mlp",
-    epochs: int | None = None,
+    epochs: Epochs | None = None,
     device: Device = "auto",
-    seed: int | None = None,
+    seed: Seed | None = None,
     run_id: str | None = None,
-    nproc: int = 1,
+    nproc: Processes = 1,
 ) -> RunSummary:
     """Grow a network: compile its seed kernels (unless published), then train / decide / apply per epoch.
 

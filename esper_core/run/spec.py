@@ -19,9 +19,10 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 
 from esper_core._capabilities import DEVICE_CHOICES, resolve_device
 from esper_core.data import Dataset
@@ -33,6 +34,14 @@ from esper_core.run.config import RunConfig
 from esper_core.run.plan import RunPlan, plan_compile_jobs, plan_run, recipe_feature_shape
 from esper_core.run.recipes import get_recipe
 from esper_core.tezzeret.config import Backend
+
+Epochs = Annotated[int, Field(ge=1, description="Epochs to train (at least 1)")]
+"""An epoch count as a flow parameter: the bound is in the deployment's schema, so the server
+refuses ``epochs=0`` before a flow run exists (``RunSpec`` checks the same)."""
+Processes = Annotated[int, Field(ge=1, description="Data-parallel processes (at least 1)")]
+"""A process count as a flow parameter (``RunSpec.nproc``)."""
+Seed = Annotated[int, Field(ge=0, description="Random seed (0 or more)")]
+"""A random seed as a flow parameter (``RunSpec.seed``): NumPy's generators take none below 0."""
 
 SPEC_FILE = "run.json"
 """A run folder's record of what the run was started with (``RunSpec.save``)."""
@@ -71,6 +80,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1 (or None for the recipe's), got {self.epochs}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed must be >= 0 (or None for the recipe's), got {self.seed}")
         if self.device is not None and self.device not in DEVICE_CHOICES:
             raise ValueError(f"device must be one of {DEVICE_CHOICES} (or None for the recipe's), got {self.device!r}")
         if self.nproc < 1:

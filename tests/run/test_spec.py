@@ -69,6 +69,8 @@ def test_bad_input_is_refused_before_any_work_naming_the_fix() -> None:
         RunSpec(recipe="seed-reference", nproc=0)
     with pytest.raises(ValueError, match="device must be one of"):
         RunSpec(recipe="seed-reference", device="tpu")
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        RunSpec(recipe="seed-reference", seed=-1)
 
 
 @pytest.mark.slow
