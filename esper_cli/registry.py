@@ -1,4 +1,4 @@
-"""``esper registry``: Urza's artifacts (list, show, quarantine, retire, tag, gc, upgrade, resign)."""
+"""``esper registry``: Urza's artifacts (list, show, quarantine, retire, tag, gc, upgrade, resign, verify)."""
 
 from __future__ import annotations
 
@@ -207,6 +207,22 @@ def _cmd_resign(args: argparse.Namespace) -> int:
     return 1 if report.refused or refused_policies else 0
 
 
+@_registry_errors
+def _cmd_verify(args: argparse.Namespace) -> int:
+    _, urza = _open()
+    try:
+        report = urza.verify_all()
+    finally:
+        urza.close()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(f"{len(report.verified)} artifact(s) verified, {len(report.refused)} refused")
+        for artifact_id, why in report.refused:
+            print(f"refused artifact {artifact_id}: {why}", file=sys.stderr)
+    return 1 if report.refused else 0
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -215,7 +231,7 @@ def _non_negative(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``registry list|show|quarantine|retire|tag|gc|upgrade|resign``."""
+    """Add ``registry list|show|quarantine|retire|tag|gc|upgrade|resign|verify``."""
     registry = sub.add_parser("registry", help="Urza's artifact registry").add_subparsers(
         dest="registry_command", required=True, metavar="ACTION"
     )
@@ -261,3 +277,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r_resign.add_argument("--dry-run", action="store_true", help="only report what would be signed")
     r_resign.add_argument("--json", action="store_true", help="print JSON")
     r_resign.set_defaults(func=_cmd_resign)
+    r_verify = registry.add_parser(
+        "verify", help="check every artifact's blob digest and signature; exit 1 listing those refused"
+    )
+    r_verify.add_argument("--json", action="store_true", help="print JSON")
+    r_verify.set_defaults(func=_cmd_verify)

@@ -82,7 +82,7 @@ class ResignReport:
     Attributes:
         key_id: The key that signs now.
         resigned: Ids of artifacts (re-)signed: unsigned ones and those of an older key.
-        current: Ids already signed with the current key (left alone).
+        current: Ids already signed with the current key and verified (left alone).
         refused: Ids whose signature or blob does not verify, with why (left alone: re-publish them).
         dry_run: Nothing was written.
     """
@@ -101,6 +101,26 @@ class ResignReport:
             "current": list(self.current),
             "refused": [{"artifact_id": i, "why": why} for i, why in self.refused],
             "dry_run": self.dry_run,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerifyReport:
+    """What ``Urza.verify_all`` found.
+
+    Attributes:
+        verified: Ids whose blob and signature check out.
+        refused: Ids that do not, with why.
+    """
+
+    verified: tuple[int, ...]
+    refused: tuple[tuple[int, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "verified": list(self.verified),
+            "refused": [{"artifact_id": i, "why": why} for i, why in self.refused],
         }
 
 
@@ -311,15 +331,17 @@ class Urza:
         refused: list[tuple[int, str]] = []
         for artifact in self.store.list_artifacts():
             artifact_id = artifact.artifact_id or 0
-            if signer.is_current(artifact):
-                current.append(artifact_id)
-                continue
             try:
                 blob = self.blobs.get(artifact.sha256)
                 if artifact.signature is not None:
                     signer.verify(artifact, blob)
             except (ArtifactSignatureError, MissingBlobError, CorruptBlobError) as e:
                 refused.append((artifact_id, str(e)))
+                continue
+            if signer.is_current(artifact):
+                # Verified above like every other: "already signed" never vouches for a row
+                # whose descriptor or blob changed after it was signed.
+                current.append(artifact_id)
                 continue
             if not dry_run:
                 signed = signer.sign(artifact, blob)
@@ -332,6 +354,24 @@ class Urza:
             refused=tuple(refused),
             dry_run=dry_run,
         )
+
+    def verify_all(self) -> VerifyReport:
+        """Check every artifact's blob (SHA-256) and signature, whatever its status.
+
+        Returns:
+            The ids that verify, and those that do not with why (quarantine and re-publish them).
+        """
+        verified: list[int] = []
+        refused: list[tuple[int, str]] = []
+        for artifact in self.store.list_artifacts():
+            artifact_id = artifact.artifact_id or 0
+            try:
+                self.signer.verify(artifact, self.blobs.get(artifact.sha256))
+            except (UnsignedArtifactError, ArtifactSignatureError, MissingBlobError, CorruptBlobError) as e:
+                refused.append((artifact_id, str(e)))
+                continue
+            verified.append(artifact_id)
+        return VerifyReport(verified=tuple(verified), refused=tuple(refused))
 
     def require_active(
         self,

@@ -1,4 +1,4 @@
-"""``esper registry list|show|quarantine|retire|tag|gc|upgrade`` on a real registry."""
+"""``esper registry list|show|quarantine|retire|tag|gc|upgrade|verify`` on a real registry."""
 
 from __future__ import annotations
 
@@ -95,3 +95,20 @@ def test_upgrade_is_idempotent(esper_home: EsperSettings, capsys: pytest.Capture
     assert "upgraded from empty to" in capsys.readouterr().out
     assert main(["registry", "upgrade"]) == 0
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_verify_exits_1_listing_a_kernel_whose_blob_was_changed(
+    published: KernelArtifact, esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["registry", "verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"verified": [published.artifact_id], "refused": []}
+    urza = Urza.open(esper_home.home)
+    blob = urza.blobs.path(published.sha256)
+    urza.close()
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    assert main(["registry", "verify"]) == 1
+    captured = capsys.readouterr()
+    assert "0 artifact(s) verified, 1 refused" in captured.out
+    assert f"refused artifact {published.artifact_id}" in captured.err

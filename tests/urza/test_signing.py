@@ -193,6 +193,24 @@ def test_resign_never_launders_a_tampered_artifact(home: Path, registry_url: str
         rotated.close()
 
 
+def test_already_signed_never_vouches_for_a_row_changed_after_signing(
+    home: Path, registry_url: str, published: KernelArtifact
+) -> None:
+    # Signed with the key that signs now, then its descriptor changed: resign must not call it
+    # "already signed", and verify must list it.
+    urza = Urza.open(home, registry_url, signer=ArtifactSigner(KEY_A))
+    try:
+        assert urza.verify_all().verified == (published.artifact_id,) and urza.resign(dry_run=True).refused == ()
+        _sql(registry_url, "UPDATE artifacts SET fallback_reason = 'x' WHERE id = :id", id=published.artifact_id)
+        report = urza.resign(dry_run=True)
+        assert report.current == () and [i for i, _ in report.refused] == [published.artifact_id]
+        verified = urza.verify_all()
+        [(artifact_id, why)] = verified.refused
+        assert verified.verified == () and artifact_id == published.artifact_id and "does not match" in why
+    finally:
+        urza.close()
+
+
 def test_a_legacy_unsigned_row_is_refused_until_resigned(
     home: Path, registry_url: str, kernel: CompiledKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
