@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
@@ -12,6 +13,9 @@ from esper_core.run.ranks import join_torchrun
 from esper_core.run.recipes import RECIPES
 from esper_core.run.reports import frontier_lines
 from esper_core.run.spec import plan_spec
+
+EXIT_DEGRADED = 3
+"""``esper run``'s exit code for a run that finished degraded (``RunSummary.degraded``)."""
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -53,10 +57,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     mib = summary.checkpoints["bytes"] / 2**20
     print(f"checkpoints {summary.checkpoints['files']} kept, {mib:.1f} MiB")
     print(
-        f"tamiyo     worst decision {summary.tamiyo_decision_max_ms:.0f} ms, {summary.tamiyo_timeouts} deadline misses"
+        f"tamiyo     worst decision {summary.tamiyo_decision_max_ms:.0f} ms, {summary.tamiyo_timeouts} deadline misses, "
+        f"{summary.deadline_overruns} overruns observed only"
     )
+    if not summary.reproducible:
+        print(f"NOT REPRODUCIBLE: acted on the wall clock ({'; '.join(summary.load_dependence)})")
     print(f"outputs    {summary.run_dir}/ (summary.json, telemetry.jsonl, baseline.json, report.md)")
-    return 0
+    for reason in summary.degraded:
+        print(f"DEGRADED   {reason}", file=sys.stderr)
+    # 3: finished, but did less than asked (the flow run's state is Degraded); scripts can tell.
+    return EXIT_DEGRADED if summary.degraded else 0
 
 
 def _cmd_rank(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import Completed, State
 
 from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
@@ -23,7 +24,7 @@ def morphogenesis(
     seed: Seed | None = None,
     run_id: str | None = None,
     nproc: Processes = 1,
-) -> RunSummary:
+) -> RunSummary | State:
     """Grow a network: compile its seed kernels (unless published), then train / decide / apply per epoch.
 
     Args:
@@ -65,4 +66,9 @@ def morphogenesis(
         f"run {summary.run_id}: test accuracy {summary.test_accuracy:.4f}; "
         f"seeds {summary.seeds}; outputs in {summary.run_dir}"
     )
+    if summary.degraded:
+        # Completed, for the run did finish (and a retry would not help), but named Degraded in
+        # the UI and the API, with the reasons, so a run that could not grow does not pass as a
+        # healthy one. Called directly, the flow still returns the summary.
+        return Completed(name="Degraded", message="; ".join(summary.degraded), data=summary)
     return summary

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from esper_core.contracts import SeedStage
+from esper_core.contracts import SeedStage, TelemetryPacket
 from esper_core.run.config import RunConfig
 from esper_core.run.frontier import FRONTIERS
 from esper_core.run.ranks import launches
@@ -61,6 +61,12 @@ class RunSummary:
     busier machine."""
     load_dependence: tuple[str, ...] = ()
     """The wall-clock inputs the run acted on (an opt-in setting each)."""
+    growth_blocked: int = 0
+    """Growth commands rejected because the registry could not give a kernel."""
+    degraded: tuple[str, ...] = ()
+    """Why the run did less than it was asked to (growth the registry blocked, decisions that an
+    enforced deadline turned into a WAIT); empty for a healthy run. The morphogenesis flow then
+    ends in the state ``Degraded`` (a kind of Completed) with these as its message."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -72,6 +78,11 @@ def finish_run(session: Run) -> RunSummary:
     test = session.trainer.evaluate(session.trainer.data.test)
     last = session.history[-1]
     seeds = {s.slot_id: s.stage.value + (f" ({s.blueprint_id})" if s.blueprint_id else "") for s in last.seeds}
+    # From the run's telemetry: its epochs may have run in other processes.
+    path = Path(session.run_dir) / "telemetry.jsonl"
+    telemetry = read_jsonl(path) if path.exists() else []
+    decisions = _decision_latency(telemetry)
+    blocked, first_blocked = _blocked(telemetry)
     summary = RunSummary(
         run_id=session.run_id,
         recipe=session.config.recipe,
@@ -87,7 +98,11 @@ def finish_run(session: Run) -> RunSummary:
         field_reports=dict(Counter(r.outcome.value for r in session.reports)),
         run_dir=str(session.run_dir),
         checkpoints={"files": len(session.checkpoints.tags()), "bytes": session.checkpoints.size_bytes()},
-        **_decision_latency(Path(session.run_dir) / "telemetry.jsonl"),
+        **decisions,
+        growth_blocked=blocked,
+        degraded=degradation(
+            growth_blocked=blocked, first_blocked=first_blocked, tamiyo_timeouts=decisions["tamiyo_timeouts"]
+        ),
         **_sharing(session),
         reproducible=not load_dependence(session.config),
         load_dependence=load_dependence(session.config),
@@ -147,10 +162,8 @@ def load_dependence(config: RunConfig) -> tuple[str, ...]:
     return tuple(acting)
 
 
-def _decision_latency(telemetry: Path) -> dict[str, Any]:
-    """The worst decision latency, the timeout count and the observed deadline overruns over every
-    epoch the run committed (read from its telemetry: the epochs may have run in other processes)."""
-    packets = read_jsonl(telemetry) if telemetry.exists() else []
+def _decision_latency(packets: list[TelemetryPacket]) -> dict[str, Any]:
+    """The worst decision latency, the timeout count and the observed deadline overruns."""
     metrics = [m for p in packets for m in p.metrics]
     latencies = [m.value for m in metrics if m.name == "tamiyo.decision.latency_ms"]
     timeouts = sum(m.value for m in metrics if m.name == "tolaria.timeout.tamiyo_total")
@@ -164,6 +177,26 @@ def _decision_latency(telemetry: Path) -> dict[str, Any]:
         "tamiyo_timeouts": int(timeouts),
         "deadline_overruns": int(overruns),
     }
+
+
+def _blocked(packets: list[TelemetryPacket]) -> tuple[int, str | None]:
+    """How many growth commands the registry blocked, and the first one's reason."""
+    count = sum(m.value for p in packets for m in p.metrics if m.name == "kasmina.growth.blocked_total")
+    rejected = (e for p in packets for e in p.events if e.name == "kasmina.command.rejected")
+    return int(count), next((e.message for e in rejected if e.attributes.get("blocked")), None)
+
+
+def degradation(*, growth_blocked: int, first_blocked: str | None, tamiyo_timeouts: int) -> tuple[str, ...]:
+    """Why a run is degraded, in words (``RunSummary.degraded``); empty when it is not."""
+    reasons = []
+    if growth_blocked:
+        reasons.append(
+            f"{growth_blocked} growth command(s) rejected because the registry could not give a kernel "
+            f"(first: {first_blocked}); check it with `esper registry verify`"
+        )
+    if tamiyo_timeouts:
+        reasons.append(f"{tamiyo_timeouts} decision(s) past Tamiyo's enforced deadline became a WAIT")
+    return tuple(reasons)
 
 
 def frontier_lines(f: dict[str, Any]) -> list[str]:
@@ -182,6 +215,12 @@ def frontier_lines(f: dict[str, Any]) -> list[str]:
         f"- its starting size, {f['start_params']} parameters, reaches {f['start_test_accuracy']:.2f} % static",
         f"- (frontier: `{f['source']}`)",
     ]
+
+
+def _degraded_lines(summary: RunSummary) -> list[str]:
+    if not summary.degraded:
+        return []
+    return ["**Degraded:** " + "; ".join(summary.degraded) + ".", ""]
 
 
 def _reproducibility_lines(summary: RunSummary) -> list[str]:
@@ -214,6 +253,7 @@ def render_report(session: Run, summary: RunSummary) -> str:
         f"{summary.batch_size} ({' + '.join(map(str, summary.batch_per_process))} per process), learning rate "
         f"{summary.learning_rate:g}.",
         "",
+        *_degraded_lines(summary),
         *_reproducibility_lines(summary),
         "| epoch | train loss | val loss | val acc | train ms | seeds |",
         "|---:|---:|---:|---:|---:|---|",

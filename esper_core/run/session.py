@@ -376,12 +376,18 @@ class Run:
             self.record.candidates = None  # the registry may have changed under the run: look again
             if isinstance(e, RegistryUnavailableError):
                 self.registry.failed("load a kernel", e)
+            # A gate's refusal is the lifecycle working; a kernel the registry could not give
+            # (refused signature, corrupt or missing blob, an outage) blocked growth the run
+            # wanted: counted, so the run's summary and its Prefect state say it was degraded.
+            blocked = isinstance(e, RegistryError)
+            if blocked:
+                metrics.append(MetricPoint(name="kasmina.growth.blocked_total", value=1.0))
             events.append(
                 TelemetryEvent(
                     name="kasmina.command.rejected",
                     level=TelemetryLevel.WARNING,
                     message=str(e),
-                    attributes={"action": command.action, "slot_id": command.slot_id or ""},
+                    attributes={"action": command.action, "slot_id": command.slot_id or "", "blocked": blocked},
                 )
             )
         outcome = self._agree(command, outcome, events)

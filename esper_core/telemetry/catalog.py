@@ -143,6 +143,12 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tolaria.grad_agg.steps", _G, "Steps of the last epoch that aggregated seed gradients"),
     _n("tolaria.timeout.tamiyo_total", _C, "Tamiyo calls that missed their deadline", alerting=True),
     _n("tolaria.timeout.kasmina_total", _C, "Kasmina calls that missed their deadline", alerting=True),
+    _n(
+        "kasmina.growth.blocked_total",
+        _C,
+        "Growth commands rejected because the registry could not give a kernel (refused, corrupt, missing, down)",
+        alerting=True,
+    ),
     _n("tolaria.deadline.tamiyo_overrun_total", _C, "Tamiyo decisions past their deadline, observed only"),
     _n("tolaria.deadline.kasmina_overrun_total", _C, "Kasmina commands past their deadline, observed only"),
     _n("tolaria.rollback.restore_latency_ms", _G, "Time to restore the last good state", "ms"),
