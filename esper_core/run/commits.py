@@ -28,3 +28,13 @@ def tag_order(tag: str) -> int:
 def epochs_applied(tag: str | None) -> int:
     """How many epochs are fully done (trained, decided, applied) at commit ``tag``."""
     return 0 if tag is None else (tag_order(tag) + 1) // 2
+
+
+def lost_epochs(kept: str, damaged: str) -> str:
+    """In words, what going back from commit ``damaged`` to the older commit ``kept`` undoes.
+
+    ``damaged`` is an epoch's commit (nothing is older than ``start`` to go back to).
+    """
+    first, last = epochs_applied(kept), int(damaged.split("-")[1])
+    epochs = f"epoch {first}" if first == last else f"epochs {first}-{last}"
+    return f"{epochs} will be run again from {kept}"
