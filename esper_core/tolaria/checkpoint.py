@@ -196,7 +196,7 @@ class CheckpointStore:
                 e.errno,
                 f"could not commit checkpoint {tag!r} under {self.root}: {e.strerror or e}. "
                 + ("The disk is full. " if full else "")
-                + f"Nothing of this commit was kept; the last commit ({self.latest()}) is intact. "
+                + f"Nothing of this commit was kept; the last commit ({self.latest()!r}) is intact. "
                 + ("Free space there (or set ESPER_HOME to a larger disk)" if full else "Fix the cause")
                 + " and resume the run (`esper run --run-id RUN_ID`).",
             ) from e
