@@ -8,6 +8,9 @@ from __future__ import annotations
 
 START_TAG = "start"
 
+CHECKPOINTS_DIR = "checkpoints"
+"""The folder of a run's commits inside its run folder."""
+
 
 def epoch_tag(epoch: int, phase: str) -> str:
     """Checkpoint tag of ``phase`` (``trained`` / ``applied``) of ``epoch``."""

@@ -35,7 +35,7 @@ from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.actuation import Actuator
 from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.candidates import kernel_candidates
-from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, lost_epochs, tag_order
+from esper_core.run.commits import CHECKPOINTS_DIR, START_TAG, epoch_tag, epochs_applied, lost_epochs, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
@@ -150,7 +150,7 @@ class Run:
             tamiyo = TamiyoService(tamiyo_config, cache_dir=settings.home / "cache" / "inductor")
         self.tamiyo = tamiyo
         self.profiles = self.plan.profiles
-        self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)
+        self.checkpoints = CheckpointStore(self.run_dir / CHECKPOINTS_DIR, retention=config.checkpoints)
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints, persist=leader))
         self.sink: TelemetrySink = NullSink()
         if leader:
