@@ -9,7 +9,6 @@ written out. A retried step first restores the last commit, so nothing is lost o
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.actuation import Actuator
 from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.candidates import kernel_candidates
-from esper_core.run.commits import CHECKPOINTS_DIR, START_TAG, epoch_tag, epochs_applied, lost_epochs, tag_order
+from esper_core.run.commits import CHECKPOINTS_DIR, START_TAG, epoch_tag, epochs_applied, fall_back, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
@@ -53,8 +52,6 @@ from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted
 from esper_core.urza.errors import RegistryError, RegistryUnavailableError
 from esper_core.urza.service import Urza
-
-log = logging.getLogger(__name__)
 
 
 class CommitLost(TrainingHalted):
@@ -527,34 +524,10 @@ class Run:
         return tag
 
     def _fall_back(self, damaged: CheckpointCorruptError) -> str:
-        """Set the damaged checkpoint aside and make the newest commit before it the run's last.
-
-        That commit's own bytes are checked when it is loaded (a resume goes on falling back).
-        """
+        # Rank 0 alone moves the run's files; another rank stops at the damage.
         if not self.collective.leader:
             raise damaged
-        aside = self.checkpoints.set_aside(damaged.tag)
-        older = [t for t in self.checkpoints.tags() if tag_order(t) < tag_order(damaged.tag)]
-        if not older:
-            raise CheckpointCorruptError(
-                tag=damaged.tag,
-                path=aside,
-                problem=f"{damaged.problem}. It is kept there, and run {self.run_id} has no older commit left "
-                "to go back to: start the run again under a new id",
-            ) from damaged
-        kept = max(older, key=tag_order)
-        self.checkpoints.point_latest(kept)
-        log.warning(
-            "run %s: checkpoint %s is damaged (%s); kept at %s. Going back to commit %s: %s "
-            "(a run is deterministic given its commit)",
-            self.run_id,
-            damaged.path.name,
-            damaged.problem,
-            aside,
-            kept,
-            lost_epochs(kept, damaged.tag),
-        )
-        return kept
+        return fall_back(self.checkpoints, damaged, run_id=self.run_id)
 
     def _rollback(self, *, why: str) -> None:
         """Back to the last commit after a failure; the live escalation state is kept.

@@ -52,7 +52,7 @@ def test_a_flipped_byte_in_a_finished_runs_latest_checkpoint_falls_back_and_repr
     checkpoints = compiled_home.runs_dir / "flipped" / "checkpoints"
     latest = checkpoints / f"{epoch_tag(EPOCHS - 1, 'applied')}.pt"
     flip(latest)
-    with caplog.at_level(logging.WARNING, logger="esper_core.run.session"):
+    with caplog.at_level(logging.WARNING, logger="esper_core.run.commits"):
         resumed_at, again = _go_on(compiled_home, "flipped")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "damaged" in r.getMessage()]
     assert len(warnings) == 1 and latest.name in warnings[0]
