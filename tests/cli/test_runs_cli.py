@@ -10,7 +10,7 @@ from esper_cli.main import main
 from esper_core.run import Run, RunSpec, finish_run, grow_epoch
 from esper_core.run.commits import epoch_tag
 from esper_core.settings import EsperSettings
-from tests.tolaria.test_checkpoint_integrity import flip
+from tests.helpers.checkpoints import flip
 
 
 @pytest.fixture

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+import esper_core.tolaria.checkpoint as checkpoint
 from esper_core.run import Run, RunSpec, finish_run, grow_epoch
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.session import CommitLost
 from esper_core.settings import EsperSettings
-from esper_core.tolaria.checkpoint import CheckpointCorruptError
+from esper_core.tolaria.checkpoint import CheckpointCorruptError, CheckpointWriteError
 from esper_core.tolaria.safety import EpochFailed
-from tests.tolaria.test_checkpoint_integrity import flip
+from tests.helpers.checkpoints import flip, open_on_a_full_disk
 
 EPOCHS = 3
 
@@ -135,3 +136,24 @@ def test_checkpoints_from_before_digests_still_resume(
         resumed_at, again = _go_on(compiled_home, "legacy")
     assert resumed_at == 1 and again == loss
     assert any("unverified" in r.getMessage() for r in caplog.records)
+
+
+def test_a_full_disk_fails_a_runs_commit_and_the_run_resumes_from_the_last_one(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loss = _finished(compiled_home, "clean")
+    run = Run.start(_spec("full"), settings=compiled_home)
+    checkpoints = compiled_home.runs_dir / "full" / "checkpoints"
+    try:
+        grow_epoch(run, 0)
+        stored = {p.name: p.read_bytes() for p in checkpoints.iterdir()}
+        with monkeypatch.context() as patch:
+            patch.setattr(checkpoint, "open", open_on_a_full_disk, raising=False)
+            with pytest.raises(CheckpointWriteError, match="The disk is full"):
+                grow_epoch(run, 1)
+    finally:
+        run.close()
+    # Nothing stored was lost or changed, and nothing half-written is left.
+    assert {p.name: p.read_bytes() for p in checkpoints.iterdir()} == stored
+    resumed_at, again = _go_on(compiled_home, "full")
+    assert resumed_at == 1 and again == loss

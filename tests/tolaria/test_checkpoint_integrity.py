@@ -4,7 +4,6 @@ written (a full disk) leaves nothing half-done and the previous commit intact.""
 from __future__ import annotations
 
 import errno
-import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,19 +14,12 @@ import torch
 import esper_core.tolaria.checkpoint as checkpoint
 from esper_core.tolaria.checkpoint import CheckpointCorruptError, CheckpointStore, CheckpointWriteError
 from esper_core.tolaria.rollback import RollbackTiers
+from tests.helpers.checkpoints import flip, open_on_a_full_disk
 
 
 def _state(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     return {"model": {"weight": torch.randn(64, 64), "bias": torch.randn(64)}, "epoch": seed}
-
-
-def flip(path: Path, *, at: float = 0.5, n: int = 64) -> None:
-    """Invert ``n`` bytes of ``path`` starting at fraction ``at`` of its length (the middle: weights)."""
-    data = bytearray(path.read_bytes())
-    start = int(len(data) * at)
-    data[start : start + n] = bytes(b ^ 0xFF for b in data[start : start + n])
-    path.write_bytes(bytes(data))
 
 
 def test_a_commit_records_its_digest_and_loads_back_verified(tmp_path: Path) -> None:
@@ -113,30 +105,6 @@ def test_a_crash_between_the_renames_never_pairs_new_bytes_with_an_old_digest(
     assert store.verify("a").status == "unverified" and store.load("a")["epoch"] == 2
 
 
-class _FullDisk:
-    """A file on a disk with ``room`` bytes left: the write that needs more fails with ENOSPC."""
-
-    room = 1000
-
-    def __init__(self, f: io.BufferedWriter) -> None:
-        self._f = f
-
-    def write(self, data: bytes) -> int:
-        if len(data) > self.room:
-            self._f.write(data[: self.room])  # what fitted stays in the temporary file
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return self._f.write(data)
-
-    def __getattr__(self, name: str) -> Any:  # noqa: ANN401 - flush, fileno: the real file's
-        return getattr(self._f, name)
-
-    def __enter__(self) -> _FullDisk:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._f.close()
-
-
 def test_a_full_disk_fails_the_commit_cleanly_and_keeps_the_last_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -144,12 +112,6 @@ def test_a_full_disk_fails_the_commit_cleanly_and_keeps_the_last_one(
     store.save("a", _state(1))
     store.save("b", _state(2))
     before = sorted(p.name for p in tmp_path.iterdir())
-    real_open = open
-
-    def open_on_a_full_disk(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-        f = real_open(path, mode, *args, **kwargs)
-        return _FullDisk(f) if "w" in mode else f
-
     monkeypatch.setattr(checkpoint, "open", open_on_a_full_disk, raising=False)
     with pytest.raises(CheckpointWriteError, match="The disk is full.*last commit \\('b'\\) is intact.*Free space"):
         store.save("c", _state(3))
