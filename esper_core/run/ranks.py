@@ -38,7 +38,7 @@ import torch.multiprocessing as mp
 
 from esper_core._capabilities import resolve_device
 from esper_core.run.build import load_run_data
-from esper_core.run.commits import epoch_tag
+from esper_core.run.commits import CHECKPOINTS_DIR, epoch_tag
 from esper_core.run.config import RunConfig
 from esper_core.run.outage import open_registry
 from esper_core.run.plan import check_recipe
@@ -148,7 +148,7 @@ def _stop(processes: list[mp.Process]) -> None:
 
 def _failure(spec: RunSpec, settings: EsperSettings, what: str) -> str:
     assert spec.run_id, "launch refuses a spec without a run id"
-    latest = CheckpointStore(settings.runs_dir / spec.run_id / "checkpoints").latest()
+    latest = CheckpointStore(settings.runs_dir / spec.run_id / CHECKPOINTS_DIR).latest()
     return (
         f"data-parallel run {spec.run_id} stopped: {what}. The run stands at its last commit "
         f"({latest or 'none'}); resume it with `esper run --run-id {spec.run_id} --nproc N` (any N, 1 included)."

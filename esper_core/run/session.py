@@ -34,7 +34,7 @@ from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.actuation import Actuator
 from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.candidates import kernel_candidates
-from esper_core.run.commits import START_TAG, epoch_tag, epochs_applied, tag_order
+from esper_core.run.commits import CHECKPOINTS_DIR, START_TAG, epoch_tag, epochs_applied, fall_back, tag_order
 from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
@@ -45,13 +45,21 @@ from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, NullSink, TelemetrySink
-from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
+from esper_core.tolaria.checkpoint import CheckpointCorruptError, CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.collective import Collective, Solo
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted
 from esper_core.urza.errors import RegistryError, RegistryUnavailableError
 from esper_core.urza.service import Urza
+
+
+class CommitLost(TrainingHalted):
+    """A commit the live run stood on was damaged: set aside, LATEST moved back to an older one.
+
+    The step cannot go on from an older commit (its epoch would be wrong), so the run halts; a
+    resume (``Run.resume``) continues from the newest intact commit.
+    """
 
 
 def new_run_id() -> str:
@@ -139,7 +147,7 @@ class Run:
             tamiyo = TamiyoService(tamiyo_config, cache_dir=settings.home / "cache" / "inductor")
         self.tamiyo = tamiyo
         self.profiles = self.plan.profiles
-        self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", retention=config.checkpoints)
+        self.checkpoints = CheckpointStore(self.run_dir / CHECKPOINTS_DIR, retention=config.checkpoints)
         self.rails = SafetyRails(config.trainer.safety, RollbackTiers(self.checkpoints, persist=leader))
         self.sink: TelemetrySink = NullSink()
         if leader:
@@ -496,19 +504,54 @@ class Run:
         # During an outage they stay queued; the run's last commit waits for the database.
         self._unrecorded.flush(wait=final)
 
-    def restore(self, tag: str | None = None) -> None:
-        """Return to the committed state ``tag`` (default: the latest commit), escalation included."""
+    def restore(self, tag: str | None = None) -> str:
+        """Return to the committed state ``tag`` (default: the latest commit), escalation included.
+
+        A damaged checkpoint is never loaded: it is set aside (``checkpoints/damaged/``) and the
+        newest intact commit before it is restored instead, LATEST then pointing at it.
+
+        Returns:
+            The tag restored: ``tag``, or the older commit the run went back to.
+
+        Raises:
+            CheckpointCorruptError: a damaged checkpoint and no intact commit before it (or, on a
+                rank other than 0 of a data-parallel run, any damaged checkpoint: rank 0 alone
+                moves the run's files).
+        """
         tag = tag or self.checkpoints.latest()
         if tag is None:
             raise CheckpointNotFoundError(f"run {self.run_id} has no commit to restore under {self.checkpoints.root}")
-        unsent = self.state.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
+        while True:
+            try:
+                unsent = self.state.restore(tag, deadline_ms=self.config.trainer.safety.rollback_deadline_ms)
+                break
+            except CheckpointCorruptError as e:
+                tag = self._fall_back(e)
         if self.collective.leader:
             # A process killed right after the commit never sent its telemetry: send it now.
             self._send(unsent.missing_from(self.run_dir))
+        return tag
+
+    def _fall_back(self, damaged: CheckpointCorruptError) -> str:
+        # Rank 0 alone moves the run's files; another rank stops at the damage.
+        if not self.collective.leader:
+            raise damaged
+        return fall_back(self.checkpoints, damaged, run_id=self.run_id)
 
     def _rollback(self, *, why: str) -> None:
-        """Back to the last commit after a failure; the live escalation state is kept."""
-        self.state.rollback(deadline_ms=self.config.trainer.safety.rollback_deadline_ms, why=why)
+        """Back to the last commit after a failure; the live escalation state is kept.
+
+        Raises:
+            CommitLost: the last commit's checkpoint is damaged (only the disk held it).
+        """
+        try:
+            self.state.rollback(deadline_ms=self.config.trainer.safety.rollback_deadline_ms, why=why)
+        except CheckpointCorruptError as e:
+            kept = self._fall_back(e)
+            raise CommitLost(
+                f"run {self.run_id}: a rollback ({why}) found commit {e.tag} damaged; it was not restored. "
+                f"Resume the run (`esper run --run-id {self.run_id}`) to go on from {kept}."
+            ) from e
 
     def _remediate(self) -> None:
         """Undo the likely cause of a failed epoch before retrying it."""
@@ -544,15 +587,24 @@ class Run:
 
         Resuming then re-runs that epoch, which reproduces it exactly, followed by its decision.
         """
-        tag = self.committed_tag or ""
-        if tag.endswith("-trained"):
+        # A loop: the commit before it may be damaged, and the run fall back to another trained one.
+        while (tag := self.committed_tag or "").endswith("-trained"):
             epoch = int(tag.split("-")[1])
             self.restore(START_TAG if epoch == 0 else epoch_tag(epoch - 1, "applied"))
 
     def ensure_at(self, tag: str) -> None:
-        """Make the live state equal to commit ``tag`` (restoring if a step ran past it or failed)."""
+        """Make the live state equal to commit ``tag`` (restoring if a step ran past it or failed).
+
+        Raises:
+            CommitLost: ``tag``'s checkpoint is damaged; the run went back to an older commit.
+        """
         if self.committed_tag != tag or self.record.dirty:
-            self.restore(tag)
+            restored = self.restore(tag)
+            if restored != tag:
+                raise CommitLost(
+                    f"run {self.run_id}: commit {tag} is damaged and was set aside; the run's newest intact commit "
+                    f"is {restored}. Resume the run (`esper run --run-id {self.run_id}`) to go on from it."
+                )
 
     def close(self) -> None:
         """Release files, database connections and Tamiyo's background compile."""

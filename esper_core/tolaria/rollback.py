@@ -2,11 +2,16 @@
 
 A restore tries the fast tier when it holds the requested tag, falls back to disk, reports which
 tier served it and how long it took against the deadline, and counts failures.
+
+The fast tier holds the very bytes the commit wrote, so it is trusted; but it must not hide a
+damaged disk copy of the same commit (a resume would meet it later, with more lost): a restore
+from memory also checks the disk copy, and replaces a damaged one from memory, keeping it aside.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +19,8 @@ from typing import Any
 import torch
 
 from esper_core.tolaria.checkpoint import CheckpointStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +68,7 @@ class RollbackTiers:
 
         Raises:
             CheckpointNotFoundError: neither tier holds ``tag``.
+            CheckpointCorruptError: only the disk holds ``tag``, and its copy is damaged.
         """
         start = time.perf_counter()
         failures = 0
@@ -76,6 +84,25 @@ class RollbackTiers:
         if state is None:
             state = self.store.load(tag)
         latency = (time.perf_counter() - start) * 1e3
+        if tier == "memory" and self.persist:
+            # Outside the timed restore: an audit of the disk (one read and hash, rare: rollbacks only).
+            self._repair_disk_copy(tag)
         return state, RestoreReport(
             tag=tag, tier=tier, latency_ms=latency, deadline_exceeded=latency > deadline_ms, failures=failures
+        )
+
+    def _repair_disk_copy(self, tag: str) -> None:
+        """Replace a damaged disk copy of the commit the fast tier holds, keeping the damaged file aside."""
+        assert self._fast is not None and self._fast[0] == tag
+        check = self.store.verify(tag)
+        if check.status != "damaged":
+            return
+        aside = self.store.set_aside(tag)
+        self.store.write(tag, self._fast[1])
+        log.warning(
+            "checkpoint %s was damaged on disk (%s); kept at %s and written again from the run's in-memory copy "
+            "of the same commit",
+            check.path,
+            check.problem,
+            aside,
         )

@@ -18,7 +18,7 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("run", "export", "catalog", "registry", "bench"):
+    for command in ("run", "runs", "export", "catalog", "registry", "bench"):
         assert command in out
 
 
@@ -30,6 +30,7 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         ["catalog", "list"],
         ["catalog", "compile"],
         ["registry", "list"],
+        ["runs", "list"],
         ["bench", "seed-reference"],
     ],
 )
