@@ -120,11 +120,17 @@ def finish_run(session: Run) -> RunSummary:
             "train_samples": len(session.trainer.data.train),
             "host": list(session.trainer.model.layer_widths),
         },
+        # A series with no sample is left out: a run whose every decision missed an enforced
+        # deadline has no GNN latency to summarise, and is still a run with a baseline.
         latency_ms={
-            "train_epoch": session.timings["train_ms"],
-            "full_epoch": session.timings["epoch_ms"],
-            "tamiyo_decide": session.timings["decide_ms"],
-            "tamiyo_gnn": session.timings["gnn_ms"],
+            name: series
+            for name, series in (
+                ("train_epoch", session.timings["train_ms"]),
+                ("full_epoch", session.timings["epoch_ms"]),
+                ("tamiyo_decide", session.timings["decide_ms"]),
+                ("tamiyo_gnn", session.timings["gnn_ms"]),
+            )
+            if series
         },
         device=session.device,
         extra={"summary": summary.to_dict()},
