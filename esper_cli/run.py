@@ -9,10 +9,12 @@ import sys
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
 from esper_core._capabilities import DEVICE_CHOICES
+from esper_core.run.preflight import preflight
 from esper_core.run.ranks import join_torchrun
 from esper_core.run.recipes import RECIPES
 from esper_core.run.reports import frontier_lines
 from esper_core.run.spec import plan_spec
+from esper_core.settings import EsperSettings
 
 EXIT_DEGRADED = 3
 """``esper run``'s exit code for a run that finished degraded (``RunSummary.degraded``)."""
@@ -24,7 +26,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # before Prefect starts a server or a flow run, with the message that says what was expected.
     # The flow plans again in its first task: its parameters are the request, not this plan (a
     # flow parameter is serialised, and a deployment is asked by the same parameters).
-    plan_spec(args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id, nproc=args.nproc)
+    planned = plan_spec(
+        args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id, nproc=args.nproc
+    )
+    # The home, the registry and one batch through the model and loss: each failure one line, exit 2.
+    preflight(planned.config, planned.data, settings=EsperSettings())
     quiet_prefect()
     from flows.morphogenesis import morphogenesis
 

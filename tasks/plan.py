@@ -6,7 +6,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from esper_core.pipeline import CompileJob
+from esper_core.run.preflight import preflight
 from esper_core.run.spec import PlannedRun, compile_jobs, plan_spec
+from tasks._runtime import settings
 
 
 # NO_CACHE: the planned run holds the resolved configuration and data, which cannot be persisted;
@@ -23,8 +25,12 @@ def plan_run_spec(
     Raises:
         ValueError, ApprovalRequiredError: a bad recipe or override, or a run ``nproc`` processes
             cannot share (``esper_core.run.spec.plan_spec``), before any work starts.
+        PreflightError: the home, the registry or one batch through the model and loss fails
+            (``esper_core.run.preflight``): a deployment has no ``esper run`` in front of it.
     """
-    return plan_spec(recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=nproc)
+    planned = plan_spec(recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=nproc)
+    preflight(planned.config, planned.data, settings=settings())
+    return planned
 
 
 # NO_CACHE: planning is cheap and must see the current catalogue. No tags (see tasks.compile).

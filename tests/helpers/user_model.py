@@ -76,3 +76,10 @@ def not_a_config() -> dict[str, int]:
 
 
 NOT_CALLABLE = 3
+
+
+def wrong_targets() -> RunConfig:
+    """The recipe with a loss its targets do not fit: class indices given to a regression loss."""
+    config = recipe()
+    config.loss = torch.nn.functional.mse_loss
+    return config

@@ -1,0 +1,90 @@
+"""Checks before any work: each common mistake is one line naming the fix, exit 2, nothing created."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from esper_core.determinism import capture_rng
+from esper_core.run.preflight import PreflightError, check_one_batch, preflight
+from esper_core.run.spec import plan_spec
+from esper_core.settings import EsperSettings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _esper_run(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``esper run ARGS`` as a user types it, in ``home`` and a temporary Prefect home."""
+    environ = {**os.environ, "ESPER_HOME": str(home), "PREFECT_HOME": str(home.parent / "prefect"), **env}
+    environ.pop("PREFECT_API_URL", None)
+    esper = str(Path(sys.executable).with_name("esper"))
+    return subprocess.run([esper, "run", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+
+
+def _one_line_exit_2(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.strip()]
+    return line
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_targets_the_loss_cannot_take_are_refused_before_any_flow_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    line = _one_line_exit_2(_esper_run(home, "--recipe", "tests.helpers.user_model:wrong_targets", "--device", "cpu"))
+    assert "one training batch failed on cpu" in line and "RunConfig.loss" in line and "targets" in line
+    assert not (home / "runs").exists() and not (tmp_path / "prefect").exists()  # no run, no Prefect
+
+
+def test_a_registry_on_a_closed_port_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    url = f"postgresql+psycopg://esper@127.0.0.1:{_closed_port()}/esper"
+    line = _one_line_exit_2(
+        _esper_run(tmp_path / "home", "--recipe", "seed-reference", "--device", "cpu", ESPER_REGISTRY_URL=url)
+    )
+    assert "does not answer" in line and "ESPER_REGISTRY_URL" in line
+    assert not (tmp_path / "prefect").exists()
+
+
+def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    # A path that cannot be made a folder (a file there): what permissions cannot show as root.
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    line = _one_line_exit_2(_esper_run(home, "--recipe", "seed-reference", "--device", "cpu"))
+    assert "is not writable" in line and "set ESPER_HOME" in line
+    assert home.read_text() == "not a folder" and not (tmp_path / "prefect").exists()
+
+
+def test_the_library_check_says_the_same(esper_home: EsperSettings) -> None:
+    esper_home.home.parent.mkdir(parents=True, exist_ok=True)
+    esper_home.home.write_text("not a folder")
+    planned = plan_spec("seed-reference", device="cpu")
+    with pytest.raises(PreflightError, match=r"ESPER_HOME .* is not writable .*set ESPER_HOME"):
+        preflight(planned.config, planned.data, settings=esper_home)
+
+
+def test_the_batch_check_leaves_every_random_state_and_takes_no_step(esper_home: EsperSettings) -> None:
+    planned = plan_spec("digits-mlp", device="cpu")
+    torch.manual_seed(123)
+    before = capture_rng()
+    check_one_batch(planned.config, planned.data)
+    after = capture_rng()
+    assert torch.equal(before["torch"], after["torch"]) and before["python"][2] == after["python"][2]
+    assert torch.equal(before["python"][1], after["python"][1]) and torch.equal(before["numpy"][1], after["numpy"][1])
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused(esper_home: EsperSettings) -> None:
+    planned = plan_spec("seed-reference", device="cpu")
+    planned.config.loss = lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
+    with pytest.raises(PreflightError, match="not a scalar"):
+        check_one_batch(planned.config, planned.data)
