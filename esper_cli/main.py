@@ -11,6 +11,7 @@ import argparse
 import platform
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from importlib.metadata import version
 from types import FrameType
@@ -77,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValueError as e:
-        # Configuration and input errors carry their fix in the message; no traceback needed.
+        # Configuration and input errors carry their fix in the message; the traceback (with what
+        # caused it, e.g. the user's loss failing) only when asked for with -v.
+        if args.verbose:
+            traceback.print_exception(e)
         print(f"esper: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:

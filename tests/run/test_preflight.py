@@ -19,12 +19,12 @@ from esper_core.settings import EsperSettings
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _esper_run(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _esper_run(home: Path, *args: str, verbose: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
     """``esper run ARGS`` as a user types it, in ``home`` and a temporary Prefect home."""
     environ = {**os.environ, "ESPER_HOME": str(home), "PREFECT_HOME": str(home.parent / "prefect"), **env}
     environ.pop("PREFECT_API_URL", None)
-    esper = str(Path(sys.executable).with_name("esper"))
-    return subprocess.run([esper, "run", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+    esper = [str(Path(sys.executable).with_name("esper")), *(["-v"] if verbose else [])]
+    return subprocess.run([*esper, "run", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
 
 
 def _one_line_exit_2(done: subprocess.CompletedProcess[str]) -> str:
@@ -45,6 +45,8 @@ def test_targets_the_loss_cannot_take_are_refused_before_any_flow_run(tmp_path: 
     line = _one_line_exit_2(_esper_run(home, "--recipe", "tests.helpers.user_model:wrong_targets", "--device", "cpu"))
     assert "one training batch failed on cpu" in line and "RunConfig.loss" in line and "targets" in line
     assert not (home / "runs").exists() and not (tmp_path / "prefect").exists()  # no run, no Prefect
+    verbose = _esper_run(home, "--recipe", "tests.helpers.user_model:wrong_targets", "--device", "cpu", verbose=True)
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr and "mse_loss" in verbose.stderr
 
 
 def test_a_registry_on_a_closed_port_is_refused_naming_the_setting(tmp_path: Path) -> None:
