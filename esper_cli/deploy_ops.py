@@ -47,6 +47,25 @@ def schedule_switches(client: SyncPrefectClient) -> dict[ScheduleKey, bool]:
     }
 
 
+def schedule_lines(client: SyncPrefectClient) -> list[str]:
+    """One line per deployment on the server: its schedules, each on or off, or that it has none.
+
+    E.g. ``benchmark_sweep/nightly  nightly (0 3 * * * UTC): off``. What ``esper server status``
+    prints, since the Prefect UI's deployments page does not show whether a schedule is on.
+    """
+    flows = {f.id: f.name for f in client.read_flows()}
+    lines = []
+    for d in sorted(client.read_deployments(), key=lambda d: (flows.get(d.flow_id, ""), d.name)):
+        name = f"{flows.get(d.flow_id, '?')}/{d.name}"
+        if not d.schedules:
+            lines.append(f"{name:<32} no schedule (runs when asked)")
+        for s in d.schedules:
+            cron = getattr(s.schedule, "cron", None)
+            when = f"{cron} {getattr(s.schedule, 'timezone', None) or 'UTC'}" if cron else repr(s.schedule)
+            lines.append(f"{name:<32} {s.slug or 'schedule'} ({when}): {'on' if s.active else 'off'}")
+    return lines
+
+
 def restore_schedule_switches(client: SyncPrefectClient, before: dict[ScheduleKey, bool]) -> list[str]:
     """Switch every schedule that existed ``before`` back to how it was; returns what changed.
 

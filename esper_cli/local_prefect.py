@@ -227,6 +227,14 @@ class LocalPrefect:
             raise
         return process
 
+    def is_up(self) -> bool:
+        """Whether a Prefect server answers its health check at ``api_url`` now."""
+        try:
+            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
     def _wait_until_healthy(self, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -235,12 +243,8 @@ class LocalPrefect:
                     f"the Prefect server exited with {process.returncode}; is port {self.port} free? "
                     f"(pick another with --port)\n{self.log_tail('server.log')}"
                 )
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if self.is_up():
+                return
             time.sleep(0.5)
         raise RuntimeError(f"the Prefect server did not answer within {timeout:.0f} s\n{self.log_tail('server.log')}")
 
@@ -286,6 +290,22 @@ class LocalPrefect:
             automation = deploy_ops.ensure_zombie_automation(client)
             lines.append(f"automation {deploy_ops.ZOMBIE_AUTOMATION!r}: {automation}")
         return "\n".join([out.rstrip(), *lines])
+
+    def status(self) -> str:
+        """Where the server is, and each deployment's schedules with their on/off switch.
+
+        Raises:
+            ValueError: No server answers at ``api_url`` (start it with ``esper server start``).
+        """
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        if not self.is_up():
+            raise ValueError(f"no Prefect server answers at {self.api_url}: start one with `esper server start`")
+        with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            lines = deploy_ops.schedule_lines(client)
+        header = f"Prefect server {self.api_url} (UI {self.ui_url})"
+        return "\n".join([header, *(lines or ["no deployments: register them with `esper server deploy`"])])
 
     def start_worker(self) -> subprocess.Popen:
         """Reschedule runs orphaned by a dead worker, then start a process worker on the pool."""

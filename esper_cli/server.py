@@ -62,6 +62,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         stop(worker)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    print(_local(args).status())
+    return 0
+
+
 def _cmd_env(args: argparse.Namespace) -> int:
     local = _local(args)
     print(f"export PREFECT_API_URL={local.api_url}")
@@ -70,7 +75,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``server start|deploy|worker|env``."""
+    """Add ``server start|deploy|worker|status|env``."""
     server = sub.add_parser("server", help="local Prefect server, worker and deployments").add_subparsers(
         dest="server_command", required=True, metavar="ACTION"
     )
@@ -83,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             _cmd_deploy,
         ),
         ("worker", "run only a worker (after rescheduling runs a dead worker left behind)", _cmd_worker),
+        ("status", "the server, its deployments and whether each schedule is switched on", _cmd_status),
         ("env", "print the export lines that point the prefect CLI at the server", _cmd_env),
     )
     for name, text, func in commands:

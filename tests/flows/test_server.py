@@ -292,3 +292,17 @@ def test_a_restarted_worker_reschedules_runs_the_zombie_automation_crashed(local
     finally:
         for run_id in runs.values():  # no worker of a later test may run them
             _client_call(local, lambda c, i=run_id: c.delete_flow_run(i))
+
+
+def test_status_says_whether_each_schedule_is_on(local: LocalPrefect) -> None:
+    lines = local.status().splitlines()
+    assert lines[0] == f"Prefect server {local.api_url} (UI {local.ui_url})"
+    nightly = next(line for line in lines if line.startswith("benchmark_sweep/nightly"))
+    assert "nightly (0 3 * * * UTC): " in nightly and nightly.rsplit(": ", 1)[1] in ("on", "off")
+    assert any(line.startswith("morphogenesis/default") and "no schedule" in line for line in lines), lines
+
+
+def test_status_without_a_server_says_how_to_start_one(tmp_path: Path) -> None:
+    idle = LocalPrefect(home=tmp_path / "esper", port=_free_port())
+    with pytest.raises(ValueError, match=r"no Prefect server answers at .*: start one with `esper server start`"):
+        idle.status()
