@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,6 +35,13 @@ STARTUP_TIMEOUT_S = 120
 busy 2-core machine, where importing the server alone has taken longer than that."""
 LOCK_TIMEOUT_S = 900.0
 """How long a process waits for others to finish starting their temporary servers."""
+SHUTDOWN_S = 9.0
+"""``esper server start`` stopped: every process it started is gone within this many seconds."""
+FLOW_RUNS_STOP_S = 5.0
+"""Of ``SHUTDOWN_S``, what the flow runs get after SIGTERM to report how they ended (while the
+server still answers) before SIGKILL; the worker and the server share the rest."""
+RESUMABLE = "Resumable"
+"""Name of the Scheduled state a flow run stopped by ``esper server``'s shutdown is left in."""
 
 
 def prefect_defaults() -> None:
@@ -145,6 +153,25 @@ def stop(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
     psutil.wait_procs(alive, timeout=timeout)
+
+
+def _terminate(processes: list[psutil.Process], *, timeout: float) -> None:
+    """SIGTERM each of ``processes``; SIGKILL those still alive after ``timeout`` s."""
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=max(timeout, 0.0))
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=2.0)
+
+
+def _descendants(process: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        return psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 @dataclass(kw_only=True)
@@ -306,6 +333,82 @@ class LocalPrefect:
             lines = deploy_ops.schedule_lines(client)
         header = f"Prefect server {self.api_url} (UI {self.ui_url})"
         return "\n".join([header, *(lines or ["no deployments: register them with `esper server deploy`"])])
+
+    def shut_down(self, *, server: subprocess.Popen, worker: subprocess.Popen | None) -> list[str]:
+        """Stop the worker's flow runs, the worker and the server, all within ``SHUTDOWN_S`` s.
+
+        In that order, so that Prefect hears how each flow run ended: the flow-run processes
+        (and everything they started: data-parallel ranks, the policy server) get SIGTERM, which
+        stops each run where it is, its last commit intact and its folder saying so
+        (``stopped.json``); SIGKILL after ``FLOW_RUNS_STOP_S``. Then the worker. Then each flow
+        run that was running is set to a Scheduled state named ``Resumable``, so that the
+        next ``esper server start`` (any worker of the pool) picks it up again and it goes on
+        from its last commit. Then the server. Whatever is left at the end gets SIGKILL.
+
+        Returns:
+            The ids of the flow runs left Resumable.
+        """
+        deadline = time.monotonic() + SHUTDOWN_S
+        resumable: list[str] = []
+        if worker is not None:
+            flow_runs = _descendants(worker)
+            for process in flow_runs:  # SIGTERM first, before any API call that could be slow
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.terminate()
+            # Which flow runs those processes were, asked while they wind down.
+            stopped = self._flow_runs_of({str(p.pid) for p in flow_runs})
+            _terminate(flow_runs, timeout=deadline - (SHUTDOWN_S - FLOW_RUNS_STOP_S) - time.monotonic())
+            stop(worker, timeout=max(0.5, (deadline - time.monotonic()) / 3))
+            resumable = self._mark_resumable(stopped)
+        stop(server, timeout=max(0.5, deadline - time.monotonic()))
+        return resumable
+
+    def _client(self) -> Any:
+        from prefect.client.orchestration import get_client
+
+        return get_client(sync_client=True)
+
+    def _flow_runs_of(self, pids: set[str]) -> list[str]:
+        """Ids of the pool's unfinished flow runs whose process is one of ``pids`` (none if the API fails)."""
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            WorkPoolFilter,
+            WorkPoolFilterName,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        if not pids:
+            return []
+        # Crashed too: a run may already have reported how the SIGTERM ended it.
+        states = [StateType.RUNNING, StateType.PENDING, StateType.CRASHED]
+        try:
+            with temporary_settings({PREFECT_API_URL: self.api_url}), self._client() as client:
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))),
+                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])),
+                )
+        except Exception as e:  # noqa: BLE001 - a server that no longer answers must not stop the shutdown
+            print(f"could not list the flow runs in progress ({e}); the next worker start reschedules them")
+            return []
+        return [str(run.id) for run in runs if run.infrastructure_pid in pids]
+
+    def _mark_resumable(self, flow_run_ids: list[str]) -> list[str]:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.states import Scheduled
+
+        message = "stopped by esper server's shutdown; goes on from its last commit when a worker of the pool is up"
+        done = []
+        try:
+            with temporary_settings({PREFECT_API_URL: self.api_url}), self._client() as client:
+                for run_id in flow_run_ids:
+                    client.set_flow_run_state(run_id, Scheduled(name=RESUMABLE, message=message), force=True)
+                    done.append(run_id)
+        except Exception as e:  # noqa: BLE001 - as above: the shutdown goes on
+            print(f"could not mark flow runs resumable ({e}); the next worker start reschedules them")
+        return done
 
     def start_worker(self) -> subprocess.Popen:
         """Reschedule runs orphaned by a dead worker, then start a process worker on the pool."""

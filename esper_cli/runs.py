@@ -70,6 +70,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"spec     {json.dumps(spec)}")
     print(f"epochs   {info.epochs_done}/{info.epochs if info.epochs is not None else '?'} applied")
     print(f"latest   {info.last_commit or '-'}")
+    if info.stop is not None:
+        print(
+            f"stopped  {info.stop.stopped_at}: {info.stop.reason}; goes on from {info.stop.last_commit or 'its start'}"
+        )
+        for command in info.stop.resume:
+            print(f"resume   {command}")
     print("checkpoints")
     for c in checks:
         print(f"  {c.tag:<22} {c.status:<10} {c.problem}")

@@ -28,7 +28,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
         print(f"API          {local.api_url}  (database and logs in {local.prefect_home})")
         print(f"worker       {'pool esper, log ' + str(local.prefect_home / 'worker.log') if worker else 'none'}")
         print(f"in another shell: export PREFECT_API_URL={local.api_url}; make deploy")
-        print("Ctrl-C (or SIGTERM) stops the server, the worker and its flow runs.", flush=True)
+        print(
+            "Ctrl-C (or SIGTERM) stops the server, the worker and its flow runs (resumed at the next start).",
+            flush=True,
+        )
         while server.poll() is None:
             if worker is not None and worker.poll() is not None:
                 print(
@@ -39,9 +42,9 @@ def _cmd_start(args: argparse.Namespace) -> int:
         print(f"the Prefect server exited ({server.returncode}); see {local.prefect_home / 'server.log'}")
         return 1
     finally:
-        if worker is not None:
-            stop(worker)
-        stop(server)
+        resumable = local.shut_down(server=server, worker=worker)
+        if resumable:
+            print(f"{len(resumable)} flow run(s) stopped, resumable at the next start: {', '.join(resumable)}")
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from flows.compile_catalog import compile_planned
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
 from tasks.plan import plan_run_spec
-from tasks.train import finish, grow, grow_parallel, kernels_ready, start_run
+from tasks.train import finish, flow_run_id_default, grow, grow_parallel, kernels_ready, start_run, stop_recorded
 
 
 @flow(name="morphogenesis", log_prints=True)
@@ -49,17 +49,20 @@ def morphogenesis(
     planned = plan_run_spec(recipe, epochs, device, seed, run_id, nproc)
     spec = planned.spec
     task_seconds = settings().grow_task_seconds
-    if not kernels_ready(spec):
-        compile_planned(recipe=spec.recipe, jobs=list(spec.jobs), device=device)
-    if spec.nproc > 1:
-        handle = grow_parallel(planned)
-    else:
-        start = start_run(planned)
-        handle = start.handle
-        epoch = start.next_epoch
-        while epoch < start.epochs:
-            epoch = grow(handle, epoch, start.epochs, task_seconds).next_epoch
-    result = finish(handle)
+    # A signal (Cancel in the UI, a server shutdown) stops the run at once and leaves it resumable
+    # from its last commit; the run folder then says so and how to go on.
+    with stop_recorded(spec.run_id or flow_run_id_default()):
+        if not kernels_ready(spec):
+            compile_planned(recipe=spec.recipe, jobs=list(spec.jobs), device=device)
+        if spec.nproc > 1:
+            handle = grow_parallel(planned)
+        else:
+            start = start_run(planned)
+            handle = start.handle
+            epoch = start.next_epoch
+            while epoch < start.epochs:
+                epoch = grow(handle, epoch, start.epochs, task_seconds).next_epoch
+        result = finish(handle)
     publish_run_artifacts(result.summary, result.history)
     summary = result.summary
     print(

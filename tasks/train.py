@@ -16,14 +16,18 @@ No tags: Prefect 3.8 makes one concurrency-slot API call for every run of a task
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
@@ -34,6 +38,7 @@ from esper_core.run.reports import RunSummary, finish_run
 from esper_core.run.session import Run, RunHandle
 from esper_core.run.spec import PlannedRun, RunSpec
 from esper_core.run.steps import EpochReport, grow_epoch
+from esper_core.run.stops import record_stop
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
 from tasks._limits import limited, time_limit, timeout_message
@@ -77,6 +82,34 @@ def flow_run_id_default() -> str | None:
     if run_uuid is None:
         return None
     return f"{flow_run.get_name()}-{str(run_uuid).replace('-', '')[:8]}"
+
+
+@contextlib.contextmanager
+def stop_recorded(run_id: str | None) -> Iterator[None]:
+    """Within the block, a stop by signal is written into run ``run_id``'s folder (``stopped.json``).
+
+    SIGTERM reaches a flow run as Prefect's ``TerminationSignal`` (Cancel in the UI, a worker or
+    ``esper server`` stopping) and ``esper run`` turns it and Ctrl-C into ``KeyboardInterrupt``;
+    either unwinds from wherever training was, the run's last commit intact (commits hold the
+    signal until they are complete: ``esper_core.interrupts``). The record names the commands
+    that continue the run; the exception goes on, so Prefect ends the flow run as it would.
+    """
+    resume: list[str] = []
+    sigterm = "SIGTERM to `esper run`"
+    if run_id is not None:
+        resume.append(f"esper run --run-id {run_id}")
+        # Read now, not while a signal unwinds: the context has it without an API call.
+        context = FlowRunContext.get()
+        if context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None:
+            resume.append(f"prefect flow-run retry {context.flow_run.id}")
+            sigterm = "SIGTERM to the flow run (Cancel in the Prefect UI, or its worker or server stopping)"
+    try:
+        yield
+    except (KeyboardInterrupt, TerminationSignal) as stop:
+        if run_id is not None:
+            reason = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else sigterm
+            record_stop(settings().runs_dir / run_id, reason=reason, resume=tuple(resume))
+        raise
 
 
 # NO_CACHE: the registry changes under us (another worker may publish or retire kernels).

@@ -12,6 +12,7 @@ from typing import Literal
 
 from esper_core.run.commits import CHECKPOINTS_DIR, epochs_applied, tag_order
 from esper_core.run.spec import SPEC_FILE, RunSpec
+from esper_core.run.stops import StopRecord, read_stop
 from esper_core.tolaria.checkpoint import DAMAGED_DIR, CheckpointCheck, CheckpointStore
 
 
@@ -30,9 +31,13 @@ class RunInfo:
     epochs_done: int
     """Epochs trained, decided and applied at its last commit."""
     last_commit: str | None
-    status: Literal["finished", "unfinished", "not started"]
-    """``finished``: every epoch applied and its summary written (``finish_run``)."""
+    status: Literal["finished", "stopped", "unfinished", "not started"]
+    """``finished``: every epoch applied and its summary written (``finish_run``); ``stopped``: a
+    signal stopped it (``stop`` says why and how to continue); ``unfinished``: neither (it is
+    running, or its process died without a word)."""
     run_dir: Path
+    stop: StopRecord | None = None
+    """Why and where a signal stopped the run, if one did and it has not gone on since."""
 
 
 def run_info(runs_dir: Path, run_id: str) -> RunInfo:
@@ -52,11 +57,14 @@ def run_info(runs_dir: Path, run_id: str) -> RunInfo:
     checkpoints = run_dir / CHECKPOINTS_DIR
     latest = CheckpointStore(checkpoints).latest() if checkpoints.exists() else None
     done = epochs_applied(latest)
-    status: Literal["finished", "unfinished", "not started"] = "unfinished"
-    if latest is None:
-        status = "not started"
-    elif done == epochs and (run_dir / "summary.json").exists():
+    stop = read_stop(run_dir)
+    status: Literal["finished", "stopped", "unfinished", "not started"] = "unfinished"
+    if done == epochs and (run_dir / "summary.json").exists():
         status = "finished"
+    elif stop is not None:
+        status = "stopped"
+    elif latest is None:
+        status = "not started"
     return RunInfo(
         run_id=run_id,
         recipe=spec.recipe,
@@ -65,6 +73,7 @@ def run_info(runs_dir: Path, run_id: str) -> RunInfo:
         last_commit=latest,
         status=status,
         run_dir=run_dir,
+        stop=stop,
     )
 
 

@@ -41,6 +41,7 @@ from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
 from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve
 from esper_core.run.state import RunRecord, RunState, Unsent
+from esper_core.run.stops import clear_stop
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.tamiyo.service import TamiyoService
@@ -267,6 +268,8 @@ class Run:
             collective=collective,
         )
         session.restore()
+        if session.collective.leader:
+            clear_stop(session.run_dir)  # it goes on: no longer stopped
         return session
 
     @property

@@ -71,3 +71,24 @@ def test_runs_show_lists_the_spec_and_each_checkpoint(
     assert main(["runs", "show", "half"]) == 0
     assert "damaged" in capsys.readouterr().out
     assert main(["runs", "show", "nope"]) == 2
+
+
+def test_a_stopped_run_says_so_until_it_goes_on(two_runs: EsperSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    from esper_core.run.stops import record_stop
+
+    half = two_runs.runs_dir / "half"
+    record = record_stop(half, reason="SIGTERM to the flow run", resume=("esper run --run-id half",))
+    assert record is not None and record.last_commit == epoch_tag(0, "applied") and record.epochs_done == 1
+    assert main(["runs", "list", "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["half"]["status"] == "stopped" and rows["done"]["status"] == "finished"
+    assert main(["runs", "show", "half"]) == 0
+    out = capsys.readouterr().out
+    assert "SIGTERM to the flow run" in out and "resume   esper run --run-id half" in out
+    # Going on clears it: the run is no longer stopped.
+    Run.resume(settings=two_runs, run_id="half").close()
+    assert main(["runs", "list", "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["half"]["status"] == "unfinished"
+    # A run that never got a folder has nothing to record.
+    assert record_stop(two_runs.runs_dir / "never-started", reason="x", resume=()) is None

@@ -6,12 +6,14 @@ works, sends SIGTERM to the command alone and then waits, bounded, until none of
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -87,12 +89,15 @@ def test_sigterm_stops_a_run_and_its_last_committed_epoch_resumes(compiled_home:
     _terminate(process, children, log)
     at_stop = _latest_epoch(run_dir)
     assert 3 <= at_stop < epochs - 1, "the run finished before SIGTERM; give it more epochs"
+    record = _stop_record(run_dir)
+    assert record["reason"] == "SIGTERM to `esper run`" and record["resume"] == ["esper run --run-id sigterm"], record
 
     again = _esper(*args, "--run-id", "sigterm", env=env, log=tmp_path / "resume.log")
     assert again.wait(timeout=600) == 0, (tmp_path / "resume.log").read_text(errors="replace")[-4000:]
     # Nothing lost, nothing counted twice: one Tolaria packet per epoch, in order.
     packets = read_jsonl(run_dir / "telemetry.jsonl")
     assert [p.epoch for p in packets if p.source == "tolaria"] == list(range(epochs))
+    assert not (run_dir / "stopped.json").exists()
 
 
 def _free_port() -> int:
@@ -101,47 +106,115 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_stops_the_server_its_worker_and_their_flow_runs(compiled_home: EsperSettings, tmp_path: Path) -> None:
+STOP_BOUND_S = 10.0
+"""Issue 37: after SIGTERM or Cancel, every process of the flow run is gone within this."""
+
+
+def _start_server(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+    process = _esper("server", "start", "--port", str(port), env=env, log=log)
+    wait_for(
+        lambda: "Ctrl-C" in log.read_text(errors="replace") or process.poll() is not None,
+        what="the server and the worker to start",
+        timeout_s=300,
+    )
+    assert process.poll() is None, log.read_text(errors="replace")[-4000:]
+    return process
+
+
+def _stop_record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "stopped.json").read_text())
+
+
+def test_cancel_and_sigterm_stop_flow_runs_within_seconds_and_both_resume(
+    compiled_home: EsperSettings, tmp_path: Path
+) -> None:
+    """The drill of issue 37 item 5 with real processes: a deployment run is cancelled (what the
+    UI's Cancel does), retried from its last commit, then the server is stopped with SIGTERM
+    while it runs and started again, and it goes on once more. Each stop: every pid gone within
+    ``STOP_BOUND_S``, the run folder says where it stopped and how to go on."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
 
     port = _free_port()
     env = {**_env(compiled_home.home, tmp_path / "unused"), "PREFECT_WORKER_QUERY_SECONDS": "1"}
     log = tmp_path / "server.log"
-    process = _esper("server", "start", "--port", str(port), env=env, log=log)
     local = LocalPrefect(home=compiled_home.home, port=port)
+    process = _start_server(port, env, log)
     children: list[psutil.Process] = []
     try:
-        wait_for(
-            lambda: "Ctrl-C" in log.read_text(errors="replace") or process.poll() is not None,
-            what="the server and the worker to start",
-            timeout_s=300,
-        )
-        assert process.poll() is None, log.read_text(errors="replace")[-4000:]
         local.deploy()
         with temporary_settings({PREFECT_API_URL: local.api_url}):
             flow_run = run_deployment(
                 "morphogenesis/default",
-                parameters={"recipe": "seed-reference", "device": "cpu", "seed": 3, "epochs": 2000},
+                parameters={"recipe": "seed-reference", "device": "cpu", "seed": 3, "epochs": 50000},
                 timeout=0,
             )
 
-            def flow_run_pid() -> int | None:
+            def read() -> Any:
                 with get_client(sync_client=True) as client:
-                    pid = client.read_flow_run(flow_run.id).infrastructure_pid
-                return int(pid) if pid and pid.isdigit() else None
+                    return client.read_flow_run(flow_run.id)
 
-            wait_for(lambda: flow_run_pid() is not None, what="the worker to start the flow run", timeout_s=300)
-            run_pid = flow_run_pid()
-        runs = compiled_home.home / "runs"
-        wait_for(
-            lambda: any(_latest_epoch(d) >= 1 for d in runs.glob("*")), what="the flow run to commit", timeout_s=300
-        )
+            def run_processes() -> list[psutil.Process]:
+                pid = read().infrastructure_pid
+                if read().state_type is not StateType.RUNNING or not pid or not pid.isdigit():
+                    return []
+                worker = next(p for p in _descendants(process.pid) if "worker" in " ".join(p.cmdline()))
+                return _descendants(worker.pid)
+
+            runs = compiled_home.home / "runs"
+            run_dir = wait_for(lambda: next(iter(runs.glob("*")), None), what="the run folder", timeout_s=300)
+
+            # 1. Cancel, as the UI's button does: the flow run's processes are gone within the bound.
+            wait_for(lambda: _latest_epoch(run_dir) >= 1, what="the flow run to commit", timeout_s=300)
+            flow_run_processes = wait_for(run_processes, what="the flow run's processes", timeout_s=60)
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+            wait_for(
+                lambda: _gone(flow_run_processes), what="the cancelled flow run's processes", timeout_s=STOP_BOUND_S
+            )
+            wait_for(lambda: read().state_type is StateType.CANCELLED, what="state Cancelled", timeout_s=60)
+            record = _stop_record(run_dir)
+            stopped_at = _latest_epoch(run_dir)
+            assert record["epochs_done"] <= stopped_at + 1, record
+            assert f"prefect flow-run retry {flow_run.id}" in record["resume"], record
+
+            # The deployment goes on with it: the same flow run, retried, resumes the same run.
+            local.run_cli("flow-run", "retry", str(flow_run.id))
+            wait_for(lambda: _latest_epoch(run_dir) > stopped_at + 2, what="the retried run to go on", timeout_s=300)
+            assert not (run_dir / "stopped.json").exists(), "a run that went on still says it is stopped"
+
+            # 2. SIGTERM to the server: the flow run, the worker and the server are gone within the bound.
+            flow_run_processes = wait_for(run_processes, what="the flow run's processes", timeout_s=60)
+            children = _descendants(process.pid)
+            assert {p.pid for p in flow_run_processes} <= {p.pid for p in children}
+            command = psutil.Process(process.pid)
+            process.send_signal(signal.SIGTERM)
+            wait_for(
+                lambda: _gone([*children, command]),
+                what="the server, the worker and the flow run to exit",
+                timeout_s=STOP_BOUND_S,
+            )
+            assert process.wait(timeout=10) == 128 + signal.SIGTERM, log.read_text(errors="replace")[-4000:]
+            assert "resumable at the next start" in log.read_text(), log.read_text(errors="replace")[-4000:]
+            stopped_at = _latest_epoch(run_dir)
+            assert "SIGTERM" in _stop_record(run_dir)["reason"]
+
+        # 3. The next start picks the run up by itself and it goes on from its last commit.
+        process = _start_server(port, env, tmp_path / "server-2.log")
+        children = []
+        with temporary_settings({PREFECT_API_URL: local.api_url}):
+            state = read().state
+            assert state is not None and state.type in {StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING}
+            wait_for(lambda: _latest_epoch(run_dir) > stopped_at + 2, what="the run to go on", timeout_s=300)
         children = _descendants(process.pid)
-        # The server, the worker and the worker's flow run (in a session of its own) at least.
-        assert run_pid in {p.pid for p in children} and len(children) >= 3, children
-        _terminate(process, children, log)
+        process.send_signal(signal.SIGTERM)
+        wait_for(lambda: _gone(children), what="the second server's processes to exit", timeout_s=STOP_BOUND_S)
+        packets = read_jsonl(run_dir / "telemetry.jsonl")
+        epochs = [p.epoch for p in packets if p.source == "tolaria"]
+        assert epochs == list(range(len(epochs))), "an epoch was lost or recorded twice across the stops"
     finally:
         if process.poll() is None:  # the test failed before SIGTERM: leave nothing running
             children = children or _descendants(process.pid)
