@@ -26,17 +26,19 @@ def benchmark_sweep(
     sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
     max_regression: float | None = None,
-    baselines_dir: str = "baselines/perf",
+    baselines_dir: str | None = None,
 ) -> SweepReport:
     """Time the named sweep's workloads on every device present and compare with the last sweep.
 
     Args:
         sweep: Named sweep in ``esper_core/benchmarks/registry.py`` (``nightly``, ``smoke``, ``growth``: also the
-            growth benchmark, its results under ``baselines/growth/<plan>`` and its frontier plot).
+            growth benchmark, its results and frontier plot in ``growth/<plan>`` beside ``baselines_dir``).
         workloads: Narrow the sweep to these workloads (default: the sweep's own list).
         max_regression: Override the sweep's threshold (``0.25``: fail when a gated figure is
             more than 25 % above the previous sweep's).
-        baselines_dir: Root of the snapshots; relative paths start at the project directory.
+        baselines_dir: Root of the snapshots (default ``$ESPER_HOME/baselines/perf``, never the
+            source tree unless named: ``baselines/perf`` updates the committed baselines, for a
+            relative path starts at the project directory).
     """
     plan = plan_sweep(sweep, workloads, max_regression, baselines_dir)
     # .result(): a case that failed fails the sweep with its own error, before anything is written.
@@ -44,7 +46,7 @@ def benchmark_sweep(
     report = write_sweep(plan, results)
     publish_sweep_artifacts(report)
     if plan.config.growth_plan is not None:
-        publish_growth_artifacts(growth_benchmark(plan.config.growth_plan, "baselines/growth"))
+        publish_growth_artifacts(growth_benchmark(plan.config.growth_plan, plan.growth_directory))
     check_regressions(report)
     print(f"sweep {report.name}: {len(report.rows)} figures, compared with {report.previous or 'nothing'}")
     return report

@@ -36,7 +36,7 @@ def benchmark_sweep_dask(
     sweep: SweepName = "nightly",
     workloads: list[str] | None = None,
     max_regression: float | None = None,
-    baselines_dir: str = "baselines/perf",
+    baselines_dir: str | None = None,
 ) -> SweepReport:
     """``benchmark_sweep`` with one case per Dask worker process (same parameters)."""
     return benchmark_sweep.fn(

@@ -26,6 +26,7 @@ from esper_core.benchmarks.sweep import (
 from esper_core.studies.growth import GrowthBenchConfig, save_baseline
 from esper_core.studies.growth import run as run_growth
 from tasks._limits import in_child, limited, retry_unless_timed_out
+from tasks._runtime import settings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,6 +36,8 @@ class SweepPlan:
     config: SweepConfig
     cases: list[BenchCase]
     directory: str
+    growth_directory: str
+    """Where the growth benchmark's results go (beside the sweep's root, in ``growth/``)."""
 
 
 class BenchmarkRegression(RuntimeError):
@@ -43,16 +46,23 @@ class BenchmarkRegression(RuntimeError):
 
 # NO_CACHE: a plan depends on the clock (the snapshot's name) and on the devices present.
 @task(name="plan-sweep", cache_policy=NO_CACHE)
-def plan_sweep(sweep: str, workloads: list[str] | None, max_regression: float | None, baselines_dir: str) -> SweepPlan:
-    """The named sweep's cases on every device present, and its snapshot directory."""
+def plan_sweep(
+    sweep: str, workloads: list[str] | None, max_regression: float | None, baselines_dir: str | None
+) -> SweepPlan:
+    """The named sweep's cases on every device present, and its snapshot directory.
+
+    Outputs go under ``ESPER_HOME`` unless ``baselines_dir`` names a folder: a sweep scheduled
+    from a deployment must not write into the project's source checkout.
+    """
     config = get_sweep(sweep)
     if max_regression is not None:
         config = dataclasses.replace(config, max_regression=max_regression)
     cases = plan_cases(config, workloads=workloads)
     # Resolved here, in the flow's process: a relative path means the deployment's project dir.
-    directory = sweep_directory(Path(baselines_dir).resolve(), config)
+    root = Path(baselines_dir).resolve() if baselines_dir is not None else settings().home / "baselines" / "perf"
+    directory = sweep_directory(root, config)
     get_run_logger().info("sweep %s: %d cases -> %s", directory.name, len(cases), directory)
-    return SweepPlan(config=config, cases=cases, directory=str(directory))
+    return SweepPlan(config=config, cases=cases, directory=str(directory), growth_directory=str(root.parent / "growth"))
 
 
 # NO_CACHE: a timing is only worth anything fresh. One retry covers a worker lost mid-case.
@@ -98,9 +108,9 @@ def check_regressions(report: SweepReport) -> None:
 # NO_CACHE: a benchmark result is only worth anything fresh.
 @task(name="growth-benchmark", cache_policy=NO_CACHE)
 def growth_benchmark(plan: str, baselines_dir: str) -> dict:
-    """Run the growth benchmark's ``plan`` on its default recipes; keep its JSON and plot."""
+    """Run the growth benchmark's ``plan`` on its default recipes; keep its JSON and plot in ``baselines_dir/plan``."""
     result = run_growth(GrowthBenchConfig(plan=plan))
-    directory = Path(baselines_dir).resolve() / plan
+    directory = Path(baselines_dir) / plan
     save_baseline(result, directory)
     get_run_logger().info("growth benchmark (plan %s) -> %s", plan, directory)
     return result

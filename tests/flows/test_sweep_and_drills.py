@@ -55,17 +55,20 @@ def _constant(ms: float):  # noqa: ANN202
 
 
 def test_a_regression_fails_the_flow_naming_workload_and_figure(
-    esper_home: EsperSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    esper_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows.benchmark_sweep import benchmark_sweep
 
     # The sweep parameter takes the named sweeps only: the test's sweep stands in for `smoke`.
     monkeypatch.setitem(registry.SWEEPS, "smoke", SweepConfig(name="gate-test", workloads=("fake",), epochs=5))
     monkeypatch.setitem(registry.WORKLOADS, "fake", Workload(name="fake", description="", run=_constant(2.0)))
-    root = str(tmp_path / "perf")
-    assert benchmark_sweep(sweep="smoke", baselines_dir=root).regressions() == []
+    # No baselines_dir, as the nightly deployment runs it: snapshots under ESPER_HOME, none in the checkout.
+    checkout = Path(__file__).resolve().parents[2] / "baselines" / "perf"
+    before = set(checkout.iterdir())
+    first = benchmark_sweep(sweep="smoke")
+    assert first.regressions() == [] and Path(first.directory).parent == esper_home.home / "baselines" / "perf"
     monkeypatch.setitem(registry.WORKLOADS, "fake", Workload(name="fake", description="", run=_constant(3.0)))
-    state = benchmark_sweep(sweep="smoke", baselines_dir=root, return_state=True)
+    state = benchmark_sweep(sweep="smoke", return_state=True)
     assert state.is_failed()
     message = state.message or ""
     assert "fake-cpu-s0 chosen p50_ms 3.000 ms vs 2.000 ms" in message and "+50%" in message, message
@@ -73,6 +76,7 @@ def test_a_regression_fails_the_flow_naming_workload_and_figure(
     # The artifacts were published before the check failed the run.
     report = _artifacts("sweep-gate-test")["sweep-gate-test-report"]
     assert "Regressions" in str(report.data)
+    assert set(checkout.iterdir()) == before, "a sweep wrote into the source checkout without being asked"
 
 
 def test_fault_drills_run_and_publish_their_checks(esper_home: EsperSettings) -> None:
