@@ -34,7 +34,15 @@ from esper_core.kasmina.loader import LoadedKernel, load_for_slot, load_kernel
 from esper_core.run.actuation import Actuator
 from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.candidates import kernel_candidates
-from esper_core.run.commits import CHECKPOINTS_DIR, START_TAG, epoch_tag, epochs_applied, fall_back, tag_order
+from esper_core.run.commits import (
+    CHECKPOINTS_DIR,
+    START_TAG,
+    epoch_tag,
+    epochs_applied,
+    fall_back,
+    lost_epochs,
+    tag_order,
+)
 from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
@@ -539,7 +547,16 @@ class Run:
         # Rank 0 alone moves the run's files; another rank stops at the damage.
         if not self.collective.leader:
             raise damaged
-        return fall_back(self.checkpoints, damaged, run_id=self.run_id)
+        kept = fall_back(self.checkpoints, damaged, run_id=self.run_id)
+        # Sent at once: an operator's alert, not a line in the next epoch's packet.
+        event = TelemetryEvent(
+            name="tolaria.checkpoint.damaged",
+            level=TelemetryLevel.WARNING,
+            message=f"checkpoint {damaged.tag} is damaged ({damaged.problem}); set aside, {lost_epochs(kept, damaged.tag)}",
+            attributes={"damaged": damaged.tag, "kept": kept},
+        )
+        self.sink.emit(TelemetryPacket(source="tolaria", run_id=self.run_id, epoch=self.trainer.epoch, events=(event,)))
+        return kept
 
     def _rollback(self, *, why: str) -> None:
         """Back to the last commit after a failure; the live escalation state is kept.

@@ -169,6 +169,12 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tolaria.timeout", _E, "A Tamiyo or Kasmina call missed its deadline (attribute 'part')"),
     _n("tolaria.deadline.overrun", _E, "A Tamiyo or Kasmina call overran its deadline, observed only ('part')"),
     _n("tolaria.epoch.failed", _E, "An epoch failed (non-finite loss or weights); the emergency level rose"),
+    _n(
+        "tolaria.checkpoint.damaged",
+        _E,
+        "A checkpoint failed its digest: set aside, the run went back to an older commit ('damaged', 'kept')",
+        alerting=True,
+    ),
     _n("tolaria.rollback", _E, "A rollback restored the last good state (attributes: tier, latency_ms)"),
     _n("tolaria.remediation", _E, "After a rollback: what was changed before retrying (cull, halve the lr)"),
     _n("tolaria.emergency.halt", _E, "Training halted after repeated failed epochs"),

@@ -13,6 +13,7 @@ from esper_core.run import Run, RunSpec, finish_run, grow_epoch
 from esper_core.run.commits import START_TAG, epoch_tag
 from esper_core.run.session import CommitLost
 from esper_core.settings import EsperSettings
+from esper_core.telemetry import read_jsonl
 from esper_core.tolaria.checkpoint import CheckpointCorruptError, CheckpointWriteError
 from esper_core.tolaria.safety import EpochFailed
 from tests.helpers.checkpoints import flip, open_on_a_full_disk
@@ -60,6 +61,17 @@ def test_a_flipped_byte_in_a_finished_runs_latest_checkpoint_falls_back_and_repr
     assert f"going back to commit {epoch_tag(EPOCHS - 1, 'trained')}" in warnings[0].lower()
     assert "epoch 2 will be run again" in warnings[0]
     assert (checkpoints / "damaged" / latest.name).exists()  # kept aside, not deleted
+    # And the operator's alert (CheckpointDamaged) has its event in the run's telemetry.
+    events = [
+        e
+        for p in read_jsonl(checkpoints.parent / "telemetry.jsonl")
+        for e in p.events
+        if e.name == "tolaria.checkpoint.damaged"
+    ]
+    assert len(events) == 1 and events[0].attributes == {
+        "damaged": epoch_tag(EPOCHS - 1, "applied"),
+        "kept": epoch_tag(EPOCHS - 1, "trained"),
+    }
     # The trained-not-applied commit it fell back to is rewound: epoch 2 is trained again, identically.
     assert resumed_at == EPOCHS - 1
     assert again == loss
