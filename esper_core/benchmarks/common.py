@@ -174,21 +174,24 @@ class BareLoop:
     """The bare training loop: zero_grad, forward, loss, backward, optimizer step, one sync an
     epoch; the same optimizer (SGD with momentum, or Adam), per-epoch learning-rate schedule and
     precision (the trainer's autocast dtype, a GradScaler for fp16) as the trainer, written as a
-    person would with ``torch.optim`` and ``torch.autocast``."""
+    person would with ``torch.optim`` and ``torch.autocast``.
 
-    def __init__(self, model: nn.Module, trainer: Trainer) -> None:
+    ``fused``: the optimizer's implementation. True (the yardstick) is the fused update Tolaria
+    uses (``tolaria.loop``), so a ratio measures Esper's own machinery, not its choice of
+    optimizer kernel; None is PyTorch's default (foreach on CUDA, a per-parameter loop on CPU),
+    what a person who never passes ``fused`` gets, reported beside it."""
+
+    def __init__(self, model: nn.Module, trainer: Trainer, *, fused: bool | None = True) -> None:
         cfg = trainer.config
         self.model = model.to(trainer.device)
         self.device = trainer.device
-        # PyTorch's default implementations, as a person would write them; Esper's own choices
-        # (foreach updates and the rest) are what the ratio measures.
         if cfg.optimizer == "adam":
             self.opt: torch.optim.Optimizer = torch.optim.Adam(
-                self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+                self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused
             )
         else:
             self.opt = torch.optim.SGD(
-                self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+                self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused
             )
         total = trainer.total_epochs
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda e: cfg.lr_factor(e, total))

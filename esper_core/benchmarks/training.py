@@ -3,7 +3,8 @@
 For a recipe (a built-in name, e.g. ``mnist1d-cnn``, or a user's ``pkg.mod:fn``) three trainers
 start from the same weights: Esper with the eager step, Esper on the path its step engine chooses
 (``compile='auto'`` measures eager vs compiled), and the bare twin
-(``esper_core.benchmarks.common.bare_twin``) in a plain loop with the same optimizer,
+(``esper_core.benchmarks.common.bare_twin``) in a plain loop with the same optimizer (its fused
+implementation, as Tolaria's; a second twin, ``bare_default``, with PyTorch's default one),
 learning-rate schedule, loss and batches, carrying the same seed (if one is active): a branch
 seed as an ordinary residual block, a width seed merged into its layer (the static network of
 the grown size). With a width seed a fourth path, ``bare_unmerged``
@@ -43,7 +44,7 @@ from esper_core.tolaria.loop import Trainer
 # Keeps the benchmark seed in TRAINING, so every timed epoch does the same work.
 _HOLD_TRAINING = 10**6
 
-PATHS = ("esper_chosen", "esper_eager", "bare")
+PATHS = ("esper_chosen", "esper_eager", "bare", "bare_default")
 UNMERGED = "bare_unmerged"
 
 
@@ -78,9 +79,13 @@ def run(recipe: str, config: BenchConfig, progress: Progress = NO_PROGRESS) -> d
     eager, run_config = _trainer(recipe, config, compile="off", graphs=False)
     chosen, _ = _trainer(recipe, config, compile=config.compile, graphs=config.cuda_graphs)
     spec = run_config.host if isinstance(run_config.host, ModelSpec) else None
-    bare = BareLoop(bare_twin(eager, spec), eager)
+    loops = {
+        "bare": BareLoop(bare_twin(eager, spec), eager),
+        "bare_default": BareLoop(bare_twin(eager, spec), eager, fused=None),
+    }
     side = unmerged_twin(eager, spec)
-    loops = {"bare": bare} if side is None else {"bare": bare, UNMERGED: BareLoop(side, eager)}
+    if side is not None:
+        loops[UNMERGED] = BareLoop(side, eager)
     paths = PATHS if side is None else (*PATHS, UNMERGED)
     steps = math.ceil(len(eager.data.train) / eager.batch_size)
 
@@ -185,7 +190,11 @@ def _report(
         "eager_p95_ms": stats["esper_eager"].p95_ms,
         "bare_p50_ms": stats["bare"].p50_ms,
         "bare_p95_ms": stats["bare"].p95_ms,
+        "bare_default_p50_ms": stats["bare_default"].p50_ms,
         "ratio_p50": stats["esper_chosen"].p50_ms / stats["bare"].p50_ms,
+        # Against the twin with PyTorch's default optimizer: what a user who never passes
+        # ``fused`` would see (below 1 where the fused update saves more than Esper costs).
+        "ratio_default_optimizer_p50": stats["esper_chosen"].p50_ms / stats["bare_default"].p50_ms,
         "ratio_p95": stats["esper_chosen"].p95_ms / stats["bare"].p95_ms,
         "eager_ratio_p50": stats["esper_eager"].p50_ms / stats["bare"].p50_ms,
         "eager_ratio_p95": stats["esper_eager"].p95_ms / stats["bare"].p95_ms,
@@ -195,11 +204,13 @@ def _report(
         "epoch_bare_p95_ms": epoch_stats["bare"].p95_ms,
         "epoch_ratio_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats["bare"].p50_ms,
         "epoch_ratio_p95": epoch_stats["esper_chosen"].p95_ms / epoch_stats["bare"].p95_ms,
+        "epoch_ratio_default_optimizer_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats["bare_default"].p50_ms,
         "accuracy_esper": eager.evaluate(test).accuracy,
         # The chosen path trained its own copy: a graph or compiled step that computed something
         # else than the eager one shows here.
         "accuracy_chosen": chosen.evaluate(test).accuracy,
         "accuracy_bare": loops["bare"].accuracy(test),
+        "accuracy_bare_default": loops["bare_default"].accuracy(test),
         **unmerged,
         "budget_ms": eager.config.latency_budget_ms,
         "samples_ms": {**train, **{f"epoch_{name}": values for name, values in whole.items()}},
