@@ -54,7 +54,7 @@ _FEATURES = {"mnist1d": 40, "digits": 64, "gaussians": SYNTHETIC_FEATURES, "teac
 
 def width_layers(member: ZooMember) -> tuple[str, ...]:
     """The layers of ``member``'s model that Esper's width kind can widen (see the table above)."""
-    if member.family in ("mlp",):
+    if member.family == "mlp":
         return tuple(f"fc{i}" for i in range(1, member.depth + 1))
     if member.family in ("cnn1d", "cnn2d"):
         return tuple(f"conv{i}" for i in range(1, member.depth + 1))

@@ -157,6 +157,8 @@ class ZooMember:
     kinds: tuple[SeedKindName, ...] = ("width",)
 
     def __post_init__(self) -> None:
+        if self.zoo_seed < 0 or self.index < 0:
+            raise ValueError(f"zoo_seed and index must be >= 0, got {self.zoo_seed} and {self.index}")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
         facts = FAMILY_FACTS[self.family]

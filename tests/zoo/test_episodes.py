@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from esper_core._capabilities import one_thread
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
@@ -34,8 +37,12 @@ def member(family: Family, task: str | None = None) -> ZooMember:
     )
 
 
-def episode(m: ZooMember, settings: EsperSettings, *, seed: int = 0) -> EpisodeResult:
-    return run_episode(episode_config(m.recipe(), seed=seed, policy="heuristic"), settings=settings)
+def episode(m: ZooMember, settings: EsperSettings, *, seed: int = 0, **overrides: Any) -> EpisodeResult:
+    """A heuristic episode (or ``overrides`` of ``episode_config``) on one torch thread, as Simic's
+    pool runs one (``esper_core.fanout``): on a busy machine two threads cost several times more."""
+    config = episode_config(m.recipe(), seed=seed, **({"policy": "heuristic"} | overrides))
+    with one_thread():
+        return run_episode(config, settings=settings)
 
 
 def assert_grew(m: ZooMember, result: EpisodeResult) -> None:
@@ -70,16 +77,17 @@ def test_an_episode_on_a_member_is_an_ordinary_run_that_grows_and_is_recorded(
     assert episode(m, esper_home, seed=1).test_loss != result.test_loss
 
 
-# Measured 2026-11-27: in the residual block (conv1 -> bn1 -> relu -> conv2 -> bn2 -> + x) a width
-# seed initialised by TINY (the default) or at random lifts the training loss past G2's bound
-# (5.7 and 7.2 against the host's 1.9, bound 2x) and is culled; GradMax's passes and is merged.
-_RESIDUAL_G2 = pytest.mark.xfail(
-    strict=True, reason="G2 culls a TINY width seed of a BatchNorm residual block (docs/zoo.md)"
+# Measured 2026-11-27 (one thread): a TINY width seed (Kasmina's default init) on a convolution
+# followed by BatchNorm, germinated after the first epoch, lifts the training loss past G2's
+# bound of 2x the host's (2-D CNN 0.70 against 0.32; residual block 5.76 against 1.92) and is
+# culled. BatchNorm rescales each new channel to unit variance in training, which may undo the
+# small scale TINY gives new units. GradMax seeds pass on the residual block.
+_BATCHNORM_G2 = pytest.mark.xfail(strict=True, reason="G2 culls a TINY width seed behind BatchNorm (docs/zoo.md)")
+
+
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=_BATCHNORM_G2) if f in ("cnn2d", "resnet") else f for f in FAMILIES]
 )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family", [pytest.param(f, marks=_RESIDUAL_G2) if f == "resnet" else f for f in FAMILIES])
 def test_every_family_grows_each_width_slot_it_declares_in_a_real_episode(
     esper_home: EsperSettings, family: Family
 ) -> None:
@@ -87,7 +95,6 @@ def test_every_family_grows_each_width_slot_it_declares_in_a_real_episode(
     (layer,) = m.widen  # depth 1: one widenable layer
     # A fixed schedule, not the heuristic: what is tested is that the slot grows, not when to grow.
     schedule = (ScheduledGermination(epoch=0, slot=f"{layer}+width", blueprint="width-100"),)
-    config = episode_config(m.recipe(), seed=0, policy="scheduled", schedule=schedule)
-    result = run_episode(config, settings=esper_home)
+    result = episode(m, esper_home, policy="scheduled", schedule=schedule)
     assert result.commands.get("germinate") == 1 and result.commands.get("fossilize") == 1
     assert result.host_params > sum(p.numel() for p in build_model(m).parameters())

@@ -3,6 +3,7 @@ checks (planning, preflight) accept the width and branch slots it declares."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 
 from esper_core.data import DataSpec
 from esper_core.karn.entries import default_catalog
-from esper_core.run.build import load_run_data
+from esper_core.run.build import build_host, load_run_data
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.plan import plan_run
 from esper_core.run.preflight import check_one_batch
@@ -105,3 +106,28 @@ def test_an_episode_configuration_of_a_member_is_a_copy_with_the_seed_and_policy
 
 def _fields(member: ZooMember) -> dict[str, object]:
     return {name: getattr(member, name) for name in ZooMember.__dataclass_fields__}
+
+
+def test_a_members_episode_configuration_pickles_for_a_worker_process() -> None:
+    config = episode_config(smallest("gru").recipe(), seed=1, policy="heuristic")
+    copy = pickle.loads(pickle.dumps(config))
+    assert (copy.recipe, copy.seed, copy.host.slot_ids) == (config.recipe, 1, config.host.slot_ids)  # type: ignore[union-attr]
+    x, _ = copy.data.load().train[:2]  # type: ignore[union-attr]
+    assert torch.equal(x, config.data.load().train[:2][0])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_width_slot_widens_its_layer_in_place_and_the_model_still_trains(family: Family) -> None:
+    member = smallest(family)
+    config = member.recipe()
+    data = load_run_data(config)
+    host = build_host(config, feature_shape=data.feature_shape, num_classes=data.num_classes)
+    before = sum(p.numel() for p in host.parameters())
+    width_slots = [slot for sid, slot in host.slots().items() if sid.endswith("+width")]
+    assert len(width_slots) == len(member.widen)
+    for slot in width_slots:
+        # What a restore (and, by the same resize, a merge) does: the layer and its consumer at twice the units.
+        slot.kind.restore_architecture(slot, 2 * slot.kind.architecture(slot))
+    assert sum(p.numel() for p in host.parameters()) > before
+    x, y = data.train.head(8)
+    config.loss(host(x), y).backward()
