@@ -67,6 +67,10 @@ SUBSYSTEMS: dict[str, tuple[frozenset[str], str]] = {
         ),
         "the run composes every subsystem below it; what runs many runs lives in esper_core/studies/",
     ),
+    "zoo": (
+        frozenset({"datasets", "run", "tamiyo", "tolaria"}),
+        "a zoo member is an ordinary recipe: it names the run layer's configuration, its data and models",
+    ),
     "benchmarks": (
         frozenset({"hosts", "karn", "kasmina", "run", "telemetry", "tezzeret", "tolaria"}),
         "the per-epoch benchmarks time one run's parts against bare PyTorch",

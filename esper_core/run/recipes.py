@@ -342,14 +342,33 @@ def get_recipe(
         ValueError: for an unknown recipe (the message lists the known ones), a recipe that
             cannot be loaded, or a bad override.
     """
-    config = load_recipe(name)
-    if device is not None:
-        config.trainer = dataclasses.replace(config.trainer, device=device)
-    if seed is not None:
-        config.data = dataclasses.replace(config.data, seed=seed)
+    return with_overrides(load_recipe(name), recipe=name, epochs=epochs, device=device, seed=seed)
+
+
+def with_overrides(
+    config: RunConfig,
+    *,
+    recipe: str | None = None,
+    epochs: int | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+) -> RunConfig:
+    """A copy of ``config`` with ``get_recipe``'s overrides (None keeps the configuration's own).
+
+    For a configuration made in code rather than found by name (a zoo member's,
+    ``esper_core.zoo``); ``config`` itself is left as it was. ``seed`` seeds the run and its data's
+    shuffle alike.
+
+    Raises:
+        ValueError: a bad override (``RunConfig``'s checks).
+    """
+    trainer = config.trainer if device is None else dataclasses.replace(config.trainer, device=device)
+    data = config.data if seed is None else dataclasses.replace(config.data, seed=seed)
     return dataclasses.replace(
         config,
-        recipe=name,
+        recipe=config.recipe if recipe is None else recipe,
         epochs=config.epochs if epochs is None else epochs,
         seed=config.seed if seed is None else seed,
+        trainer=trainer,
+        data=data,
     )

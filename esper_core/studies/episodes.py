@@ -23,7 +23,7 @@ from esper_core.contracts import new_id
 from esper_core.data import DataConfig
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import RunConfig
-from esper_core.run.recipes import get_recipe
+from esper_core.run.recipes import get_recipe, with_overrides
 from esper_core.run.session import Run
 from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
@@ -82,7 +82,7 @@ class EpisodeResult:
 
 
 def episode_config(
-    recipe: str,
+    recipe: str | RunConfig,
     *,
     seed: int,
     policy: str,
@@ -97,6 +97,9 @@ def episode_config(
 ) -> RunConfig:
     """The recipe's configuration with the deciding policy set, for an episode.
 
+    ``recipe`` is a recipe's name, or a configuration made in code (a zoo member's
+    ``recipe()``), which is copied, not changed.
+
     ``lr_schedule`` (None: the recipe's) overrides ``TrainerConfig.lr_schedule``; ``split_seed``
     fixes the split of a bundled data set whatever the seed (a user's ``DataSpec`` splits itself);
     ``schedule`` is policy ``scheduled``'s list of germinations; ``task`` (a Simic training
@@ -108,7 +111,10 @@ def episode_config(
     time without changing what Tamiyo decides. The policy is not compiled either: ten decisions
     of ~1 ms each do not repay a compile.
     """
-    config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+    if isinstance(recipe, str):
+        config = get_recipe(recipe, epochs=epochs, device=device, seed=seed)
+    else:
+        config = with_overrides(recipe, epochs=epochs, device=device, seed=seed)
     config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, compile="off"))
     if lr_schedule is not None:
         config.trainer = dataclasses.replace(config.trainer, lr_schedule=lr_schedule)
