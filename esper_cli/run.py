@@ -66,6 +66,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"tamiyo     worst decision {summary.tamiyo_decision_max_ms:.0f} ms, {summary.tamiyo_timeouts} deadline misses, "
         f"{summary.deadline_overruns} overruns observed only"
     )
+    if summary.step_path:
+        cost = f"; compile {summary.compile_trial_ms / 1e3:.1f} s ({summary.compile_trial_share:.1%} of training)"
+        print(f"step       {summary.step_path}{cost if summary.compile_trial_ms else ''}")
     if not summary.reproducible:
         print(f"NOT REPRODUCIBLE: acted on the wall clock ({'; '.join(summary.load_dependence)})")
     print(f"outputs    {summary.run_dir}/ (summary.json, telemetry.jsonl, baseline.json, report.md)")

@@ -61,6 +61,14 @@ class RunSummary:
     busier machine."""
     load_dependence: tuple[str, ...] = ()
     """The wall-clock inputs the run acted on (an opt-in setting each)."""
+    step_path: str = ""
+    """How the step engine ran the training step, and why (its ``tolaria.compile_*`` event);
+    empty if it never decided (``compile="off"`` decides nothing)."""
+    compile_trial_ms: float = 0.0
+    """What compiling the step cost (the trial of ``compile="auto"``, or ``"on"``'s compile)."""
+    compile_trial_share: float = 0.0
+    """``compile_trial_ms`` as a share of the run's training time (``StepEngineConfig.compile_budget``
+    bounds the trial's expected share before it starts)."""
     growth_blocked: int = 0
     """Growth commands rejected because the registry could not give a kernel."""
     degraded: tuple[str, ...] = ()
@@ -104,6 +112,7 @@ def finish_run(session: Run) -> RunSummary:
             growth_blocked=blocked, first_blocked=first_blocked, tamiyo_timeouts=decisions["tamiyo_timeouts"]
         ),
         **_sharing(session),
+        **_step_path(telemetry),
         reproducible=not load_dependence(session.config),
         load_dependence=load_dependence(session.config),
         frontier=_frontier(session, test.accuracy),
@@ -185,6 +194,25 @@ def _decision_latency(packets: list[TelemetryPacket]) -> dict[str, Any]:
     }
 
 
+def _step_path(packets: list[TelemetryPacket]) -> dict[str, Any]:
+    """The step engine's choice and what its compile cost, in all and as a share of training."""
+    choice = [
+        e
+        for p in packets
+        for e in p.events
+        if e.name in ("tolaria.compile_enabled", "tolaria.compile_disabled", "tolaria.compile_fallback")
+    ]
+    if not choice:
+        return {}
+    trial_ms = float(choice[-1].attributes.get("warmup_ms", 0.0))
+    training_ms = sum(m.value for p in packets for m in p.metrics if m.name == "tolaria.training.latency_ms")
+    return {
+        "step_path": choice[-1].message,
+        "compile_trial_ms": trial_ms,
+        "compile_trial_share": trial_ms / training_ms if training_ms > 0 else 0.0,
+    }
+
+
 def _blocked(packets: list[TelemetryPacket]) -> tuple[int, str | None]:
     """How many growth commands the registry blocked, and the first one's reason."""
     count = sum(m.value for p in packets for m in p.metrics if m.name == "kasmina.growth.blocked_total")
@@ -246,6 +274,17 @@ def _reproducibility_lines(summary: RunSummary) -> list[str]:
     return []
 
 
+def _step_lines(summary: RunSummary) -> list[str]:
+    if not summary.step_path:
+        return []
+    cost = ""
+    if summary.compile_trial_ms:
+        cost = (
+            f"; compiling it cost {summary.compile_trial_ms / 1e3:.1f} s, {summary.compile_trial_share:.1%} of training"
+        )
+    return [f"Training step: {summary.step_path}{cost}.", ""]
+
+
 def render_report(session: Run, summary: RunSummary) -> str:
     """Markdown report: headline, per-epoch table, commands and seeds."""
     lines = [
@@ -261,6 +300,7 @@ def render_report(session: Run, summary: RunSummary) -> str:
         "",
         *_degraded_lines(summary),
         *_reproducibility_lines(summary),
+        *_step_lines(summary),
         "| epoch | train loss | val loss | val acc | train ms | seeds |",
         "|---:|---:|---:|---:|---:|---|",
     ]

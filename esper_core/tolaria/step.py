@@ -55,12 +55,15 @@ class StepEngineConfig:
     """Steps timed on each path when ``compile='auto'`` decides."""
     decision_margin: float = 0.05
     """Compiled must be at least this much faster (fraction) to be chosen."""
-    compile_min_run_s: float = 60.0
-    """``auto`` compiles only if the rest of the run, timed eagerly, would last at least this
-    long (median eager step x steps left, when the run's length is known): a CPU compile costs
-    10-40 s, which a run of a few seconds never earns back. The choice only ever falls back to
-    the eager step, so it cannot change a run's numbers; it is not cached (it depends on the
-    run's length, not the workload). 0 compiles whatever the length."""
+    compile_budget: float | None = 0.05
+    """Share of the run's expected training time the ``auto`` compile trial may cost. Before
+    compiling, the trial's cost is estimated (``estimate_compile_s``: this environment's earlier
+    compiles, else a prior) and the run's length from its median eager step x its steps; a trial
+    over budget is skipped, eager kept, with the reason (``tolaria.compile_disabled``): a CPU
+    compile costs 10-200 s, which a run of a few minutes never earns back (a 12-epoch GPT spent
+    30 % of its wall time in one). The choice only ever falls back to the eager step, so it
+    cannot change a run's numbers; it is not cached (it depends on the run's length, not the
+    workload). None: always measure."""
     enable_graphs: bool = False
     """Capture the steady-state eager step as a CUDA graph (CUDA only)."""
     enable_graph_pool_reuse: bool = True
@@ -75,10 +78,39 @@ class StepEngineConfig:
             raise ValueError(f"measure_steps must be >= 3 for a median to mean anything, got {self.measure_steps}")
         if not 0.0 <= self.decision_margin < 1.0:
             raise ValueError(f"decision_margin must lie in [0, 1), got {self.decision_margin}")
-        if self.compile_min_run_s < 0:
+        if self.compile_budget is not None and not 0.0 < self.compile_budget <= 1.0:
             raise ValueError(
-                f"compile_min_run_s must be >= 0 seconds (0: always measure), got {self.compile_min_run_s}"
+                f"compile_budget must lie in (0, 1] (a share of the run's training time; None: always measure), "
+                f"got {self.compile_budget}"
             )
+
+
+COMPILE_PRIOR_BASE_S = 10.0
+COMPILE_PRIOR_PER_TENSOR_S = 3.0
+"""A compile's cost before any was measured here: base + per parameter tensor of the step (its
+backward graph grows with them). Fitted to this project's 2-core CPU machine: 10-40 s for the
+small recipes (2-8 tensors), 93 s for ``chars-gpt`` (30), 150-190 s for a 4-layer nanoGPT."""
+
+
+def estimate_compile_s(param_tensors: int, history: Iterable[dict[str, Any]]) -> tuple[float, str]:
+    """Expected seconds to compile a step over ``param_tensors`` parameter tensors, and how it was estimated.
+
+    ``history``: decision-cache entries of this environment (torch version and device). Those
+    that recorded their compile scale the prior to this machine's speed (the median ratio of
+    measured to prior cost); without any, the prior stands.
+    """
+
+    def prior(tensors: int) -> float:
+        return COMPILE_PRIOR_BASE_S + COMPILE_PRIOR_PER_TENSOR_S * tensors
+
+    ratios = [
+        e["warmup_ms"] / 1e3 / prior(int(e["param_tensors"]))
+        for e in history
+        if e.get("warmup_ms", 0.0) > 0.0 and "param_tensors" in e
+    ]
+    if not ratios:
+        return prior(param_tensors), "prior"
+    return prior(param_tensors) * statistics.median(ratios), f"{len(ratios)} earlier compile(s) here"
 
 
 class DecisionCache:
@@ -92,6 +124,12 @@ class DecisionCache:
         if not self.path.exists():
             return None
         return json.loads(self.path.read_text()).get(key)
+
+    def entries(self, prefix: str) -> list[dict[str, Any]]:
+        """Every cached decision whose key starts with ``prefix`` (e.g. one environment's)."""
+        if not self.path.exists():
+            return []
+        return [v for k, v in json.loads(self.path.read_text()).items() if k.startswith(prefix)]
 
     def put(self, key: str, decision: dict[str, Any]) -> None:
         """Record ``decision`` for ``key`` (atomic replace; the last writer wins)."""
@@ -117,7 +155,7 @@ class StepEngine:
         device: where the step runs (graphs need CUDA).
         workload: identifies the model and batch shape for the decision cache.
         cache: where decisions are remembered; None measures every time.
-        run_steps: steps of the whole run, if known (``compile_min_run_s`` needs it).
+        run_steps: steps of the whole run, if known (``compile_budget`` needs it).
     """
 
     def __init__(
@@ -139,6 +177,7 @@ class StepEngine:
         self.config = config
         self.device = device
         self.cache = cache
+        self._environment = f"{torch.__version__}|{_device_name(device)}|"
         self.cache_key = "|".join(
             [
                 torch.__version__,
@@ -286,16 +325,19 @@ class StepEngine:
         return loss
 
     def _too_short_to_compile(self) -> str | None:
-        """Why the rest of the run is too short to repay a compile, or None if it is not (or
-        its length is unknown)."""
-        if self.run_steps is None or self.config.compile_min_run_s == 0:
+        """Why the compile trial would cost more than ``compile_budget`` of the run, or None if
+        it would not (or the run's length is unknown)."""
+        budget = self.config.compile_budget
+        if self.run_steps is None or budget is None:
             return None
-        left_s = statistics.median(self._timings["eager"]) * max(0, self.run_steps - self.steps) / 1e3
-        if left_s >= self.config.compile_min_run_s:
+        run_s = statistics.median(self._timings["eager"]) * self.run_steps / 1e3
+        history = self.cache.entries(self._environment) if self.cache is not None else []
+        cost_s, basis = estimate_compile_s(sum(1 for _ in self.parameters()), history)
+        if cost_s <= budget * run_s:
             return None
         return (
-            f"the run's {self.run_steps - self.steps} remaining steps take ~{left_s:.1f} s eagerly, "
-            f"under compile_min_run_s={self.config.compile_min_run_s:g}: a compile could not pay for itself"
+            f"a compile is expected to take ~{cost_s:.0f} s ({basis}), over compile_budget={budget:g} of the "
+            f"run's ~{run_s:.0f} s of eager steps: it could not pay for itself"
         )
 
     def _eager(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -384,6 +426,8 @@ class StepEngine:
                     "eager_ms": eager,
                     "compiled_ms": compiled,
                     "warmup_ms": self.warmup_ms,
+                    # What estimate_compile_s scales this machine's compiles by.
+                    "param_tensors": sum(1 for _ in self.parameters()),
                 },
             )
 

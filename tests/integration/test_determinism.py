@@ -45,7 +45,7 @@ def _run(home: EsperSettings, run_id: str) -> tuple[dict[str, Any], str]:
 def test_a_fresh_and_a_used_home_give_identical_runs(compiled_home: EsperSettings) -> None:
     decisions_path = compiled_home.home / "step_decisions.json"
     fresh, key = _run(compiled_home, "fresh")
-    # Three epochs are far too short to repay a compile (StepEngineConfig.compile_min_run_s):
+    # Three epochs are far too short to repay a compile (StepEngineConfig.compile_budget):
     # the step stays eager, and nothing is cached for the next, maybe longer, run.
     assert not decisions_path.exists()
     # What the noisy measurement of an earlier version left: compiled "wins", unchecked.

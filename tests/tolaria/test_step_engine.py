@@ -15,7 +15,13 @@ from esper_core.run.build import build_trainer
 from esper_core.run.recipes import get_recipe
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.precision import Precision
-from esper_core.tolaria.step import StepEngine, StepEngineConfig
+from esper_core.tolaria.step import (
+    COMPILE_PRIOR_BASE_S,
+    COMPILE_PRIOR_PER_TENSOR_S,
+    StepEngine,
+    StepEngineConfig,
+    estimate_compile_s,
+)
 from tests.helpers.runif import requires_cuda
 
 
@@ -37,12 +43,12 @@ def esper_test_inexact_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dy
 
 def _trainer(*, home: Path | None = None, recipe: str = "seed-reference", **step: object) -> Trainer:
     config = get_recipe(recipe)
-    # compile_min_run_s=0: these runs last milliseconds, and the tests are about measuring.
+    # compile_budget=None: these runs last milliseconds, and the tests are about measuring.
     fields = {
         "compile_backend": "aot_eager",
         "compile_warmup_steps": 1,
         "measure_steps": 3,
-        "compile_min_run_s": 0.0,
+        "compile_budget": None,
         **step,
     }
     config.trainer = dataclasses.replace(config.trainer, step=dataclasses.replace(config.trainer.step, **fields))
@@ -95,7 +101,7 @@ def test_auto_measures_both_paths_decides_and_caches(tmp_path: Path) -> None:
 
 def test_auto_does_not_compile_a_run_too_short_to_repay_it(tmp_path: Path) -> None:
     # seed-reference: 6 epochs of 4 steps, a few milliseconds in all.
-    trainer = _trainer(home=tmp_path, compile="auto", compile_min_run_s=60.0)
+    trainer = _trainer(home=tmp_path, compile="auto", compile_budget=0.05)
     _, eager = _names(_trainer(compile="off"), 3)
     events, losses = [], []
     for _ in range(3):
@@ -106,11 +112,37 @@ def test_auto_does_not_compile_a_run_too_short_to_repay_it(tmp_path: Path) -> No
     assert engine.decided and not engine.use_compiled and engine.compiled_fn is None
     assert not engine._timings["compiled"] and losses == eager
     (chosen,) = [e for e in events if e.name.startswith("tolaria.compile")]
-    assert chosen.name == "tolaria.compile_disabled" and "compile_min_run_s=60" in chosen.message
+    assert chosen.name == "tolaria.compile_disabled" and "compile_budget=0.05" in chosen.message
+    assert "(prior)" in chosen.message  # nothing compiled here yet
     # Not cached: the next run of the same workload may be long enough.
     assert not (tmp_path / "step_decisions.json").exists()
-    with pytest.raises(ValueError, match="compile_min_run_s must be >= 0"):
-        StepEngineConfig(compile_min_run_s=-1.0)
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match=r"compile_budget must lie in \(0, 1\]"):
+            StepEngineConfig(compile_budget=bad)
+
+
+def test_the_compile_estimate_learns_this_machines_speed_from_earlier_compiles() -> None:
+    prior, basis = estimate_compile_s(30, [])
+    assert basis == "prior" and prior == COMPILE_PRIOR_BASE_S + 30 * COMPILE_PRIOR_PER_TENSOR_S
+    # Two compiles here took twice the prior: the estimate doubles. Entries without a measured
+    # compile (a cached eager choice, an old entry without a tensor count) say nothing.
+    twice = [
+        {"warmup_ms": 2e3 * (COMPILE_PRIOR_BASE_S + 2 * COMPILE_PRIOR_PER_TENSOR_S), "param_tensors": 2},
+        {"warmup_ms": 2e3 * (COMPILE_PRIOR_BASE_S + 8 * COMPILE_PRIOR_PER_TENSOR_S), "param_tensors": 8},
+        {"warmup_ms": 0.0, "param_tensors": 4},
+        {"warmup_ms": 5e3},
+    ]
+    estimate, basis = estimate_compile_s(30, twice)
+    assert estimate == pytest.approx(2 * prior) and basis == "2 earlier compile(s) here"
+
+
+def test_a_long_enough_run_is_within_the_compile_budget(tmp_path: Path) -> None:
+    # The same workload, 10 000 x the steps: the trial fits 5 % of the run, so it is measured.
+    trainer = _trainer(home=tmp_path, compile="auto", compile_budget=0.05)
+    trainer.engine.run_steps = 10**9
+    for _ in range(3):
+        trainer.train_epoch()
+    assert trainer.engine._timings["compiled"], "the trial was skipped although it fits the budget"
 
 
 def test_auto_never_chooses_a_compiled_step_that_changes_the_numbers(tmp_path: Path) -> None:
