@@ -103,7 +103,7 @@ GLOBAL_FEATURES: tuple[str, ...] = (
 )
 _LAYER_KINDS: tuple[LayerKind, ...] = tuple(LayerKind)
 LAYER_FEATURES: tuple[str, ...] = (
-    "log_width",
+    "log_width",  # absolute: a 4-unit layer is a bottleneck on any host; log_width_rel is the scale-free one
     "activation_mean",
     "activation_std",
     "log1p_grad_norm",
