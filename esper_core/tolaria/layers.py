@@ -66,18 +66,27 @@ def layer_kind(module: nn.Module, ancestors: Sequence[nn.Module] = ()) -> LayerK
     return LayerKind.OTHER
 
 
-def _kinds(root: nn.Module, layers: Sequence[nn.Module]) -> list[LayerKind]:
-    """``layer_kind`` of each of ``layers``, found under ``root`` by identity."""
+def _ancestors(root: nn.Module, layers: Sequence[nn.Module]) -> list[list[nn.Module]]:
+    """The modules enclosing each of ``layers`` under ``root`` (found by identity), outermost first."""
     modules = dict(root.named_modules())
     name_of = {id(m): name for name, m in modules.items()}
-    kinds = []
+    out = []
     for layer in layers:
         name = name_of.get(id(layer))
         parts = name.split(".") if name else []
         # Every proper prefix of the dotted name is an enclosing module (the root is "").
-        ancestors = [modules[".".join(parts[:i])] for i in range(len(parts)) if ".".join(parts[:i]) in modules]
-        kinds.append(layer_kind(layer, ancestors))
-    return kinds
+        out.append([modules[p] for i in range(len(parts)) if (p := ".".join(parts[:i])) in modules])
+    return out
+
+
+def _watched(layer: nn.Module, ancestors: Sequence[nn.Module]) -> nn.Module:
+    """The module whose output is ``layer``'s: itself, except ``nn.MultiheadAttention``'s
+    ``out_proj``, whose weight the attention applies without calling it (its own hook never
+    fires); the attention's first output is exactly its output."""
+    parent = ancestors[-1] if ancestors else None
+    if isinstance(parent, nn.MultiheadAttention) and parent.out_proj is layer:
+        return parent
+    return layer
 
 
 class LayerStats:
@@ -95,7 +104,9 @@ class LayerStats:
         # The weight Parameters themselves: a merged width seed grows them in place, so they stay valid.
         self.weights = [layer.weight for layer in self.layers]  # gradient norms are tracked on these
         # A module's type never changes in a run: the kinds are read once.
-        self.kinds = tuple(_kinds(root, self.layers))
+        ancestors = _ancestors(root, self.layers)
+        self.kinds = tuple(layer_kind(layer, a) for layer, a in zip(self.layers, ancestors, strict=True))
+        self._watched = tuple(_watched(layer, a) for layer, a in zip(self.layers, ancestors, strict=True))
         self._act: dict[str, tuple[float, float]] = {}
         self._out_elements: dict[str, int] = {}
 
@@ -112,13 +123,15 @@ class LayerStats:
         elements: dict[str, int] = dict.fromkeys(self.names, 0)
 
         def hook(name: str):
-            def record(_m: nn.Module, _inp: object, out: torch.Tensor) -> None:
+            def record(_m: nn.Module, _inp: object, out: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
+                if isinstance(out, tuple):  # a watched attention: (output, weights)
+                    out = out[0]
                 sums[name].append(torch.stack([out.mean(), out.std(unbiased=False)]))
                 elements[name] += out.numel()  # shape metadata: no device sync
 
             return record
 
-        handles = [layer.register_forward_hook(hook(n)) for n, layer in zip(self.names, self.layers, strict=True)]
+        handles = [m.register_forward_hook(hook(n)) for n, m in zip(self.names, self._watched, strict=True)]
         try:
             yield
         finally:

@@ -82,6 +82,9 @@ def test_fans_parameters_and_flops_per_sample_are_counts_from_shapes() -> None:
     head = states["head"]
     assert (head.fan_in, head.fan_out, head.flops_per_sample) == (5, 3, 2 * 5 * 3)
     assert states["attn.c_attn"].flops_per_sample == 2 * 8 * 24 * length
+    # nn.MultiheadAttention applies out_proj's weight without calling it: its output is watched instead.
+    assert states["mha.out_proj"].flops_per_sample == 2 * 8 * 8 * length
+    assert states["mha.out_proj"].activation_std > 0
     assert states["embed"].flops_per_sample == 0 and states["embed"].params == 11 * 8
     # Another pass with no data seen: FLOPs unobserved, shapes still known.
     stats.reset()
