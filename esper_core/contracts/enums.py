@@ -131,3 +131,36 @@ class Outcome(StrEnum):
     SUCCESS = "success"
     NEUTRAL = "neutral"
     REGRESSION = "regression"
+
+
+class LayerKind(StrEnum):
+    """What a host layer computes, in words that mean the same on every architecture.
+
+    Tamiyo's graph reads it instead of the layer's name, so a policy trained on one family of
+    hosts can read another. Tolaria derives it from the module's type where it builds the packet
+    (``esper_core.tolaria.layers.layer_kind``).
+    """
+
+    LINEAR = "linear"
+    CONV1D = "conv1d"
+    CONV2D = "conv2d"
+    ATTENTION = "attention"
+    """A projection of an attention or transformer block (``nn.MultiheadAttention``'s, a torch
+    transformer layer's, or one inside a module whose class name says attention)."""
+    RECURRENT = "recurrent"
+    NORM = "norm"
+    EMBEDDING = "embedding"
+    OTHER = "other"
+
+
+class SlotKind(StrEnum):
+    """How a slot grows the host; the names of ``esper_core.kasmina.kinds.SeedKind``.
+
+    BRANCH adds a compiled block beside a module's output, WIDTH adds units to a layer, DEPTH (issue
+    36) inserts a new block, initialised to the identity, after a layer. Tamiyo's graph and action
+    space carry all three, so the stored policy's format does not change when a kind arrives.
+    """
+
+    BRANCH = "branch"
+    WIDTH = "width"
+    DEPTH = "depth"

@@ -24,9 +24,11 @@ from esper_core.contracts.enums import (
     CommandType,
     GateId,
     HealthStatus,
+    LayerKind,
     Outcome,
     SeedOperation,
     SeedStage,
+    SlotKind,
     TelemetryLevel,
 )
 
@@ -234,6 +236,8 @@ class SeedState(Message):
     layer: str = Field(min_length=1)
     shape_profile: str = Field(min_length=1)
     stage: SeedStage
+    kind: SlotKind | None = None
+    """How the slot grows the host (None in packets recorded before it was reported)."""
     blueprint_id: str | None = None
     artifact_sha256: str | None = None
     alpha: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -253,13 +257,33 @@ class SeedState(Message):
 
 
 class LayerState(Message):
-    """Statistics of one host layer over the epoch."""
+    """Statistics and shape of one host layer over the epoch.
+
+    The shape fields describe the layer in terms that mean the same on every architecture (what
+    Tamiyo's graph reads instead of the layer's name). Each is None where it was not measured:
+    packets recorded before it was reported, or, for ``flops_per_sample``, a layer no validation
+    batch ran through.
+
+    Attributes:
+        kind: What the layer computes (``LayerKind``).
+        fan_in: Inputs each output unit reads (``weight[0].numel()``: in features, or in
+            channels per group times the kernel's size).
+        fan_out: Outputs each input unit feeds (out units times the kernel's size).
+        params: The layer's own parameters (weight and bias).
+        flops_per_sample: Forward multiply-adds times two for one sample through the layer's weight
+            (over every position of a conv map or token sequence); 0 for a lookup (embedding).
+    """
 
     name: str = Field(min_length=1)
     width: int = Field(ge=1)
     activation_mean: float = 0.0
     activation_std: float = 0.0
     grad_norm: float = 0.0
+    kind: LayerKind | None = None
+    fan_in: int | None = Field(default=None, ge=1)
+    fan_out: int | None = Field(default=None, ge=1)
+    params: int | None = Field(default=None, ge=0)
+    flops_per_sample: int | None = Field(default=None, ge=0)
 
 
 class SystemStatePacket(Message):

@@ -25,6 +25,7 @@ from esper_core.contracts import (
     TelemetryEvent,
     TelemetryLevel,
 )
+from esper_core.contracts.enums import SlotKind
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina import gates
 from esper_core.kasmina.config import KasminaConfig
@@ -385,6 +386,7 @@ class SeedManager:
                     layer=slot.layer,
                     shape_profile=slot.profile_name,
                     stage=slot.stage,
+                    kind=SlotKind(slot.kind.name),
                     blueprint_id=seed.blueprint_id if seed else None,
                     artifact_sha256=seed.artifact.sha256 if seed and seed.artifact else None,
                     alpha=slot.alpha,

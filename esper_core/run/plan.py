@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from esper_core.contracts.enums import SlotKind
 from esper_core.data import Dataset, load_dataset
 from esper_core.hosts import Host
 from esper_core.karn.capacity import SeedCapacity, seed_capacity
@@ -244,6 +245,7 @@ def _built_candidates(
             shape_profiles=frozenset(profiles),
             latency_p95_ms=0.0,
             param_cost=max(costs[(entry, p)] for p in profiles),
+            kind=SlotKind(kind.name),
         )
         for entry, (kind, profiles) in offered.items()
     )

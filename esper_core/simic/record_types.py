@@ -18,7 +18,7 @@ from typing import Any
 from esper_core.contracts import AdaptationCommand, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES, TREND_WINDOW
-from esper_core.tamiyo.model import TamiyoGNNConfig
+from esper_core.tamiyo.model import POLICY_FORMAT, TamiyoGNNConfig
 from esper_core.tamiyo.service import Decision
 
 _REPORT_NAMESPACE = uuid.UUID("8f5b8f5e-3c3a-4c1e-9a53-5e51c0f1e9a1")
@@ -220,16 +220,29 @@ class PolicyVersion:
         return f"v{self.version}"
 
     def require_current_inputs(self) -> None:
-        """Refuse a policy trained on other graph inputs than this code builds.
+        """Refuse a policy trained on other graph inputs or actions than this code builds.
 
         The GNN's input layers are as wide as the feature tuples of ``tamiyo.graph``; weights
-        trained before a feature was added (or removed, or reordered) would read every column
-        after it as a different feature. Widths are checked for every version; names too for
-        versions that recorded them (``provenance["graph_features"]``).
+        trained before a feature was added (or removed, or reordered, or changed meaning) would
+        read every column after it as a different feature. The format (``POLICY_FORMAT``;
+        versions that recorded none are format 1) is checked first, then the widths, then the
+        names for versions that recorded them (``provenance["graph_features"]``).
 
         Raises:
-            IncompatiblePolicyError: The widths or names differ (the message says how to fix it).
+            IncompatiblePolicyError: The format, widths or names differ (one line naming the fix).
         """
+        fix = (
+            "Retrain with the train_policy flow (prefect deployment run 'train_policy/default', or "
+            "train_policy(recipes=[...])) and serve the new version, pin TamiyoConfig.policy_version to a "
+            "version trained on the current inputs, or decide with the heuristic (TamiyoConfig.policy='heuristic')"
+        )
+        stored = self.provenance.get("policy_format", 1)
+        if stored != POLICY_FORMAT:
+            raise IncompatiblePolicyError(
+                f"policy {self.label} has format {stored}, but this Tamiyo reads format {POLICY_FORMAT} (features "
+                f"without wall-clock time, layers and slots described by kind): its weights would read the wrong "
+                f"features. {fix}"
+            )
         widths = {nt: (self.feature_dims.get(nt), dim) for nt, dim in FEATURE_DIMS.items()}
         changed = [f"{nt} {old} -> {new}" for nt, (old, new) in widths.items() if old != new]
         names = self.provenance.get("graph_features")
@@ -238,10 +251,7 @@ class PolicyVersion:
         if changed:
             raise IncompatiblePolicyError(
                 f"policy {self.label} was trained on other graph inputs than Tamiyo builds now "
-                f"({', '.join(changed)}): its weights would read the wrong features. Retrain with the "
-                "train_policy flow (prefect deployment run 'train_policy/default', or "
-                "train_policy(recipes=[...])) and serve the new version, or pin TamiyoConfig.policy_version "
-                "to a version trained on the current inputs"
+                f"({', '.join(changed)}): its weights would read the wrong features. {fix}"
             )
 
 

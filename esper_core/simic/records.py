@@ -37,7 +37,7 @@ from esper_core.simic.record_types import (
     report_id_for,
 )
 from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES
-from esper_core.tamiyo.model import TamiyoGNNConfig
+from esper_core.tamiyo.model import POLICY_FORMAT, TamiyoGNNConfig
 from esper_core.urza import schema
 from esper_core.urza.blobs import BlobStore
 from esper_core.urza.errors import RegistryConflictError, RegistryError
@@ -192,9 +192,13 @@ class SimicStore:
             "size_bytes": len(data),
             "gnn_config_json": json.dumps(dataclasses.asdict(gnn)),
             "feature_dims_json": json.dumps(FEATURE_DIMS),
-            # The feature names let a later builder refuse these weights even at equal widths.
+            # The format and feature names let a later builder refuse these weights even at equal widths.
             "provenance_json": json.dumps(
-                {**provenance, "graph_features": {nt: list(names) for nt, names in FEATURE_NAMES.items()}},
+                {
+                    **provenance,
+                    "policy_format": POLICY_FORMAT,
+                    "graph_features": {nt: list(names) for nt, names in FEATURE_NAMES.items()},
+                },
                 default=str,
             ),
             "status": "active",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from esper_core.contracts import BlueprintDescriptor
+from esper_core.contracts.enums import SlotKind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +47,8 @@ class BlueprintCandidate:
         param_cost: Number of parameters the seed adds to the host.
         capacity: What the seed adds at each profile it was measured at; empty when unknown
             (candidates recorded before it existed).
+        kind: The kind of slot it grows in (a Karn blueprint: ``BRANCH``; a width-menu entry:
+            ``WIDTH``); None for candidates recorded before it was.
     """
 
     descriptor: BlueprintDescriptor
@@ -53,6 +56,7 @@ class BlueprintCandidate:
     latency_p95_ms: float
     param_cost: int
     capacity: tuple[CandidateCapacity, ...] = ()
+    kind: SlotKind | None = SlotKind.BRANCH
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape_profiles, frozenset):
@@ -100,6 +104,7 @@ class BlueprintCandidate:
                 }
                 for c in self.capacity
             ],
+            "kind": None if self.kind is None else self.kind.value,
         }
 
     @classmethod
@@ -112,4 +117,6 @@ class BlueprintCandidate:
             param_cost=int(data["param_cost"]),
             # Absent from candidates recorded before capacity was known: the features stay unobserved.
             capacity=tuple(CandidateCapacity(**c) for c in data.get("capacity", ())),
+            # Absent from candidates recorded before it was: unobserved, not guessed from the id.
+            kind=None if data.get("kind") is None else SlotKind(data["kind"]),
         )

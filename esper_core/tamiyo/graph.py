@@ -4,21 +4,37 @@ Node types and their features (names in the ``*_FEATURES`` tuples, sizes in the 
 constants, so the policy has fixed input widths):
 
 - ``global`` (1 node): losses, accuracy, their trends and volatility, generalisation gap,
-  learning rate, latency against budget, host size, parameters added by seeds, epoch and progress
-  through the run, active seeds, training accuracy and its gap to validation accuracy (under- vs
-  over-fitting), and the parameters the risk engine still lets seeds add.
-- ``layer`` (one per ``LayerState``, in host order): width, activation statistics, gradient
-  norm, relative depth.
-- ``slot`` (one per ``SeedState``): lifecycle stage, blend alpha, ages, size, gradient norm,
-  samples seen, the seed's effect on validation loss, last gate verdict, and the bottleneck
-  signal: the loss gradient's norm at the slot's activation (DORMANT slots too).
-- ``blueprint`` (one per ``BlueprintCandidate``): tier, risk, Urza latency, parameter cost (absolute
-  and relative to the host), number of shape profiles with an artifact, and what the seed adds
-  (Karn's capacity, averaged over the profiles it has an artifact for): FLOPs per sample and the
-  share of those profiles where its delta is linear (folds into the next layer).
+  learning rate, host size (parameters and FLOPs per sample), parameters added by seeds, epoch
+  and progress through the run, the share of slots holding a seed, training accuracy and its gap
+  to validation accuracy (under- vs over-fitting), and the parameter budget the risk engine
+  leaves seeds (what remains, and the share used).
+- ``layer`` (one per ``LayerState``, in host order): kind (linear, conv1d, conv2d, attention,
+  recurrent, norm, embedding, other), width (absolute and against the host's other layers),
+  fan-in and fan-out, share of the host's parameters and of its FLOPs per sample, activation
+  statistics, gradient norm, relative depth.
+- ``slot`` (one per ``SeedState``): kind (branch, width, depth), lifecycle stage, blend alpha,
+  ages, size (absolute and as a share of the host), gradient norm, samples seen, the seed's
+  effect on validation loss, last gate verdict, and the bottleneck signal: the loss gradient's
+  norm at the slot's activation (DORMANT slots too).
+- ``blueprint`` (one per ``BlueprintCandidate``): the kind of slot it grows, tier, risk,
+  parameter cost (absolute and relative to the host), the share of slots it fits, and what the
+  seed adds (Karn's capacity, averaged over the profiles it has an artifact for): FLOPs per
+  sample (absolute and relative to the host's) and the share of those profiles where its delta
+  is linear (folds into the next layer).
+
+Two rules hold for every feature, so that one policy can read any host on any machine:
+
+- **No wall-clock quantity.** Epoch latency, latency budgets, kernel timings and timestamps stay
+  in the packets and telemetry and are never read here: the same run on a busy machine must
+  build the same graph, bit for bit. Costs are counts (parameters, FLOPs per sample).
+- **Nothing tied to a recipe's layer names or counts.** Layers are described by kind, fans and
+  shares of the host; counts that depend on how many layers or slots a recipe has become shares
+  (of slots, of parameters, of FLOPs). Absolute log sizes are kept beside the shares where scale
+  itself carries meaning (a 1k-parameter host and a 10M one should not grow alike).
 
 ``TamiyoGraph.coverage`` is the share of feature entries that were observed; ``missing`` names
-the features that were not (e.g. ``slot.grad_norm`` before a seed has trained).
+the features that were not (e.g. ``slot.grad_norm`` before a seed has trained, or a layer's kind
+in a packet recorded before layers reported it).
 
 Every relation has an explicit reverse so that every node type receives messages, and every
 edge type is always present (possibly with zero edges) so the graph metadata never changes.
@@ -30,11 +46,13 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch_geometric.data import HeteroData
 
 from esper_core.contracts import BlueprintTier, LayerState, SeedStage, SeedState, SystemStatePacket
+from esper_core.contracts.enums import LayerKind, SlotKind
 from esper_core.tamiyo.candidates import BlueprintCandidate
 
 NodeType = str
@@ -68,28 +86,38 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "val_loss_slope",  # least-squares slope per epoch over the last TREND_WINDOW epochs
     "val_loss_volatility",  # population std of the last TREND_WINDOW val losses
     "log_learning_rate",
-    "latency_budget_ratio",  # epoch_latency_ms / latency_budget_ms
-    "log1p_host_params",
+    "log1p_host_params",  # absolute scale, beside the shares below
     "log1p_epoch",
-    "active_seeds",
+    "active_slot_share",  # slots holding an active seed / slots (0 without slots)
     "val_accuracy_slope",  # least-squares slope per epoch over the last TREND_WINDOW epochs
     "val_accuracy_volatility",
     "train_loss_slope",
     "generalisation_gap",  # val_loss - train_loss
     "seed_param_share",  # parameters of active seeds / host parameters
-    "progress",  # epoch / (total_epochs - 1); unobserved when the run length is not given
+    "progress",  # epoch / (total_epochs - 1), the share of the run done; unobserved when its length is not given
     "train_accuracy",  # unobserved for non-class targets and packets recorded before it existed
     "train_val_accuracy_gap",  # train_accuracy - val_accuracy: > 0 over-fits, ~0 under-fits
     "log1p_remaining_param_budget",  # signed log1p(param_budget - active seeds' parameters)
+    "param_budget_used",  # active seeds' parameters / param_budget: the scale-free budget
+    "log1p_host_flops_per_sample",  # sum over the layers; unobserved if any layer's is
 )
+_LAYER_KINDS: tuple[LayerKind, ...] = tuple(LayerKind)
 LAYER_FEATURES: tuple[str, ...] = (
-    "log_width",
+    "log_width",  # absolute: a 4-unit layer is a bottleneck on any host; log_width_rel is the scale-free one
     "activation_mean",
     "activation_std",
     "log1p_grad_norm",
     "relative_depth",  # 0 for the first layer, 1 for the last
+    *(f"kind_{k.value}" for k in _LAYER_KINDS),
+    "log_width_rel",  # log(width) minus the mean log width of the host's layers: scale-free
+    "log_fan_in",
+    "log_fan_out",
+    "param_share",  # the layer's parameters / host parameters
+    "flops_share",  # the layer's FLOPs per sample / the host layers' sum
 )
 _SLOT_STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
+# The action space's kinds: a GERMINATE in a depth slot is already a choice the policy can encode.
+_SLOT_KINDS: tuple[SlotKind, ...] = tuple(SlotKind)
 SLOT_FEATURES: tuple[str, ...] = tuple(f"stage_{s.value}" for s in _SLOT_STAGES) + (
     "alpha",
     "log1p_age_epochs",
@@ -103,16 +131,19 @@ SLOT_FEATURES: tuple[str, ...] = tuple(f"stage_{s.value}" for s in _SLOT_STAGES)
     "gate_failed",
     "gate_none",
     "log1p_activation_grad_norm",  # SeedState.activation_grad_norm (Tolaria's slot probe)
+    *(f"kind_{k.value}" for k in _SLOT_KINDS),
+    "param_share",  # param_count / host parameters
 )
 _TIERS: tuple[BlueprintTier, ...] = tuple(BlueprintTier)
 BLUEPRINT_FEATURES: tuple[str, ...] = tuple(f"tier_{t.value}" for t in _TIERS) + (
     "risk",
-    "log1p_latency_p95_ms",
     "log1p_param_cost",
-    "num_profiles",
+    "fit_share",  # share of the state's slots whose profile it has an artifact for
     "param_cost_share",  # param_cost / host parameters
     "log1p_flops_per_sample",  # mean over the candidate's profiles with a known capacity
     "linear_share",  # share of those profiles where the seed's delta is affine (adds no capacity)
+    *(f"kind_{k.value}" for k in _SLOT_KINDS),  # the kind of slot it grows in
+    "flops_share",  # its FLOPs per sample / the host's: a count, where latency was a timing
 )
 
 GLOBAL_DIM = len(GLOBAL_FEATURES)
@@ -138,6 +169,7 @@ FEATURE_CLIP = 1e4
 
 # A feature row before tensorisation; ``None`` marks an entry that was not observed.
 _Row = list[float | None]
+_V = TypeVar("_V", LayerKind, SlotKind)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,11 +233,17 @@ def build_graph(
     if not history:
         raise ValueError("history is empty: pass at least the current epoch's SystemStatePacket")
     current = history[-1]
+    host_flops = _host_flops(current.layers)
+    log_widths = [math.log(layer.width) for layer in current.layers]
+    mean_log_width = statistics.fmean(log_widths) if log_widths else 0.0
     rows: dict[NodeType, list[_Row]] = {
-        "global": [_global_row(history, total_epochs, param_budget)],
-        "layer": [_layer_row(layer, i, len(current.layers)) for i, layer in enumerate(current.layers)],
-        "slot": [_slot_row(seed, current.val_loss) for seed in current.seeds],
-        "blueprint": [_blueprint_row(c, current.host_params) for c in candidates],
+        "global": [_global_row(history, total_epochs, param_budget, host_flops)],
+        "layer": [
+            _layer_row(layer, i, len(current.layers), current.host_params, host_flops, mean_log_width)
+            for i, layer in enumerate(current.layers)
+        ],
+        "slot": [_slot_row(seed, current.val_loss, current.host_params) for seed in current.seeds],
+        "blueprint": [_blueprint_row(c, current, host_flops) for c in candidates],
     }
     data = HeteroData()
     observed = total = 0
@@ -248,7 +286,9 @@ def _tensorise(rows: list[_Row], dim: int) -> tuple[torch.Tensor, list[int]]:
     return x, unobserved
 
 
-def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None, param_budget: int | None) -> _Row:
+def _global_row(
+    history: Sequence[SystemStatePacket], total_epochs: int | None, param_budget: int | None, host_flops: int | None
+) -> _Row:
     current = history[-1]
     window = history[-TREND_WINDOW:]
     losses = [p.val_loss for p in window]
@@ -259,6 +299,7 @@ def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None, 
     if total_epochs is not None:
         progress = current.epoch / (total_epochs - 1) if total_epochs > 1 else 1.0
     train_accuracy = current.train_accuracy
+    active = sum(s.stage.is_active for s in current.seeds)
     return [
         current.train_loss,
         current.val_loss,
@@ -266,10 +307,9 @@ def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None, 
         _slope(losses) if trended else None,
         statistics.pstdev(losses) if trended else None,
         math.log(current.learning_rate),
-        current.epoch_latency_ms / current.latency_budget_ms,
         math.log1p(current.host_params),
         math.log1p(current.epoch),
-        float(sum(s.stage.is_active for s in current.seeds)),
+        active / len(current.seeds) if current.seeds else 0.0,
         _slope(accuracies) if trended else None,
         statistics.pstdev(accuracies) if trended else None,
         _slope([p.train_loss for p in window]) if trended else None,
@@ -279,7 +319,19 @@ def _global_row(history: Sequence[SystemStatePacket], total_epochs: int | None, 
         train_accuracy,
         None if train_accuracy is None else train_accuracy - current.val_accuracy,
         None if param_budget is None else _log1p_nonneg(param_budget - seed_params),
+        # A budget of 0 is used up by the first seed parameter.
+        None if param_budget is None else seed_params / param_budget if param_budget > 0 else float(seed_params > 0),
+        None if host_flops is None else math.log1p(host_flops),
     ]
+
+
+def _host_flops(layers: Sequence[LayerState]) -> int | None:
+    """FLOPs per sample of the host's weight layers; None when any layer's is unknown (a partial
+    sum would read as a smaller host)."""
+    flops = [layer.flops_per_sample for layer in layers]
+    if not flops or any(f is None for f in flops):
+        return None
+    return sum(f for f in flops if f is not None)
 
 
 def _slope(values: list[float]) -> float:
@@ -292,17 +344,39 @@ def _slope(values: list[float]) -> float:
     return cov / var
 
 
-def _layer_row(layer: LayerState, index: int, num_layers: int) -> _Row:
+def _layer_row(
+    layer: LayerState,
+    index: int,
+    num_layers: int,
+    host_params: int,
+    host_flops: int | None,
+    mean_log_width: float,
+) -> _Row:
+    kind = _one_hot(layer.kind, _LAYER_KINDS)
+    flops = layer.flops_per_sample
     return [
         math.log(layer.width),
         layer.activation_mean,
         layer.activation_std,
         _log1p_nonneg(layer.grad_norm),
         index / (num_layers - 1) if num_layers > 1 else 0.0,
+        *kind,
+        math.log(layer.width) - mean_log_width,
+        None if layer.fan_in is None else math.log(layer.fan_in),
+        None if layer.fan_out is None else math.log(layer.fan_out),
+        None if layer.params is None else layer.params / max(host_params, 1),
+        None if flops is None or not host_flops else flops / host_flops,
     ]
 
 
-def _slot_row(seed: SeedState, val_loss: float) -> _Row:
+def _one_hot(value: _V | None, vocabulary: tuple[_V, ...]) -> _Row:
+    """One-hot of ``value`` over ``vocabulary``; every entry unobserved when ``value`` is None."""
+    if value is None:
+        return [None] * len(vocabulary)
+    return [float(value == v) for v in vocabulary]
+
+
+def _slot_row(seed: SeedState, val_loss: float, host_params: int) -> _Row:
     stage_onehot: _Row = [float(seed.stage is s) for s in _SLOT_STAGES]
     grad_norm = seed.metrics.get("grad_norm")
     samples = seed.metrics.get("samples")
@@ -322,20 +396,25 @@ def _slot_row(seed: SeedState, val_loss: float) -> _Row:
         float(gate is not None and not gate.passed),
         float(gate is None),
         None if seed.activation_grad_norm is None else _log1p_nonneg(seed.activation_grad_norm),
+        *_one_hot(seed.kind, _SLOT_KINDS),
+        seed.param_count / max(host_params, 1),
     ]
 
 
-def _blueprint_row(candidate: BlueprintCandidate, host_params: int) -> _Row:
+def _blueprint_row(candidate: BlueprintCandidate, current: SystemStatePacket, host_flops: int | None) -> _Row:
     tier_onehot: _Row = [float(candidate.descriptor.tier is t) for t in _TIERS]
     known = [c for c in candidate.capacity if c.profile in candidate.shape_profiles]
+    flops = statistics.fmean(c.flops_per_sample for c in known) if known else None
+    seeds = current.seeds
     return tier_onehot + [
         candidate.descriptor.risk,
-        math.log1p(candidate.latency_p95_ms),
         math.log1p(candidate.param_cost),
-        float(len(candidate.shape_profiles)),
-        candidate.param_cost / max(host_params, 1),
+        sum(candidate.fits(s.shape_profile) for s in seeds) / len(seeds) if seeds else None,
+        candidate.param_cost / max(current.host_params, 1),
         statistics.fmean(math.log1p(c.flops_per_sample) for c in known) if known else None,
         statistics.fmean(float(c.linear) for c in known) if known else None,
+        *_one_hot(candidate.kind, _SLOT_KINDS),
+        None if flops is None or not host_flops else flops / host_flops,
     ]
 
 

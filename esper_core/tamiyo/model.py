@@ -42,6 +42,16 @@ ACTIONS: tuple[tuple[CommandType, SeedOperation | None], ...] = (
     (CommandType.OPTIMIZER, None),
     (CommandType.PAUSE, None),
 )
+POLICY_FORMAT = 2
+"""Version of what a stored policy's weights mean: the graph's features and the action space.
+
+A stored policy records it (``PolicyVersion.provenance["policy_format"]``) and one of another
+format is refused (``PolicyVersion.require_current_inputs``): equal widths are not enough when a
+column or an action changes meaning. Bump it with any such change. 1: policies published up to
+2026-11-27 (no recorded format): latency among the features, layers described by width alone.
+2: no wall-clock feature; layers by kind, fans and shares of the host; slots and blueprints by
+kind (branch, width, depth)."""
+
 # Same spelling as ``AdaptationCommand.action``.
 ACTION_NAMES: tuple[str, ...] = tuple(op.value if op is not None else ctype.value for ctype, op in ACTIONS)
 BLEND_SCHEDULES: tuple[BlendSchedule, ...] = tuple(BlendSchedule)

@@ -14,6 +14,7 @@ from esper_core.contracts import (
     SeedState,
     SystemStatePacket,
 )
+from esper_core.contracts.enums import LayerKind, SlotKind
 from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
 
 # Stages given to slots 1, 2, ... (slot 0 is always DORMANT so a germination is possible).
@@ -36,9 +37,10 @@ def synthetic_history(
 ) -> list[SystemStatePacket]:
     """A short run with a falling validation loss.
 
-    Layer ``i`` is named ``layer{i}`` with width ``16 * (1 + i % 4)``; slot ``j`` sits on layer
-    ``j % num_layers`` with shape profile ``w<width>``. Slot 0 is DORMANT, later slots cycle
-    through TRAINING, BLENDING, PROBATIONARY, FOSSILIZED, EMBARGOED.
+    Layer ``i`` is a linear layer named ``layer{i}`` with width ``16 * (1 + i % 4)``, reading the
+    previous layer's width (the first its own); slot ``j`` sits on layer ``j % num_layers`` with
+    shape profile ``w<width>``. Slot 0 is DORMANT, later slots cycle through TRAINING, BLENDING,
+    PROBATIONARY, FOSSILIZED, EMBARGOED; every slot is a branch slot.
 
     Args:
         num_epochs: Number of packets (epochs 0 .. num_epochs - 1).
@@ -57,6 +59,7 @@ def synthetic_history(
             f"need num_epochs >= 1, num_layers >= 1 and num_slots >= 0, got {num_epochs}, {num_layers}, {num_slots}"
         )
     widths = [16 * (1 + i % 4) for i in range(num_layers)]
+    fan_ins = [widths[max(i - 1, 0)] for i in range(num_layers)]
     history = []
     for epoch in range(num_epochs):
         layers = tuple(
@@ -66,6 +69,11 @@ def synthetic_history(
                 activation_mean=0.1 * (i % 3),
                 activation_std=1.0 + 0.05 * i,
                 grad_norm=0.5 + 0.1 * ((i * 7) % 5),
+                kind=LayerKind.LINEAR,
+                fan_in=fan_ins[i],
+                fan_out=widths[i],
+                params=(fan_ins[i] + 1) * widths[i],
+                flops_per_sample=2 * fan_ins[i] * widths[i],
             )
             for i in range(num_layers)
         )
@@ -98,6 +106,7 @@ def _seed(index: int, epoch: int, widths: list[int], num_layers: int) -> SeedSta
             layer=f"layer{layer}",
             shape_profile=profile,
             stage=SeedStage.DORMANT,
+            kind=SlotKind.BRANCH,
             activation_grad_norm=0.2,
         )
     stage = _ACTIVE_CYCLE[(index - 1) % len(_ACTIVE_CYCLE)]
@@ -106,6 +115,7 @@ def _seed(index: int, epoch: int, widths: list[int], num_layers: int) -> SeedSta
         layer=f"layer{layer}",
         shape_profile=profile,
         stage=stage,
+        kind=SlotKind.BRANCH,
         blueprint_id=None if stage is SeedStage.EMBARGOED else "bp0",
         alpha=0.5 if stage is SeedStage.BLENDING else 0.0,
         age_epochs=epoch,

@@ -156,7 +156,7 @@ class Trainer:
         self.grad_pool = GradientBufferPool(model.host_parameters())
         self.grad_norms = GradNormAccumulator()
         self.grad_agg_stats = AggregationStats()
-        self.layer_stats = LayerStats(model.layer_names, list(model.layers))
+        self.layer_stats = LayerStats(model.layer_names, list(model.layers), root=model)
         # A fixed batch for G3's isolation probe and for sampling slot inputs.
         x0, y0 = self.data.train.head(batch_size)
         self._probe_batch = (x0.to(device), y0.to(device))
@@ -301,7 +301,9 @@ class Trainer:
             latency_budget_ms=self.config.latency_budget_ms,
             host_params=sum(p.numel() for p in self.model.host_parameters()),
             layers=self.layer_stats.export(
-                {k[6:]: v for k, v in norms.items() if k.startswith("layer:")}, self.model.layer_widths
+                {k[6:]: v for k, v in norms.items() if k.startswith("layer:")},
+                self.model.layer_widths,
+                samples=len(self.data.val),
             ),
             seeds=self.manager.export_seed_states(activation_grad_norms=bottlenecks),
         )

@@ -14,7 +14,7 @@ from esper_core.simic.policy_signing import resign_policies
 from esper_core.simic.records import SimicStore
 from esper_core.simic.serving import refresh_policy
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
-from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
+from esper_core.tamiyo.model import POLICY_FORMAT, TamiyoGNN, TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.urza.errors import ArtifactSignatureError, UnsignedArtifactError
 from esper_core.urza.signing import ArtifactSigner, SigningKey
@@ -69,7 +69,8 @@ def test_tamiyo_keeps_its_weights_when_the_newest_policy_is_mis_signed(store: Si
     _publish(store)
     assert refresh_policy(service, store) is not None and service.policy_version == "v1"
     v2 = _publish(store, seed=1)
-    _rewrite(store, v2, provenance_json=json.dumps({"runs": ["forged"]}))
+    # Forged provenance that still claims the current format: only the signature can tell.
+    _rewrite(store, v2, provenance_json=json.dumps({"policy_format": POLICY_FORMAT, "runs": ["forged"]}))
     assert refresh_policy(service, store) is None and service.policy_version == "v1"
 
 

@@ -11,19 +11,25 @@ import torch
 from esper_core.contracts import (
     BlueprintDescriptor,
     BlueprintTier,
+    CommandType,
     LayerState,
+    SeedOperation,
     SeedStage,
     SeedState,
     SystemStatePacket,
 )
+from esper_core.contracts.enums import LayerKind, SlotKind
+from esper_core.tamiyo.actions import ACTION_INDEX, legal_masks
 from esper_core.tamiyo.candidates import BlueprintCandidate, CandidateCapacity
 from esper_core.tamiyo.graph import (
     BLUEPRINT_FEATURES,
     EDGE_TYPES,
     FEATURE_CLIP,
     FEATURE_DIMS,
+    FEATURE_NAMES,
     FORWARD_EDGE_TYPES,
     GLOBAL_FEATURES,
+    LAYER_FEATURES,
     NODE_TYPES,
     REVERSE_EDGE_TYPES,
     SLOT_FEATURES,
@@ -138,7 +144,9 @@ def _packet(seeds: tuple[SeedState, ...], val_loss: float = 1.0) -> SystemStateP
         epoch_latency_ms=5.0,
         latency_budget_ms=10.0,
         host_params=100,
-        layers=(LayerState(name="fc", width=8),),
+        layers=(
+            LayerState(name="fc", width=8, kind=LayerKind.LINEAR, fan_in=4, fan_out=8, params=40, flops_per_sample=64),
+        ),
         seeds=seeds,
     )
 
@@ -155,6 +163,7 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
         layer="fc",
         shape_profile="p",
         stage=SeedStage.TRAINING,
+        kind=SlotKind.BRANCH,
         blueprint_id="b",
         metrics=full,
         activation_grad_norm=0.3,
@@ -177,9 +186,9 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
     assert observed.data["slot"].x[0, col].item() == pytest.approx(-0.1)
     assert defaulted.data["slot"].x[0, col].item() == 0.0
     # A single packet of a run of unknown length and budget has no trends (5 entries), no
-    # progress and no remaining budget.
+    # progress and no remaining or used budget.
     single = build_graph([_packet((seed,))], [])
-    assert single.coverage == pytest.approx((total - 7) / total)
+    assert single.coverage == pytest.approx((total - 8) / total)
     assert "global.progress" in single.missing and "global.val_accuracy_slope" in single.missing
 
 
@@ -271,16 +280,142 @@ def test_old_packets_and_candidates_still_build_with_the_new_features_unobserved
     packet = SystemStatePacket.model_validate(_OLD_PACKET)
     assert packet.train_accuracy is None and packet.seeds[0].activation_grad_norm is None
     old_candidate = synthetic_candidates(1)[0].to_dict()
-    del old_candidate["capacity"]
+    del old_candidate["capacity"], old_candidate["kind"]
     candidate = BlueprintCandidate.from_dict(old_candidate)
-    assert candidate.capacity == ()
+    assert candidate.capacity == () and candidate.kind is None
     graph = build_graph([packet], [candidate])
     assert {
         "global.train_accuracy",
         "global.train_val_accuracy_gap",
         "global.log1p_remaining_param_budget",
+        "global.log1p_host_flops_per_sample",
         "slot.log1p_activation_grad_norm",
+        "slot.kind_width",
+        "layer.kind_linear",
+        "layer.log_fan_in",
+        "layer.flops_share",
         "blueprint.log1p_flops_per_sample",
         "blueprint.linear_share",
+        "blueprint.kind_branch",
+        "blueprint.flops_share",
     } <= set(graph.missing)
     assert SystemStatePacket.from_json(packet.to_json()) == packet
+
+
+def _every_clock_changed(packet: SystemStatePacket, k: int) -> SystemStatePacket:
+    """``packet`` as a machine under another load would have measured it: every timing and
+    timestamp different (seed metrics that are timings too), everything else equal."""
+    seeds = tuple(
+        s.model_copy(update={"metrics": {**s.metrics, "kernel_load_ms": 1e3 * k, "kernel_first_use_ms": 7.0 * k}})
+        for s in packet.seeds
+    )
+    return packet.model_copy(
+        update={
+            "epoch_latency_ms": packet.epoch_latency_ms * 37.0 * k + 1.0,
+            "latency_budget_ms": packet.latency_budget_ms / (3.0 * k),
+            "timestamp": packet.timestamp + 86_400.0 * k,
+            "seeds": seeds,
+        }
+    )
+
+
+def test_two_states_differing_only_in_wall_clock_time_build_bit_identical_graphs() -> None:
+    """The same run on an idle and a busy machine: the policy must read exactly the same inputs."""
+    history = synthetic_history(num_epochs=4, num_layers=3, num_slots=3)
+    candidates = synthetic_candidates(3)
+    busy_history = [_every_clock_changed(p, k) for k, p in enumerate(history, start=1)]
+    busy_candidates = [dataclasses.replace(c, latency_p95_ms=c.latency_p95_ms * 50.0 + 3.0) for c in candidates]
+    assert busy_history != history and busy_candidates != candidates
+    idle = build_graph(history, candidates, total_epochs=10, param_budget=5000)
+    busy = build_graph(busy_history, busy_candidates, total_epochs=10, param_budget=5000)
+    for nt in NODE_TYPES:
+        assert torch.equal(idle.data[nt].x, busy.data[nt].x), nt
+    for et in EDGE_TYPES:
+        assert torch.equal(idle.data[et].edge_index, busy.data[et].edge_index), et
+    assert (idle.coverage, idle.missing) == (busy.coverage, busy.missing)
+
+
+def test_no_feature_name_reads_a_timing() -> None:
+    names = [name for names in FEATURE_NAMES.values() for name in names]
+    assert not [n for n in names if any(word in n for word in ("latency", "_ms", "time", "second"))]
+
+
+def test_layer_names_do_not_reach_the_policy() -> None:
+    """A recipe's layer names are not features: the same host under other names, with slots
+    pointing at the renamed layers, builds the same inputs."""
+    history = synthetic_history(num_epochs=2, num_layers=3, num_slots=2)
+
+    def renamed(packet: SystemStatePacket) -> SystemStatePacket:
+        layers = tuple(layer.model_copy(update={"name": f"blocks.{i}.mlp"}) for i, layer in enumerate(packet.layers))
+        seeds = tuple(s.model_copy(update={"layer": f"blocks.{s.layer[5:]}.mlp"}) for s in packet.seeds)
+        return packet.model_copy(update={"layers": layers, "seeds": seeds})
+
+    a = build_graph(history, synthetic_candidates(2))
+    b = build_graph([renamed(p) for p in history], synthetic_candidates(2))
+    for nt in NODE_TYPES:
+        assert torch.equal(a.data[nt].x, b.data[nt].x), nt
+    assert _edge_pairs(a, ("layer", "hosts", "slot")) == _edge_pairs(b, ("layer", "hosts", "slot"))
+
+
+def test_layers_read_kind_fans_and_shares_of_the_host() -> None:
+    (packet,) = synthetic_history(num_epochs=1, num_layers=3, num_slots=0)
+    conv = packet.layers[1].model_copy(update={"kind": LayerKind.CONV2D, "fan_in": 16 * 9, "fan_out": 32 * 9})
+    packet = packet.model_copy(update={"layers": (packet.layers[0], conv, packet.layers[2])})
+    graph = build_graph([packet], [])
+    rows = [dict(zip(LAYER_FEATURES, x, strict=True)) for x in graph.data["layer"].x.tolist()]
+    assert [r["kind_conv2d"] for r in rows] == [0.0, 1.0, 0.0]
+    assert [r["kind_linear"] for r in rows] == [1.0, 0.0, 1.0]
+    assert rows[1]["log_fan_in"] == pytest.approx(math.log(16 * 9))
+    assert rows[1]["log_fan_out"] == pytest.approx(math.log(32 * 9))
+    flops = [layer.flops_per_sample or 0 for layer in packet.layers]
+    assert [r["flops_share"] for r in rows] == pytest.approx([f / sum(flops) for f in flops])
+    params = [layer.params or 0 for layer in packet.layers]
+    assert [r["param_share"] for r in rows] == pytest.approx([p / packet.host_params for p in params])
+    widths = [math.log(layer.width) for layer in packet.layers]
+    assert [r["log_width_rel"] for r in rows] == pytest.approx([w - sum(widths) / 3 for w in widths])
+    g = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    assert g["log1p_host_flops_per_sample"] == pytest.approx(math.log1p(sum(flops)), rel=1e-6)
+    # A host twice as wide everywhere: the scale-free features do not move.
+    doubled = packet.model_copy(
+        update={
+            "host_params": packet.host_params * 4,
+            "layers": tuple(
+                layer.model_copy(
+                    update={
+                        "width": layer.width * 2,
+                        "params": (layer.params or 0) * 4,
+                        "flops_per_sample": (layer.flops_per_sample or 0) * 4,
+                    }
+                )
+                for layer in packet.layers
+            ),
+        }
+    )
+    rows2 = [dict(zip(LAYER_FEATURES, x, strict=True)) for x in build_graph([doubled], []).data["layer"].x.tolist()]
+    for name in ("log_width_rel", "param_share", "flops_share", "relative_depth"):
+        assert [r[name] for r in rows2] == pytest.approx([r[name] for r in rows]), name
+
+
+def test_slots_and_blueprints_carry_their_kind_depth_included() -> None:
+    history = synthetic_history(num_epochs=1, num_layers=2, num_slots=2)
+    packet = history[-1]
+    depth_slot = packet.seeds[0].model_copy(update={"kind": SlotKind.DEPTH, "shape_profile": "depth"})
+    packet = packet.model_copy(update={"seeds": (depth_slot, packet.seeds[1])})
+    depth = dataclasses.replace(_candidate("depth-block", {"depth"}), kind=SlotKind.DEPTH)
+    graph = build_graph([packet], [*synthetic_candidates(1), depth])
+    slots = [dict(zip(SLOT_FEATURES, x, strict=True)) for x in graph.data["slot"].x.tolist()]
+    assert [(r["kind_branch"], r["kind_width"], r["kind_depth"]) for r in slots] == [(0, 0, 1), (1, 0, 0)]
+    bps = [dict(zip(BLUEPRINT_FEATURES, x, strict=True)) for x in graph.data["blueprint"].x.tolist()]
+    assert [(r["kind_branch"], r["kind_depth"]) for r in bps] == [(1, 0), (0, 1)]
+    assert bps[1]["fit_share"] == 0.5
+    # The action space already holds it: germinating the depth slot with the depth block is legal.
+    masks = legal_masks(packet, [*synthetic_candidates(1), depth])
+    assert bool(masks.fits[0, 1]) and bool(masks.slot[ACTION_INDEX[(CommandType.SEED, SeedOperation.GERMINATE)], 0])
+
+
+def test_blueprint_flops_are_read_against_the_hosts() -> None:
+    history = synthetic_history(num_epochs=1, num_layers=3, num_slots=1)
+    graph = build_graph(history, synthetic_candidates(1))
+    host = sum(layer.flops_per_sample or 0 for layer in history[-1].layers)
+    row = dict(zip(BLUEPRINT_FEATURES, graph.data["blueprint"].x[0].tolist(), strict=True))
+    assert row["flops_share"] == pytest.approx(2000 / host)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from esper_core.contracts import BlendSchedule
+from esper_core.contracts.enums import LayerKind, SlotKind
 from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.loader import load_kernel
 from esper_core.run.build import build_trainer
@@ -31,6 +32,12 @@ def test_epoch_produces_a_complete_packet() -> None:
     assert [layer.name for layer in packet.layers] == ["fc0", "fc1", "fc2"]
     assert all(layer.grad_norm > 0 and layer.activation_std > 0 for layer in packet.layers)
     assert [s.slot_id for s in packet.seeds] == ["slot1", "slot2"]
+    # Each layer described as any architecture's would be: kind, fans and a count of its cost.
+    fc0, fc1, fc2 = packet.layers
+    assert {layer.kind for layer in packet.layers} == {LayerKind.LINEAR}
+    assert (fc1.fan_in, fc1.fan_out) == (fc0.width, fc1.width)
+    assert fc1.params == (fc0.width + 1) * fc1.width and fc2.flops_per_sample == 2 * fc1.width * fc2.width
+    assert {s.kind for s in packet.seeds} == {SlotKind.BRANCH}
     names = {m.name for m in result.metrics}
     assert {
         "tolaria.training.latency_ms",
