@@ -203,3 +203,16 @@ class HeteroSAGELayer(nn.Module):
 
 def _mlp(hidden: int, out_dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
+
+
+def untrained_policy(config: TamiyoGNNConfig) -> TamiyoGNN:
+    """A policy network with fixed random weights (seed 0), drawn without touching the caller's random state.
+
+    A run draws its seeds' initial weights from the process's random stream after Tamiyo is
+    built: drawing the network's weights from that stream made every run's numbers after its
+    first growth depend on the size of Tamiyo's network (a new graph feature changed the
+    golden runs). Until a policy version replaces them, these weights only score in the shadow.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return TamiyoGNN(config)

@@ -45,7 +45,7 @@ from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.tamiyo.graph import TamiyoGraph, build_graph
 from esper_core.tamiyo.heuristic import HeuristicPolicy
-from esper_core.tamiyo.model import ACTION_NAMES, ACTIONS, BLEND_SCHEDULES, PolicyOutput, TamiyoGNN
+from esper_core.tamiyo.model import ACTION_NAMES, ACTIONS, BLEND_SCHEDULES, PolicyOutput, TamiyoGNN, untrained_policy
 from esper_core.tamiyo.risk import RiskContext, RiskEngine, merged_growth
 
 __all__ = ["BREAKER_ISSUER", "SHADOW_NOTE", "Decision", "TamiyoConfig", "TamiyoService"]
@@ -104,14 +104,15 @@ class TamiyoService:
 
     Args:
         config: Service configuration.
-        model: A policy network to use (e.g. trained by Simic); when None a fresh
-            ``TamiyoGNN(config.gnn)`` is built. ``config.gnn`` is ignored when a model is given.
+        model: A policy network to use (e.g. trained by Simic); when None an untrained one
+            (``untrained_policy(config.gnn)``, which leaves the run's random state alone).
+            ``config.gnn`` is ignored when a model is given.
         cache_dir: Compiler cache directory for a compiled policy (``<ESPER_HOME>/cache/inductor``).
     """
 
     def __init__(self, config: TamiyoConfig, *, model: TamiyoGNN | None = None, cache_dir: Path | None = None) -> None:
         self.config = config
-        self.model = model if model is not None else TamiyoGNN(config.gnn)
+        self.model = model if model is not None else untrained_policy(config.gnn)
         self.policy: PreparedPolicy = prepare_policy(self.model, config, cache_dir=cache_dir)
         self.heuristic = HeuristicPolicy(config.heuristic)
         self.random = RandomGerminationPolicy(config.random, self.heuristic)

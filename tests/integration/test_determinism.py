@@ -55,3 +55,30 @@ def test_a_fresh_and_a_used_home_give_identical_runs(compiled_home: EsperSetting
     used, _ = _run(compiled_home, "used")
     assert used == fresh
     assert any(c[1] == "germinate" for c in fresh["commands"])  # the run really grew a seed
+
+
+@pytest.mark.slow
+def test_the_size_of_tamiyos_network_does_not_change_a_runs_numbers(esper_home: EsperSettings) -> None:
+    """The host's seeds draw their initial weights from the run's random stream after Tamiyo is
+    built; an untrained policy network must not draw from it, or a new graph feature (a wider
+    input) would change every grown run's numbers."""
+    import dataclasses
+
+    from esper_core.studies.episodes import episode_config
+    from esper_core.tamiyo.model import TamiyoGNNConfig
+
+    def grown(hidden_dim: int) -> list[tuple[float, float]]:
+        config = episode_config("mnist1d-mlp-width", seed=3, policy="periodic", epochs=8)
+        config.tamiyo = dataclasses.replace(config.tamiyo, gnn=TamiyoGNNConfig(hidden_dim=hidden_dim))
+        session = Run.start(config, settings=esper_home, run_id=f"gnn-{hidden_dim}")
+        try:
+            for epoch in range(config.epochs):
+                session.train_epoch()
+                session.apply(session.decide())
+                del epoch
+            assert any(c.action == "germinate" and c.epoch < config.epochs - 2 for c in session.commands)
+            return [(p.train_loss, p.val_loss) for p in session.history]
+        finally:
+            session.close()
+
+    assert grown(16) == grown(64)
