@@ -14,7 +14,7 @@ against the host's 0.32 (G2 culls above 2x); with scale 0 the logits did not mov
 0.32. The zero scale also gives TINY its line search: the scale's gradient is the first-order loss
 change along TINY's direction, so gradient descent grows it from 0 as far as the loss wants.
 ``check_width_init`` refuses, before a run starts, a method whose zero factor cannot sit there
-(a norm without a per-channel weight, an activation not 0 at 0 after the zero).
+(a LayerNorm or a norm without a per-channel weight, an activation not 0 at 0 after the zero).
 
 The three share one object, the first-order loss change of adding one unit with fan-in ``u`` and
 fan-out ``v``, which is bilinear: ``dL ~ u^T A v`` with ``A = sum over samples and positions of
@@ -32,7 +32,8 @@ a ``Linear``, a ``Conv`` and a flatten into a ``Linear`` need no case of their o
   existing weights could already fit (least squares on its current inputs), then take the top
   singular pairs of ``S^-1/2 A`` with ``S`` the covariance of the fan-in's inputs: the new units
   that best reduce the remaining first-order loss. TINY picks the scale by a line search; here the
-  blend's alpha ramp plays that part and the units start at the host's own per-unit norms.
+  units start at the host's own per-unit norms and the blend's alpha ramp plays that part, or,
+  behind a normalisation, the norm's new weight, learned from 0.
 
 GroMo (on the registry) implements TINY for ``Linear`` and ``Conv2d`` growing modules that replace
 the user's layers; Esper grows the user's own modules in place and needs ``Conv1d``, so the maths
