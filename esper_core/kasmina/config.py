@@ -42,7 +42,9 @@ class KasminaConfig:
     """How a width seed's new units start (``esper_core.kasmina.width.init``): ``tiny`` (the
     least-squares direction of the layer's expressivity bottleneck), ``gradmax`` (zero fan-in,
     fan-out along the gradient's top singular directions) or ``random`` (random fan-in, zero
-    fan-out). On mnist1d-cnn, widened x1.5 at epoch 15 of 60 (``bench/width.py``, 40 paired
+    fan-out). Each starts the network unchanged (``tiny`` behind a BatchNorm/GroupNorm by the
+    norm's new weight at 0); a run whose layers cannot start so under it is refused when planned.
+    On mnist1d-cnn, widened x1.5 at epoch 15 of 60 (``bench/width.py``, 40 paired
     seeds), grown minus static x1.5: tiny -0.21 pt [-0.94, +0.51], random -0.75 [-1.50, -0.01];
     gradmax (20 seeds) -3.10."""
     width_max_factor: float = 2.0

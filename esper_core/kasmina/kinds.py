@@ -112,6 +112,11 @@ class SeedKind(Protocol):
         """Parameters ``entry`` of ``menu`` adds in ``slot`` now (built on the meta device)."""
         ...
 
+    def check_config(self, slot: SeedSlot, config: KasminaConfig) -> None:
+        """Refuse, when a run is planned, a ``config`` under which no seed of this kind could start
+        in ``slot`` (``slot`` may be on the meta device); the ``ValueError`` names the fix."""
+        ...
+
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
         """Check G0 for ``blueprint_id`` in ``slot`` and build the seed (not attached yet)."""
         ...
@@ -166,6 +171,9 @@ class BranchKind:
 
     def param_cost(self, slot: SeedSlot, entry: str) -> int:
         raise ValueError(f"branch seeds are Karn blueprints: the plan measures {entry!r} from the catalogue")
+
+    def check_config(self, slot: SeedSlot, config: KasminaConfig) -> None:
+        """Nothing to refuse: a kernel's fit to the slot is G0's to check when it germinates."""
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
         if nursery.kernels is None:

@@ -109,7 +109,8 @@ def plan_run(
     Raises:
         ValueError: a blueprint Karn does not know, or one that fits none of the slots (the
             message names it and the blueprints that fit); a slot the model cannot take (see
-            ``GrowableModel``).
+            ``GrowableModel``) or whose seeds could not start under ``config.kasmina`` (see
+            ``SeedKind.check_config``).
         ApprovalRequiredError: a non-safe blueprint that ``approved`` does not name.
     """
     data = data or load_dataset(config.data)
@@ -176,6 +177,8 @@ def _plan(
     approved: Collection[str],
 ) -> RunPlan:
     host = meta_host(config, feature_shape, num_classes)
+    for slot in host.slots().values():
+        slot.kind.check_config(slot, config.kasmina)
     built_slots = {sid: slot for sid, slot in host.slots().items() if not slot.kind.compiled}
     slot_profiles = {sid: slot.profile for sid, slot in host.slots().items() if sid not in built_slots}
     fits = slot_blueprints(config, catalog=catalog, slot_profiles=slot_profiles, approved=approved)

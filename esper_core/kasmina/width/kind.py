@@ -23,11 +23,12 @@ from esper_core.kasmina import gates
 from esper_core.kasmina.kinds import Merge, Nursery, Sprout
 from esper_core.kasmina.loader import LoadedKernel
 from esper_core.kasmina.records import SeedRecord
-from esper_core.kasmina.width.init import WIDTH_INITS, init_width_seed_
+from esper_core.kasmina.width.init import WIDTH_INITS, check_width_init, init_width_seed_
 from esper_core.kasmina.width.merge import merge_width_seed, resize_width
 from esper_core.kasmina.width.seed import WidthSeed
 
 if TYPE_CHECKING:
+    from esper_core.kasmina.config import KasminaConfig
     from esper_core.kasmina.slot import SeedSlot
     from esper_core.kasmina.width.slot import WidthSlot
 
@@ -50,6 +51,15 @@ class WidthKind:
         with torch.device("meta"):
             seed = WidthSeed(ws.site, ws.host, units=width_units(entry, ws.site.width))
         return sum(t.numel() for t in seed.parameters())
+
+    def check_config(self, slot: SeedSlot, config: KasminaConfig) -> None:
+        """``config.width_init`` must be able to start new units of the layer without changing the
+        network (``check_width_init``): refused at planning, not culled once the run trains."""
+        ws = _width_slot(slot)
+        with torch.device("meta"):
+            # Its full width: a GroupNorm in between takes any multiple of its group size.
+            seed = WidthSeed(ws.site, ws.host, units=ws.site.width)
+        check_width_init(seed, config.width_init)
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
         """``blueprint_id`` is a width-menu entry (the units are that share of the layer's current

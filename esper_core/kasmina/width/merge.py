@@ -53,6 +53,19 @@ def merge_width_seed(host: nn.Module, seed: WidthSeed, optimizer: torch.optim.Op
             f"units {dead} of the width seed on {site.layer!r} still have all-zero fan-in (GradMax starts them so): "
             "merged now they would never learn; train the seed at least one step before merging it"
         )
+    for i, step in enumerate(site.steps):
+        new = seed.norms[str(i)] if step.kind in ("batch_norm", "group_norm") else None
+        if new is None or not new.affine:
+            continue
+        off = [j for j in range(k) if new.weight[j] == 0 and new.bias[j] == 0]
+        if off:
+            # Scale and shift 0 make the channel a constant 0 into the host's ReLU, whose gradient
+            # there is 0: neither would move again.
+            raise ValueError(
+                f"units {off} of the width seed on {site.layer!r} still have zero scale and shift in "
+                f"{step.module!r} (TINY starts them so behind a normalisation): merged now they would never learn; "
+                "train the seed at least one step before merging it"
+            )
     modules = dict(host.named_modules())
     layer, consumer = modules[site.layer], modules[site.consumer]
     pieces: list[tuple[nn.Parameter, nn.Parameter, int]] = [(layer.weight, seed.fan_in, 0)]
