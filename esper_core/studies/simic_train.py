@@ -9,7 +9,7 @@ record counts it learned from, the configuration, and the metrics it reached.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -423,8 +423,12 @@ def demonstration_search(settings: EsperSettings, *, recipe: str, plan: Training
     return HalvingSearch(candidates=candidates, seeds=plan.seeds("demonstrations"), run=run, eta=plan.search.eta)
 
 
-def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan) -> PolicyVersion:
+def train_imitation(
+    store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan, *, context: Mapping[str, object] | None = None
+) -> PolicyVersion:
     """Imitate the decisions of ``run_ids`` from scratch and publish the result.
+
+    ``context`` joins the version's provenance (a zoo training's members and seed sets).
 
     Returns:
         The new version (method ``imitation``).
@@ -440,7 +444,7 @@ def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPla
         model.state_dict(),
         gnn=plan.gnn,
         method="imitation",
-        provenance=_provenance(run_ids, records, len(reports), skipped, plan, metrics),
+        provenance=_provenance(run_ids, records, len(reports), skipped, plan, metrics) | dict(context or {}),
     )
 
 
@@ -451,8 +455,11 @@ def train_ppo(
     rollout_run_ids: Sequence[str],
     demonstration_run_ids: Sequence[str],
     plan: TrainingPlan,
+    context: Mapping[str, object] | None = None,
 ) -> PolicyVersion:
     """One PPO update of ``version`` on its own rollouts; publishes the next version.
+
+    ``context`` joins the version's provenance, as in ``train_imitation``.
 
     Returns:
         The new version (method ``ppo``, parent ``version``).
@@ -493,7 +500,8 @@ def train_ppo(
         method="ppo",
         parent_version=version,
         provenance=_provenance(rollout_run_ids, records, len(reports), skipped, plan, metrics)
-        | {"demonstration_runs": list(demonstration_run_ids)},
+        | {"demonstration_runs": list(demonstration_run_ids)}
+        | dict(context or {}),
     )
 
 

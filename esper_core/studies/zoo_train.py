@@ -29,6 +29,7 @@ a held-out training runs the same procedure on the other families.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -285,12 +286,20 @@ def train_zoo_policy(
             family,
         ),
     ]
+    # What a version was trained on and chosen by, in its provenance (never the evaluation
+    # results: the training runs none).
+    context: dict[str, object] = {
+        "zoo": dataclasses.asdict(config.zoo),
+        "members": family,
+        "exclude_families": list(config.exclude_families),
+        "seeds": dataclasses.asdict(config.seeds),
+    }
     store = SimicStore.open(settings.home, settings.registry_db_url)
     update_s: list[float] = []
     versions: list[int] = []
     try:
         start = time.perf_counter()
-        version = train_imitation(store, demo_ids, plan).version
+        version = train_imitation(store, demo_ids, plan, context=context).version
         update_s.append(time.perf_counter() - start)
         versions.append(version)
         for iteration in range(plan.iterations + 1):
@@ -315,6 +324,7 @@ def train_zoo_policy(
                 rollout_run_ids=[r.run_id for r in rollouts],
                 demonstration_run_ids=demo_ids,
                 plan=plan,
+                context=context,
             ).version
             update_s.append(time.perf_counter() - start)
             versions.append(version)

@@ -169,11 +169,14 @@ def test_zoo_episodes_of_two_families_become_samples_simic_trains_on(
         samples, _ = build_samples(store.decisions(ids), store.field_reports(ids), param_penalty=0.01)
         assert {s.run_id for s in samples} == set(ids)  # every member's episode became samples
         first, second = (store.load_weights(store.get_policy(v)) for v in result.versions)
+        provenance = store.get_policy(result.versions[-1]).provenance
     finally:
         store.close()
     # One PPO iteration on the zoo's rollouts moved the imitation policy.
     assert len(result.versions) == 2 and any(not torch.equal(first[k], second[k]) for k in first)
     assert result.chosen in result.versions
+    # A version says which members and seed sets it was trained and chosen on.
+    assert provenance["members"] == result.members and provenance["seeds"]["evaluation"] == [0, 1, 2]
 
 
 def test_a_zoo_training_never_runs_an_evaluation_seed(
