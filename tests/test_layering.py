@@ -78,9 +78,9 @@ SUBSYSTEMS: dict[str, tuple[frozenset[str], str]] = {
     "studies": (
         frozenset(
             {"fanout", "hosts", "karn", "kasmina", "pipeline", "run", "simic", "tamiyo", "telemetry"}
-            | {"tolaria", "urza"}
+            | {"tolaria", "urza", "zoo"}
         ),
-        "studies run many runs on top of the run layer",
+        "studies run many runs on top of the run layer (Simic's zoo training draws zoo members)",
     ),
 }
 """Library package -> (the non-foundation library packages it may import, why)."""

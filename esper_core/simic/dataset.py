@@ -1,13 +1,27 @@
 """From stored decisions and field reports to training samples: graphs, choices, rewards.
 
-Reward of the decision at epoch t of a run (``param_penalty`` = lambda):
+Reward of the decision at epoch t of a run (``param_penalty`` = lambda, ``flops_penalty`` = mu):
 
     r_t = (val_accuracy_{t+1} - val_accuracy_t) - lambda * params_added_t / host_params
+          - mu * (F_{t+1} - F_t) * (E - 1 - t) / (E * F_0)
 
 where ``params_added_t`` is the blueprint's parameter cost for a germination, minus the seed's
 parameters for a cull, 0 otherwise, and the last decision of a run has no accuracy term (nothing
 is trained after it). Summed over a run the accuracy terms telescope to the accuracy gained, so
 the return trades accuracy gained against parameters added, as the issue asks.
+
+The FLOPs term charges a decision for the training compute it commits the run to. ``F_t`` is the
+forward FLOPs of one sample through the network the packet of epoch t describes
+(``network_flops``), so ``F_{t+1} - F_t`` is what the decision (and the lifecycle moves of that
+epoch) changed, paid on each of the ``E - 1 - t`` epochs left to train, per sample; ``E * F_0``
+is the training compute of the run's first network trained static for all ``E`` epochs (the
+per-sample factor, 3 x forward x samples, cancels). Summed over a run the terms telescope to
+
+    mu * (training FLOPs of the run / training FLOPs of its first network, static - 1)
+
+so **mu = 0.01 costs one accuracy point for a run whose growth doubles its training FLOPs**
+(0.5 point for +50 %). A cull or merge that shrinks the network earns the same rate back.
+Packets recorded before layers carried their FLOPs give no FLOPs term (it is 0).
 
 With ``reward="counterfactual"`` the samples are only the decisions a run forked
 (``esper_core.studies.counterfactual``: a seed operation was legal, so a choice existed), and each
@@ -38,7 +52,15 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch, HeteroData
 
-from esper_core.contracts import AdaptationCommand, FieldReport, Outcome, SeedOperation
+from esper_core.contracts import (
+    AdaptationCommand,
+    FieldReport,
+    Outcome,
+    SeedOperation,
+    SeedStage,
+    SystemStatePacket,
+)
+from esper_core.contracts.enums import SlotKind
 from esper_core.simic.records import DecisionRecord
 from esper_core.tamiyo.actions import ACTION_INDEX, NO_CHOICE, ActionMasks, BatchChoices, legal_masks
 from esper_core.tamiyo.graph import EdgeType, NodeType, build_graph
@@ -118,14 +140,56 @@ def params_added(record: DecisionRecord) -> int:
     return 0
 
 
-def run_rewards(records: Sequence[DecisionRecord], *, param_penalty: float) -> list[float]:
+def network_flops(packet: SystemStatePacket) -> float | None:
+    """Forward FLOPs of one sample through the network ``packet`` describes, seeds included.
+
+    The host's weight layers count what they measured (``LayerState.flops_per_sample``). A seed
+    that runs in the forward (one in flight, or a fossilised branch or depth seed; a fossilised
+    width seed is merged into its layer, which then measures it) counts a multiply and an add per
+    parameter: exact for new units of a dense layer, low for a convolution's or a token-wise
+    layer's, which run at every position (a cnn1d width seed: 2 x 396 counted where the merged
+    layers measure 2,320 more). Packets do not say how a seed's parameters split between its own
+    units and the next layer's new inputs, which run at different positions; scaling all of them
+    by the layer's positions overstated the same seed twice (+3,879) and credited the merge that
+    corrected it. Either way the error is the seed's while it trains: the merged layer is measured.
+
+    Returns:
+        The FLOPs, or None when a layer's were not measured (packets recorded before they were).
+    """
+    if not packet.layers or any(layer.flops_per_sample is None for layer in packet.layers):
+        return None
+    total = float(sum(layer.flops_per_sample or 0 for layer in packet.layers))
+    for seed in packet.seeds:
+        # ``is_active`` includes FOSSILIZED: a fossilised branch seed still runs beside its layer.
+        if seed.stage.is_active and not (seed.stage is SeedStage.FOSSILIZED and seed.kind is SlotKind.WIDTH):
+            total += 2 * seed.param_count
+    return total
+
+
+def run_rewards(records: Sequence[DecisionRecord], *, param_penalty: float, flops_penalty: float = 0.0) -> list[float]:
     """Rewards of one run's decisions, sorted by epoch (see the module docstring)."""
+    first = network_flops(records[0].state.current) if records else None
     rewards = []
     for i, record in enumerate(records):
         current = record.state.current
-        gained = records[i + 1].state.current.val_accuracy - current.val_accuracy if i + 1 < len(records) else 0.0
-        rewards.append(gained - param_penalty * params_added(record) / max(current.host_params, 1))
+        r = -param_penalty * params_added(record) / max(current.host_params, 1)
+        if i + 1 < len(records):
+            following = records[i + 1].state.current
+            r += following.val_accuracy - current.val_accuracy
+            if flops_penalty:
+                r -= flops_penalty * _flops_share(record, following, first)
+        rewards.append(r)
     return rewards
+
+
+def _flops_share(record: DecisionRecord, following: SystemStatePacket, first: float | None) -> float:
+    """``(F_{t+1} - F_t) * (E - 1 - t) / (E * F_0)`` of the module docstring; 0 where unmeasured."""
+    now, then = network_flops(record.state.current), network_flops(following)
+    epochs = record.state.total_epochs
+    if now is None or then is None or not first or not epochs:
+        return 0.0
+    left = max(epochs - 1 - record.command.epoch, 0)
+    return (then - now) * left / (epochs * first)
 
 
 def build_samples(
@@ -133,6 +197,7 @@ def build_samples(
     reports: Sequence[FieldReport],
     *,
     param_penalty: float,
+    flops_penalty: float = 0.0,
     policies: frozenset[str] = LEARNABLE_POLICIES,
     reward: RewardKind = "delta",
 ) -> tuple[list[Sample], int]:
@@ -142,6 +207,8 @@ def build_samples(
         records: Stored decisions (any order, any runs).
         reports: Stored field reports (joined to decisions by command id).
         param_penalty: lambda of the reward.
+        flops_penalty: mu of the reward (``delta`` only: a fork does not measure its branches'
+            FLOPs, so ``counterfactual`` refuses a nonzero mu).
         policies: Proposers whose decisions become samples.
         reward: ``delta`` (every decision, ``r_t``) or ``counterfactual`` (only the forked
             decisions, their one-step reward; see the module docstring).
@@ -155,6 +222,11 @@ def build_samples(
     """
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+    if reward == "counterfactual" and flops_penalty:
+        raise ValueError(
+            "counterfactual rewards carry no FLOPs term (forks do not measure their branches' FLOPs): "
+            "use reward='delta' with a flops_penalty, or flops_penalty=0"
+        )
     outcome = {r.command.command_id: r.outcome for r in reports}
     by_run: dict[str, list[DecisionRecord]] = defaultdict(list)
     for record in records:
@@ -164,7 +236,9 @@ def build_samples(
     for run_records in by_run.values():
         run_records.sort(key=lambda r: r.command.epoch)
         one_step = reward == "counterfactual"
-        for record, r in zip(run_records, run_rewards(run_records, param_penalty=param_penalty), strict=True):
+        for record, r in zip(
+            run_records, run_rewards(run_records, param_penalty=param_penalty, flops_penalty=flops_penalty), strict=True
+        ):
             if record.policy not in policies or (one_step and record.counterfactual is None):
                 continue
             if record.counterfactual is not None and one_step:

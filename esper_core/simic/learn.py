@@ -35,6 +35,11 @@ class SimicConfig:
     Attributes:
         param_penalty: lambda: reward lost per host-sized block of parameters added (0.01 = one
             accuracy point for doubling the host).
+        flops_penalty: mu: reward lost per doubling of a run's training FLOPs over its first
+            network trained static (0.01 = one accuracy point for a growth that doubles the
+            run's training compute; ``esper_core.simic.dataset``). 0 (the default) leaves
+            compute free, as every plan before the zoo's trained; learns from ``delta`` rewards
+            only (forks do not measure FLOPs).
         gamma: Discount per epoch.
         gae_lambda: GAE lambda.
         lr: Adam learning rate of imitation.
@@ -54,6 +59,7 @@ class SimicConfig:
     """
 
     param_penalty: float = 0.01
+    flops_penalty: float = 0.0
     gamma: float = 1.0
     gae_lambda: float = 0.9
     lr: float = 3e-3
@@ -72,6 +78,11 @@ class SimicConfig:
     def __post_init__(self) -> None:
         if self.param_penalty < 0:
             raise ValueError(f"param_penalty must be >= 0, got {self.param_penalty}")
+        if self.flops_penalty < 0:
+            raise ValueError(
+                f"flops_penalty must be >= 0 (a reward per doubling of training FLOPs lost, not gained), "
+                f"got {self.flops_penalty}"
+            )
         if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ValueError("gamma must lie in (0, 1] and gae_lambda in [0, 1]")
         for name in ("lr", "ppo_lr", "clip", "max_grad_norm"):

@@ -9,7 +9,7 @@ record counts it learned from, the configuration, and the metrics it reached.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -106,6 +106,11 @@ class TrainingPlan:
             raise ValueError(f"episodes need >= 2 epochs for a reward, got {self.epochs}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        if self.reward == "counterfactual" and self.simic.flops_penalty:
+            raise ValueError(
+                "a counterfactual plan cannot charge FLOPs (forks do not measure their branches' FLOPs): "
+                "set reward='delta' or SimicConfig.flops_penalty=0"
+            )
 
 
 PlanName = Literal["default", "smoke", "counterfactual", "varied", "counterfactual-varied", "search", "search-smoke"]
@@ -177,7 +182,7 @@ def get_plan(name: str) -> TrainingPlan:
 def collect_episodes(
     settings: EsperSettings,
     *,
-    recipe: str,
+    recipe: str | RunConfig,
     seeds: Sequence[int],
     policy: str,
     plan: TrainingPlan,
@@ -193,7 +198,8 @@ def collect_episodes(
 
     Args:
         settings: Registry and run folders.
-        recipe: Recipe of every episode.
+        recipe: Recipe of every episode: a name, or a configuration made in code (a zoo
+            member's ``recipe()``), which each episode copies.
         seeds: One episode per seed.
         policy: ``heuristic``, ``gnn``, ``random`` or ``none``.
         plan: Epochs per episode and the GNN's size; GNN episodes fork decisions for
@@ -233,7 +239,7 @@ def collect_episodes(
 def episode_jobs(
     settings: EsperSettings,
     *,
-    recipe: str,
+    recipe: str | RunConfig,
     seeds: Sequence[int],
     policy: str,
     plan: TrainingPlan,
@@ -249,7 +255,7 @@ def episode_jobs(
     """
     variation = plan.variation if plan.variation.varies else None
     if variation is not None:
-        variation.check(get_recipe(recipe))
+        variation.check(get_recipe(recipe) if isinstance(recipe, str) else recipe)
     configs = [
         episode_config(
             recipe,
@@ -417,14 +423,20 @@ def demonstration_search(settings: EsperSettings, *, recipe: str, plan: Training
     return HalvingSearch(candidates=candidates, seeds=plan.seeds("demonstrations"), run=run, eta=plan.search.eta)
 
 
-def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan) -> PolicyVersion:
+def train_imitation(
+    store: SimicStore, run_ids: Sequence[str], plan: TrainingPlan, *, context: Mapping[str, object] | None = None
+) -> PolicyVersion:
     """Imitate the decisions of ``run_ids`` from scratch and publish the result.
+
+    ``context`` joins the version's provenance (a zoo training's members and seed sets).
 
     Returns:
         The new version (method ``imitation``).
     """
     records, reports = store.decisions(run_ids), store.field_reports(run_ids)
-    samples, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty)
+    samples, skipped = build_samples(
+        records, reports, param_penalty=plan.simic.param_penalty, flops_penalty=plan.simic.flops_penalty
+    )
     torch.manual_seed(plan.simic.seed)
     model = TamiyoGNN(plan.gnn)
     metrics = imitate(model, samples, plan.simic)
@@ -432,7 +444,7 @@ def train_imitation(store: SimicStore, run_ids: Sequence[str], plan: TrainingPla
         model.state_dict(),
         gnn=plan.gnn,
         method="imitation",
-        provenance=_provenance(run_ids, records, len(reports), skipped, plan, metrics),
+        provenance=_provenance(run_ids, records, len(reports), skipped, plan, metrics) | dict(context or {}),
     )
 
 
@@ -443,8 +455,11 @@ def train_ppo(
     rollout_run_ids: Sequence[str],
     demonstration_run_ids: Sequence[str],
     plan: TrainingPlan,
+    context: Mapping[str, object] | None = None,
 ) -> PolicyVersion:
     """One PPO update of ``version`` on its own rollouts; publishes the next version.
+
+    ``context`` joins the version's provenance, as in ``train_imitation``.
 
     Returns:
         The new version (method ``ppo``, parent ``version``).
@@ -459,7 +474,13 @@ def train_ppo(
     model = TamiyoGNN(parent.gnn)
     model.load_state_dict(store.load_weights(parent))
     records, reports = store.decisions(rollout_run_ids), store.field_reports(rollout_run_ids)
-    rollouts, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty, reward=plan.reward)
+    rollouts, skipped = build_samples(
+        records,
+        reports,
+        param_penalty=plan.simic.param_penalty,
+        flops_penalty=plan.simic.flops_penalty,
+        reward=plan.reward,
+    )
     if plan.reward == "counterfactual" and not rollouts:
         raise ValueError(
             f"no forked decisions in rollouts {list(rollout_run_ids)}: counterfactual PPO learns only from "
@@ -470,6 +491,7 @@ def train_ppo(
         store.decisions(demonstration_run_ids),
         store.field_reports(demonstration_run_ids),
         param_penalty=plan.simic.param_penalty,
+        flops_penalty=plan.simic.flops_penalty,
     )
     metrics = ppo_update(model, rollouts, plan.simic, demonstrations=demos)
     return store.publish_policy(
@@ -478,7 +500,8 @@ def train_ppo(
         method="ppo",
         parent_version=version,
         provenance=_provenance(rollout_run_ids, records, len(reports), skipped, plan, metrics)
-        | {"demonstration_runs": list(demonstration_run_ids)},
+        | {"demonstration_runs": list(demonstration_run_ids)}
+        | dict(context or {}),
     )
 
 

@@ -1,0 +1,192 @@
+"""Simic over the zoo: seed sets, family exclusion, the FLOPs term, and one tiny real training."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from esper_core.contracts import SeedStage
+from esper_core.contracts.enums import SlotKind
+from esper_core.settings import EsperSettings
+from esper_core.simic.dataset import build_samples, network_flops, run_rewards
+from esper_core.simic.learn import SimicConfig
+from esper_core.simic.records import DecisionRecord, SimicStore
+from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.simic_train import TrainingPlan
+from esper_core.studies.zoo_train import (
+    ZooSeeds,
+    ZooTraining,
+    ZooTrainingResult,
+    selection_score,
+    train_zoo_policy,
+    zoo_members,
+)
+from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
+from esper_core.tamiyo.model import TamiyoGNNConfig
+from esper_core.tamiyo.service import TamiyoService
+from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+from esper_core.zoo import ZooSpec
+
+SMALL = TamiyoGNNConfig(hidden_dim=16, num_layers=2)
+
+
+def test_overlapping_seed_sets_are_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"selection and evaluation seeds overlap on \[7\].*move those seeds"):
+        ZooSeeds(train=(1000,), selection=(7, 20), evaluation=tuple(range(10)))
+    with pytest.raises(ValueError, match="train and selection seeds overlap on"):
+        ZooSeeds(train=(1, 2), selection=(2,), evaluation=())
+    with pytest.raises(ValueError, match="repeat a seed"):
+        ZooSeeds(train=(1, 1), selection=(2,), evaluation=())
+
+
+def test_an_excluded_family_is_never_drawn() -> None:
+    config = ZooTraining(members=40, exclude_families=("mlp", "decoder"))
+    members = zoo_members(config)
+    assert len(members) == 40 and not {"mlp", "decoder"} & {m.family for m in members}
+    # The other five families share the members evenly.
+    assert {m.family for m in members} == {"cnn1d", "cnn2d", "resnet", "encoder", "gru"}
+    with pytest.raises(ValueError, match="leaves no family"):
+        ZooTraining(zoo=ZooSpec(families=("mlp",)), exclude_families=("mlp",))
+    with pytest.raises(ValueError, match="unknown families"):
+        ZooTraining(exclude_families=("lstm",))  # type: ignore[arg-type]
+
+
+def test_a_plan_the_zoo_cannot_run_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs 8 training seeds"):
+        ZooTraining(seeds=ZooSeeds(train=(1000, 1001)))
+    with pytest.raises(ValueError, match="width slots only"):
+        ZooTraining(zoo=ZooSpec(kinds=("width", "branch")))
+    with pytest.raises(ValueError, match="flops_penalty must be >= 0"):
+        SimicConfig(flops_penalty=-0.01)
+    with pytest.raises(ValueError, match="cannot charge FLOPs"):
+        TrainingPlan(reward="counterfactual", simic=SimicConfig(flops_penalty=0.01))
+
+
+def _run_records(epochs: int = 5) -> list[DecisionRecord]:
+    torch.manual_seed(0)
+    service = TamiyoService(TamiyoConfig(policy="heuristic", gnn=SMALL, compile=PolicyCompileConfig(enabled=False)))
+    candidates = synthetic_candidates(3)
+    records = []
+    for epoch in range(1, epochs):
+        history = synthetic_history(num_epochs=epoch + 1, num_slots=1, run_id="run0")  # slot 0: dormant
+        decision = service.decide(history, candidates, run_id="run0", total_epochs=epochs)
+        records.append(DecisionRecord.from_decision(decision, history, candidates, total_epochs=epochs))
+    service.close()
+    return records
+
+
+def _scaled(record: DecisionRecord, factor: int) -> DecisionRecord:
+    """``record`` with every layer's FLOPs per sample times ``factor`` (a network grown in place)."""
+    *past, current = record.state.history
+    layers = tuple(
+        layer.model_copy(update={"flops_per_sample": (layer.flops_per_sample or 0) * factor})
+        for layer in current.layers
+    )
+    state = dataclasses.replace(record.state, history=(*past, current.model_copy(update={"layers": layers})))
+    return dataclasses.replace(record, state=state)
+
+
+def test_the_flops_term_charges_a_decision_for_the_compute_it_commits_the_run_to() -> None:
+    records = _run_records()
+    # The network's FLOPs double after the first decision and stay doubled.
+    grown = [records[0], *(_scaled(r, 2) for r in records[1:])]
+    free = run_rewards(grown, param_penalty=0.01)
+    charged = run_rewards(grown, param_penalty=0.01, flops_penalty=0.01)
+    first = records[0]
+    epochs, t = first.state.total_epochs, first.command.epoch
+    assert epochs is not None
+    # The decision pays one accuracy point per doubling of the run's training FLOPs, for the
+    # share of the run still to train: (F1 - F0) * (E - 1 - t) / (E * F0), F1 = 2 F0.
+    assert charged[0] - free[0] == pytest.approx(-0.01 * (epochs - 1 - t) / epochs)
+    assert charged[1:] == pytest.approx(free[1:])
+    # A network that shrinks back earns the same rate back.
+    shrunk = [_scaled(records[0], 2), *records[1:]]
+    assert run_rewards(shrunk, param_penalty=0.01, flops_penalty=0.01)[0] > run_rewards(shrunk, param_penalty=0.01)[0]
+    # Forks do not measure FLOPs: a counterfactual reward refuses the term.
+    with pytest.raises(ValueError, match="no FLOPs term"):
+        build_samples(grown, [], param_penalty=0.01, flops_penalty=0.01, reward="counterfactual")
+
+
+def test_network_flops_count_seeds_that_run_beside_their_layer() -> None:
+    packet = synthetic_history(num_epochs=1, num_slots=1)[0]
+    host = sum(layer.flops_per_sample or 0 for layer in packet.layers)
+    training = packet.seeds[0].model_copy(
+        update={"stage": SeedStage.TRAINING, "blueprint_id": "bp", "param_count": 100, "kind": SlotKind.WIDTH}
+    )
+    assert network_flops(packet.model_copy(update={"seeds": (training,)})) == pytest.approx(host + 2 * 100)
+    # A fossilised width seed is merged into its layer, which already counts it.
+    merged = training.model_copy(update={"stage": SeedStage.FOSSILIZED})
+    assert network_flops(packet.model_copy(update={"seeds": (merged,)})) == host
+    unmeasured = packet.layers[0].model_copy(update={"flops_per_sample": None})
+    assert network_flops(packet.model_copy(update={"layers": (unmeasured, *packet.layers[1:])})) is None
+
+
+def test_selection_scores_charge_training_flops_over_the_static_run() -> None:
+    def result(val: float, flops: int) -> EpisodeResult:
+        return EpisodeResult(
+            run_id="r", recipe="m", policy="gnn", seed=2000, test_accuracy=val, val_accuracy=val,
+            host_params=1, total_params=1, forward_flops=1, train_flops=flops, wall_s=0.0, commands={},
+            policy_version=None,
+        )  # fmt: skip
+
+    static = result(0.80, 1000)
+    assert selection_score(result(0.80, 1000), static, flops_penalty=0.01) == pytest.approx(0.80)
+    # Twice the static run's compute costs one point.
+    assert selection_score(result(0.80, 2000), static, flops_penalty=0.01) == pytest.approx(0.79)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[ZooTrainingResult, EsperSettings, ZooTraining]:
+    home = tmp_path_factory.mktemp("zoo-simic")
+    settings = EsperSettings(home=Path(home))
+    # Two families, one member each, four epochs: a few seconds on one thread.
+    config = ZooTraining(
+        zoo=ZooSpec(seed=0, families=("mlp", "cnn1d"), epochs=(4,), train_samples=(1000,), widths=(8,)),
+        members=2,
+        seeds=ZooSeeds(train=(1000, 1001), selection=(2000,), evaluation=(0, 1, 2)),
+        plan=TrainingPlan(
+            demonstrations=1,
+            iterations=1,
+            rollouts=1,
+            gnn=SMALL,
+            simic=SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8, ppo_lr=3e-2),
+        ),
+    )
+    return train_zoo_policy(settings, config), settings, config
+
+
+def test_zoo_episodes_of_two_families_become_samples_simic_trains_on(
+    trained: tuple[ZooTrainingResult, EsperSettings, ZooTraining],
+) -> None:
+    result, settings, config = trained
+    assert set(result.members.values()) == {"mlp", "cnn1d"}
+    store = SimicStore.open(settings.home, settings.registry_db_url)
+    try:
+        ids = [r.run_id for r in result.episodes["demonstrations"]]
+        samples, _ = build_samples(store.decisions(ids), store.field_reports(ids), param_penalty=0.01)
+        assert {s.run_id for s in samples} == set(ids)  # every member's episode became samples
+        first, second = (store.load_weights(store.get_policy(v)) for v in result.versions)
+        provenance = store.get_policy(result.versions[-1]).provenance
+    finally:
+        store.close()
+    # One PPO iteration on the zoo's rollouts moved the imitation policy.
+    assert len(result.versions) == 2 and any(not torch.equal(first[k], second[k]) for k in first)
+    assert result.chosen in result.versions
+    # A version says which members and seed sets it was trained and chosen on.
+    assert provenance["members"] == result.members and provenance["seeds"]["evaluation"] == [0, 1, 2]
+
+
+def test_a_zoo_training_never_runs_an_evaluation_seed(
+    trained: tuple[ZooTrainingResult, EsperSettings, ZooTraining],
+) -> None:
+    result, _, config = trained
+    ran = {r.seed for episodes in result.episodes.values() for r in episodes}
+    assert ran == set(config.seeds.train) | set(config.seeds.selection)
+    assert not ran & set(config.seeds.evaluation)
+    selection = {r.seed for phase in ("yardsticks", "scoring") for r in result.episodes[phase]}
+    assert selection == set(config.seeds.selection)
+    # Every version and both yardsticks were scored on the selection seeds.
+    assert [s.label for s in result.scores] == ["none", "heuristic", *(f"v{v}" for v in result.versions)]
