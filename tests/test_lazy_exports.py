@@ -58,14 +58,16 @@ def test_lazy_exports_match_the_typed_imports_and_all(package: str) -> None:
         module.no_such_name  # noqa: B018
 
 
-def test_reading_a_recipe_imports_neither_torch_geometric_nor_prefect() -> None:
-    # A fresh interpreter: this one has imported everything. What `esper recipes list` pays for.
+def test_reading_and_planning_a_recipe_imports_no_policy_network_flow_or_database() -> None:
+    # A fresh interpreter: this one has imported everything. What `esper recipes list` and
+    # `esper recipes show` pay for.
     probe = (
         "import sys; from esper_core.run.recipes import RECIPES, get_recipe; [get_recipe(n) for n in RECIPES]; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch_geometric', 'prefect'}))"
+        "from esper_core.run.plan import check_recipe; check_recipe(get_recipe('mnist1d-cnn')); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch_geometric', 'prefect', 'sqlalchemy'}))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.strip() == "[]", (
-        f"reading the built-in recipes imports {done.stdout.strip()}: import it where it is used, not from a "
-        "package __init__ or a config module"
+        f"reading or planning the built-in recipes imports {done.stdout.strip()}: import it where it is used, "
+        "not from a package __init__ or a module that only needs its types (TYPE_CHECKING)"
     )
