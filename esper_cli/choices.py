@@ -1,8 +1,8 @@
 """The values ``esper``'s options offer, written out so that parsing imports no library code.
 
-Their sources in ``esper_core`` import torch (and the recipes torch-geometric through Tamiyo's
-config): reading them from there made every command, ``--help`` and an argument error included,
-pay seconds of imports before parsing. ``tests/cli/test_choices.py`` keeps each tuple equal to
+Their sources in ``esper_core`` import torch and much of the library: reading them from there
+made every command, ``--help`` and an argument error included, pay about 5 s of imports before
+parsing. ``tests/cli/test_choices.py`` keeps each tuple equal to
 its source, so adding a recipe, a plan or a device means adding its name here too.
 """
 
