@@ -9,13 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from esper_cli.args import positive, quiet_prefect
+from esper_cli.choices import DEVICES, GROWTH_PLANS, PRECISIONS, RECIPES, SIMIC_PLANS
 from esper_cli.progress import progress
-from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.run.recipes import RECIPES
 from esper_core.studies.arms import GROWING_ARMS
-from esper_core.studies.growth import PLANS as GROWTH_PLANS
-from esper_core.studies.simic_train import PLANS as SIMIC_PLANS
-from esper_core.tolaria.precision import AMP_CHOICES
 
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
@@ -229,7 +225,7 @@ def _training_options(b: argparse.ArgumentParser) -> None:
         "(0: exactly --epochs; default: %(default)s)",
     )
     b.add_argument("--warmup-batches", type=int, default=20, help="untimed steps first (default: %(default)s)")
-    b.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
+    b.add_argument("--device", default="cpu", choices=DEVICES, help="device (default: %(default)s)")
     b.add_argument(
         "--compile", default="auto", choices=("auto", "on", "off"), help="step engine mode of the chosen path"
     )
@@ -253,7 +249,7 @@ def _training_options(b: argparse.ArgumentParser) -> None:
     b.add_argument(
         "--amp",
         default="auto",
-        choices=AMP_CHOICES,
+        choices=PRECISIONS,
         help="precision of all three paths, the bare loop included (default: %(default)s: bf16 on CUDA, fp32 on CPU)",
     )
     b.add_argument(
@@ -277,7 +273,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     training.add_argument(
         "--recipe",
         required=True,
-        help=f"built-in recipe ({', '.join(sorted(RECIPES))}) or a user's pkg.mod:fn",
+        help=f"built-in recipe ({', '.join(RECIPES)}) or a user's pkg.mod:fn",
     )
     _training_options(training)
     for workload, text in (
@@ -310,11 +306,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     orch.add_argument(
         "--recipe",
         default="mnist1d-cnn",
-        choices=sorted(RECIPES),
+        choices=RECIPES,
         help="recipe of the measured runs: %(choices)s (default: %(default)s, whose share the 2 %% goal is about)",
     )
     orch.add_argument("--runs", type=positive, default=3, help="measured runs after a cold one (default: %(default)s)")
-    orch.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="device (default: %(default)s)")
+    orch.add_argument("--device", default="cpu", choices=DEVICES, help="device (default: %(default)s)")
     orch.add_argument(
         "--heartbeat",
         action="store_true",
@@ -338,13 +334,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="RECIPE",
         # Checked by GrowthBenchConfig: an import path is allowed if its host can change width.
-        help=f"recipes to grow on: built-in names ({', '.join(sorted(RECIPES))}) or pkg.mod:fn import paths "
+        help=f"recipes to grow on: built-in names ({', '.join(RECIPES)}) or pkg.mod:fn import paths "
         "whose host scales (HostConfig, or ModelSpec with build_scaled) (default: the plan's)",
     )
     b_growth.add_argument(
         "--plan",
         default="default",
-        choices=sorted(GROWTH_PLANS),
+        choices=GROWTH_PLANS,
         help="default: mnist1d-cnn, 8 paired seeds, 3-width frontier (~9 min on 2 cores); full: also "
         "digits-mlp, 20 seeds, 5-width frontier; smoke: 2 seeds, 2 epochs (CI)",
     )
@@ -361,7 +357,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_growth.add_argument(
         "--simic-plan",
         default=None,
-        choices=sorted(SIMIC_PLANS),
+        choices=SIMIC_PLANS,
         help="Simic plan that trains the learned arm (default: the growth plan's; counterfactual: forked rewards; search: imitate the best searched schedule)",
     )
     b_growth.add_argument("--policy-version", type=positive, default=None, help="evaluate a stored version")

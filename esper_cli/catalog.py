@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import get_args
 
 from esper_cli.args import local_flow_settings, quiet_prefect
+from esper_cli.choices import BACKENDS, BLUEPRINT_TIERS, DEVICES, HOST_KINDS, RECIPES
 from esper_cli.progress import follow_task_runs, progress
-from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.contracts import BlueprintTier
-from esper_core.karn.profiles import HOST_KINDS
-from esper_core.run.recipes import RECIPES
-from esper_core.tezzeret.config import BackendName
 
-BACKENDS: tuple[str, ...] = get_args(BackendName)
 _POLICY = {
-    BlueprintTier.SAFE: "compiled, published active and germinated freely",
-    BlueprintTier.EXPERIMENTAL: "compiled and germinated only with an explicit approval (--approve ID)",
-    BlueprintTier.HIGH_RISK: "quarantine-only: compiled with an approval, published quarantined, never germinated",
+    "safe": "compiled, published active and germinated freely",
+    "experimental": "compiled and germinated only with an explicit approval (--approve ID)",
+    "high_risk": "quarantine-only: compiled with an approval, published quarantined, never germinated",
 }
+"""What each tier (``BlueprintTier``'s value) lets a blueprint do."""
 
 
 def _cmd_catalog_list(args: argparse.Namespace) -> int:
+    from esper_core.contracts import BlueprintTier
     from esper_core.karn.entries import default_catalog
 
     tier = None if args.tier is None else BlueprintTier(args.tier)
@@ -72,7 +68,7 @@ def _cmd_catalog_show(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     print(f"{d.blueprint_id}: {d.name}")
-    print(f"  tier         {d.tier.value} ({_POLICY[d.tier]})")
+    print(f"  tier         {d.tier.value} ({_POLICY[d.tier.value]})")
     print(f"  risk         {d.risk:.2f}")
     print(f"  host kinds   {', '.join(d.host_kinds)}")
     print(f"  profiles     {entry.describe_profiles()}")
@@ -153,7 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         dest="catalog_command", required=True, metavar="ACTION"
     )
     c_list = catalog.add_parser("list", help="list blueprints with tier, risk, host kind and parameters")
-    c_list.add_argument("--tier", choices=[t.value for t in BlueprintTier], help="only this tier")
+    c_list.add_argument("--tier", choices=BLUEPRINT_TIERS, help="only this tier")
     c_list.add_argument("--host-kind", choices=HOST_KINDS, help="only blueprints for this host kind")
     c_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c_list.set_defaults(func=_cmd_catalog_list)
@@ -166,10 +162,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c_show.set_defaults(func=_cmd_catalog_show)
     c_compile = catalog.add_parser("compile", help="compile blueprints for a recipe's slots and publish them to Urza")
     c_compile.add_argument("blueprints", nargs="*", metavar="BLUEPRINT", help="blueprint ids (default: the recipe's)")
-    c_compile.add_argument(
-        "--recipe", default="digits-mlp", choices=sorted(RECIPES), help="recipe whose slots set the shapes"
-    )
-    c_compile.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="compile for this device")
+    c_compile.add_argument("--recipe", default="digits-mlp", choices=RECIPES, help="recipe whose slots set the shapes")
+    c_compile.add_argument("--device", default="auto", choices=DEVICES, help="compile for this device")
     c_compile.add_argument(
         "--backend",
         default="export",

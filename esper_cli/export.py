@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from esper_core.settings import EsperSettings
-
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from esper_core.run.export import export_run
+    from esper_core.settings import EsperSettings
 
     done = export_run(settings=EsperSettings(), run_id=args.run_id, out=args.out)
     widths = ", ".join(f"{name} {units}" for name, units in done.widths.items())

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from esper_core.data import DataConfig
-from esper_core.hosts import HostConfig
-from esper_core.karn.profiles import ShapeProfile
-from esper_core.run.config import RunConfig
-from esper_core.run.plan import RunPlan, check_recipe
-from esper_core.run.recipes import RECIPES, get_recipe
+if TYPE_CHECKING:
+    from esper_core.run.config import RunConfig
+    from esper_core.run.plan import RunPlan
 
 
 def _describe(name: str, config: RunConfig) -> dict[str, object]:
+    from esper_core.data import DataConfig
+    from esper_core.hosts import HostConfig
+    from esper_core.run.recipes import RECIPES
+
     host = config.host
     data = config.data
     factory = RECIPES.get(name)
@@ -34,6 +36,8 @@ def _describe(name: str, config: RunConfig) -> dict[str, object]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from esper_core.run.recipes import RECIPES, get_recipe
+
     rows = [_describe(name, get_recipe(name)) for name in sorted(RECIPES)]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -53,6 +57,10 @@ def _built_profile(plan: RunPlan, slot_id: str) -> str:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from esper_core.karn.profiles import ShapeProfile
+    from esper_core.run.plan import check_recipe
+    from esper_core.run.recipes import get_recipe
+
     config = get_recipe(args.recipe)
     row = _describe(args.recipe, config)
     # Planned on the meta device: a blueprint that fits no slot is refused here, as by `esper run`.

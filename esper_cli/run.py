@@ -8,19 +8,18 @@ import os
 import sys
 
 from esper_cli.args import local_flow_settings, positive, quiet_prefect
-from esper_core._capabilities import DEVICE_CHOICES
-from esper_core.run.preflight import preflight
-from esper_core.run.ranks import join_torchrun
-from esper_core.run.recipes import RECIPES
-from esper_core.run.reports import frontier_lines
-from esper_core.run.spec import plan_spec
-from esper_core.settings import EsperSettings
+from esper_cli.choices import DEVICES, RECIPES
 
 EXIT_DEGRADED = 3
 """``esper run``'s exit code for a run that finished degraded (``RunSummary.degraded``)."""
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from esper_core.run.preflight import preflight
+    from esper_core.run.reports import frontier_lines
+    from esper_core.run.spec import plan_spec
+    from esper_core.settings import EsperSettings
+
     # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
     # take, a blueprint that fits no slot) or a batch the processes cannot share fails here,
     # before Prefect starts a server or a flow run, with the message that says what was expected.
@@ -79,6 +78,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_rank(args: argparse.Namespace) -> int:
+    from esper_core.run.ranks import join_torchrun
     from tasks._runtime import run_sink, settings
 
     handle = join_torchrun(
@@ -104,11 +104,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--recipe",
         default="digits-mlp",
         metavar="RECIPE",
-        help=f"a built-in recipe ({', '.join(sorted(RECIPES))}; `esper recipes list`) or your own as "
+        help=f"a built-in recipe ({', '.join(RECIPES)}; `esper recipes list`) or your own as "
         "package.module:function, imported from the working directory (default: %(default)s)",
     )
     run.add_argument("--epochs", type=positive, default=None, help="override the recipe's epoch count")
-    run.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to train (default: %(default)s)")
+    run.add_argument("--device", default="auto", choices=DEVICES, help="where to train (default: %(default)s)")
     run.add_argument("--seed", type=int, default=None, help="override the recipe's random seed")
     run.add_argument("--run-id", default=None, help="resume this run from its last committed epoch")
     run.add_argument(
@@ -132,7 +132,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--recipe", default="digits-mlp", metavar="RECIPE", help="a built-in recipe or package.module:function"
     )
     rank.add_argument("--epochs", type=positive, default=None, help="override the recipe's epoch count (a new run)")
-    rank.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="cuda: one GPU per local rank")
+    rank.add_argument("--device", default="auto", choices=DEVICES, help="cuda: one GPU per local rank")
     rank.add_argument("--seed", type=int, default=None, help="override the recipe's random seed (a new run)")
     rank.add_argument(
         "--timeout-s", type=float, default=300.0, help="how long a rank waits for the others (default: %(default)s)"

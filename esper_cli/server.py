@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 from esper_cli.local_prefect import LocalPrefect, stop
-from esper_core.settings import EsperSettings
 
 
 def _local(args: argparse.Namespace) -> LocalPrefect:
+    from esper_core.settings import EsperSettings
+
     return LocalPrefect(home=EsperSettings().home, port=args.port)
 
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,7 +29,9 @@ from esper_core.tezzeret.compiler import CompiledKernel, compile_blueprint
 from esper_core.tezzeret.config import Backend, TezzeretConfig, environment_key
 from esper_core.urza.errors import MissingBlobError
 from esper_core.urza.records import CompileRun
-from esper_core.urza.service import Urza
+
+if TYPE_CHECKING:
+    from esper_core.urza.service import Urza
 
 INDUCTOR_CACHE_DIR = Path("cache") / "inductor"
 """Inductor/Triton cache directory of the ``aot_inductor`` backend, relative to ``ESPER_HOME``."""
@@ -217,6 +220,10 @@ def stage_job(job: CompileJob, device: str, home: Path, registry_url: str | None
     Returns:
         The artifact's JSON, its tags and whether Urza already had it (nothing compiled).
     """
+    # Imported here: planning a run (which reads CompileJob) needs no database, so SQLAlchemy stays
+    # off the path of `esper recipes show` and the plan.
+    from esper_core.urza.service import Urza
+
     target = resolve_device(device)
     urza = Urza.open(home, registry_url)
     try:

@@ -32,7 +32,18 @@ INNER = {"esper_core.run": "esper_core.studies"}
 """Inside the library: a package -> the package above it that it may not import."""
 
 FOUNDATION = frozenset(
-    {"_capabilities", "child", "contracts", "data", "determinism", "interrupts", "models", "settings", "threads"}
+    {
+        "_capabilities",
+        "_lazy",
+        "child",
+        "contracts",
+        "data",
+        "determinism",
+        "interrupts",
+        "models",
+        "settings",
+        "threads",
+    }
 )
 """Library packages every other one may import: contracts, capabilities, settings and plain helpers."""
 

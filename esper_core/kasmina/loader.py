@@ -26,7 +26,7 @@ import hashlib
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -40,7 +40,10 @@ from esper_core.tezzeret.config import Backend, environment_key
 from esper_core.tezzeret.formats import decode_bundle, decode_eager, decode_exported
 from esper_core.tezzeret.inductor import load_aoti, load_cache_artifacts, swap_weights
 from esper_core.urza.errors import ArtifactNotFoundError
-from esper_core.urza.service import Urza
+
+if TYPE_CHECKING:
+    # Only a type here: the registry's SQLAlchemy stays off the path of code that plans without it.
+    from esper_core.urza.service import Urza
 
 
 class GuardMismatchError(ValueError):

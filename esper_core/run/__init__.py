@@ -37,19 +37,43 @@ missing ones first, and so does ``publish_missing_kernels(settings, [spec.config
 before ``Run.start``.
 """
 
-from esper_core.data import DataSpec, DataSplits
-from esper_core.kasmina.config import KasminaConfig
-from esper_core.run.config import ModelSpec, RunConfig
-from esper_core.run.kernels import publish_missing_kernels
-from esper_core.run.reports import finish_run
-from esper_core.run.session import Run
-from esper_core.run.spec import RunSpec
-from esper_core.run.steps import grow_epoch
-from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
-from esper_core.tamiyo.heuristic import HeuristicConfig
-from esper_core.tolaria.checkpoint import CheckpointConfig
-from esper_core.tolaria.config import TrainerConfig
-from esper_core.tolaria.step import StepEngineConfig
+from typing import TYPE_CHECKING
+
+from esper_core._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from esper_core.data import DataSpec, DataSplits
+    from esper_core.kasmina.config import KasminaConfig
+    from esper_core.run.config import ModelSpec, RunConfig
+    from esper_core.run.kernels import publish_missing_kernels
+    from esper_core.run.reports import finish_run
+    from esper_core.run.session import Run
+    from esper_core.run.spec import RunSpec
+    from esper_core.run.steps import grow_epoch
+    from esper_core.tamiyo.config import ScheduledGermination, TamiyoConfig
+    from esper_core.tamiyo.heuristic import HeuristicConfig
+    from esper_core.tolaria.checkpoint import CheckpointConfig
+    from esper_core.tolaria.config import TrainerConfig
+    from esper_core.tolaria.step import StepEngineConfig
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "esper_core.data": ("DataSpec", "DataSplits"),
+        "esper_core.kasmina.config": ("KasminaConfig",),
+        "esper_core.run.config": ("ModelSpec", "RunConfig"),
+        "esper_core.run.kernels": ("publish_missing_kernels",),
+        "esper_core.run.reports": ("finish_run",),
+        "esper_core.run.session": ("Run",),
+        "esper_core.run.spec": ("RunSpec",),
+        "esper_core.run.steps": ("grow_epoch",),
+        "esper_core.tamiyo.config": ("ScheduledGermination", "TamiyoConfig"),
+        "esper_core.tamiyo.heuristic": ("HeuristicConfig",),
+        "esper_core.tolaria.checkpoint": ("CheckpointConfig",),
+        "esper_core.tolaria.config": ("TrainerConfig",),
+        "esper_core.tolaria.step": ("StepEngineConfig",),
+    },
+)
 
 __all__ = [
     "CheckpointConfig",

@@ -8,13 +8,37 @@ import torch
 
 from esper_core.tamiyo.breaker import BreakerConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig
-from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.risk import RiskConfig
 
 POLICIES = ("heuristic", "gnn", "random", "periodic", "scheduled", "none")
 """Who decides: the rule-based heuristic, the (Simic-trained) GNN, random germination, periodic
 germination (every k epochs into the next free slot), a fixed schedule of germinations
 (``TamiyoConfig.schedule``), or nobody (always WAIT: the host alone)."""
+
+
+# Here rather than beside the network in model.py: reading a run's configuration (esper recipes,
+# a run's spec) must not import model.py's graph module, and with it torch-geometric.
+@dataclass(kw_only=True, slots=True)
+class TamiyoGNNConfig:
+    """Size of the policy network.
+
+    Attributes:
+        hidden_dim: Width H of every node embedding.
+        num_layers: Number of hetero message-passing layers.
+        dropout: Dropout on each layer's messages while training (0 disables).
+    """
+
+    hidden_dim: int = 64
+    num_layers: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.hidden_dim < 1:
+            raise ValueError(f"hidden_dim must be >= 1, got {self.hidden_dim}: use e.g. 64")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}: use e.g. 4")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}: use 0.0 to disable")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -23,7 +23,6 @@ precision and device placement are applied from outside, in ``build.prepare_poli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from esper_core.contracts import BlendSchedule, CommandType, SeedOperation
+from esper_core.tamiyo.config import TamiyoGNNConfig
 from esper_core.tamiyo.graph import EDGE_TYPES, FEATURE_DIMS, NODE_TYPES, EdgeType, NodeType
 
 ACTIONS: tuple[tuple[CommandType, SeedOperation | None], ...] = (
@@ -58,29 +58,6 @@ BLEND_SCHEDULES: tuple[BlendSchedule, ...] = tuple(BlendSchedule)
 
 # Heads read only these node types, so the last message-passing layer updates only them.
 _HEAD_NODE_TYPES: frozenset[NodeType] = frozenset({"global", "slot", "blueprint"})
-
-
-@dataclass(kw_only=True, slots=True)
-class TamiyoGNNConfig:
-    """Size of the policy network.
-
-    Attributes:
-        hidden_dim: Width H of every node embedding.
-        num_layers: Number of hetero message-passing layers.
-        dropout: Dropout on each layer's messages while training (0 disables).
-    """
-
-    hidden_dim: int = 64
-    num_layers: int = 4
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.hidden_dim < 1:
-            raise ValueError(f"hidden_dim must be >= 1, got {self.hidden_dim}: use e.g. 64")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}: use e.g. 4")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}: use 0.0 to disable")
 
 
 class PolicyOutput(NamedTuple):
