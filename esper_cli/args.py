@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import os
 from collections.abc import Iterator
 
-from esper_cli.local_prefect import prefect_defaults, start_temporary_server
+from esper_cli.local_prefect import LocalPrefect, TemporaryServer, prefect_defaults
 
 
 def positive(text: str) -> int:
@@ -25,19 +27,46 @@ def quiet_prefect() -> None:
     prefect_defaults()
 
 
-@contextlib.contextmanager
-def local_flow_settings() -> Iterator[None]:
-    """Prefect settings for flows the CLI runs in this process (on a temporary server).
+def prefect_for_command() -> TemporaryServer | None:
+    """Decide where this command's flows go, first thing, before Prefect is imported.
 
-    The flow-run heartbeat exists to detect crashed runs for workers; here the temporary server
-    dies with the process, so it only adds its thread's join (~1 s) to every flow run. It can
-    only be switched off in-process (the setting takes None, which no environment value gives).
+    ``PREFECT_API_URL`` when it is set; else the ``esper server start`` of this ``ESPER_HOME``
+    when one runs (exported as ``PREFECT_API_URL``: the run then shows in its UI, and no
+    temporary server is started); else a temporary server, started now in the background so
+    that its start overlaps the command's own planning and checks. ``local_flow_settings``
+    takes what this returns. A temporary server is stopped when the command exits (a check
+    that fails included).
+    """
+    prefect_defaults()
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    from esper_core.settings import EsperSettings
+
+    running = LocalPrefect.running_api_url(EsperSettings().home)
+    if running is not None:
+        os.environ["PREFECT_API_URL"] = running
+        return None
+    server = TemporaryServer()
+    # Registered before Prefect's own exit handlers (its log shipping among them), so it runs
+    # after them: the server stays up until the last log line has reached it.
+    atexit.register(server.stop)
+    return server.begin()
+
+
+@contextlib.contextmanager
+def local_flow_settings(server: TemporaryServer | None) -> Iterator[None]:
+    """Prefect settings for flows the CLI runs in this process.
+
+    On the command's temporary server (``prefect_for_command``): its URL, once it answers. The
+    flow-run heartbeat exists to detect crashed runs for workers; a temporary server dies with
+    the process, so it only adds its thread's join (~1 s) to every flow run. It can only be
+    switched off in-process (the setting takes None, which no environment value gives).
     Deployments run by workers keep it. The temporary server does not check CSRF tokens unless
     a user switched that on, so its clients skip fetching one (an API call per client, that is
-    per flow run). The temporary server is started here, one process at a time
-    (``start_temporary_server``), so that several commands started together all work.
+    per flow run).
     """
     from prefect.settings import (
+        PREFECT_API_URL,
         PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         get_current_settings,
@@ -45,11 +74,12 @@ def local_flow_settings() -> Iterator[None]:
     )
 
     settings = get_current_settings()
-    if settings.api.url:  # a real server: its crash detection needs the heartbeat
+    if server is None or settings.api.url:  # a real server: its crash detection needs the heartbeat
+        if server is not None:  # a Prefect profile names one: it wins over the temporary server
+            server.stop()
         yield
         return
-    start_temporary_server()
-    updates: dict = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    updates: dict = {PREFECT_API_URL: server.wait(), PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     if not settings.server.api.csrf_protection_enabled:
         updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
     with temporary_settings(updates=updates):

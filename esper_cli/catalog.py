@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from esper_cli.args import local_flow_settings, quiet_prefect
+from esper_cli.args import local_flow_settings, prefect_for_command
 from esper_cli.choices import BACKENDS, BLUEPRINT_TIERS, DEVICES, HOST_KINDS, RECIPES
 from esper_cli.progress import follow_task_runs, progress
 
@@ -118,13 +118,13 @@ def _check_compile_input(args: argparse.Namespace) -> None:
 
 
 def _cmd_catalog_compile(args: argparse.Namespace) -> int:
-    quiet_prefect()
+    server = prefect_for_command()  # its start overlaps the checks below
     _check_compile_input(args)
     from flows.compile_catalog import compile_catalog
 
     display = progress(f"catalog compile {args.recipe}")
     labels = {"compile-blueprint": "kernels compiled", "publish-artifact": "published"}
-    with display, follow_task_runs(display, labels), local_flow_settings():
+    with display, follow_task_runs(display, labels), local_flow_settings(server):
         display("starting Prefect's temporary server, then compiling", 0, None)
         artifacts = compile_catalog(
             recipe=args.recipe,

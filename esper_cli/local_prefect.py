@@ -1,7 +1,7 @@
 """Prefect servers on this machine: the temporary one of an ``esper`` command, and a local one.
 
-``start_temporary_server`` brings up the temporary API server Prefect gives a process that has
-no ``PREFECT_API_URL``, one process at a time per ``PREFECT_HOME``. ``LocalPrefect`` is the
+``TemporaryServer`` brings up the temporary API server of a command without ``PREFECT_API_URL``,
+in the background while the command works, one process at a time per ``PREFECT_HOME``. ``LocalPrefect`` is the
 long-lived server and process worker of ``esper server`` (``make server`` / ``make deploy``) and
 of the tests that deploy and run flows against a real server. Everything binds to 127.0.0.1;
 the local server's database and logs live under ``$ESPER_HOME/prefect``.
@@ -10,10 +10,13 @@ the local server's database and logs live under ``$ESPER_HOME/prefect``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +43,8 @@ SHUTDOWN_S = 9.0
 FLOW_RUNS_STOP_S = 5.0
 """Of ``SHUTDOWN_S``, what the flow runs get after SIGTERM to report how they ended (while the
 server still answers) before SIGKILL; the worker and the server share the rest."""
+SERVER_MARKER = "server.json"
+"""Under ``$ESPER_HOME/prefect``: the API URL and pid of the running ``esper server start``."""
 RESUMABLE = "Resumable"
 """Name of the Scheduled state a flow run stopped by ``esper server``'s shutdown is left in."""
 
@@ -54,44 +59,142 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
 
 
-def start_temporary_server() -> str:
-    """Start this process's temporary Prefect API server, one process at a time per ``PREFECT_HOME``.
+class TemporaryServer:
+    """A command's own temporary Prefect API server, started in the background while the command works.
 
-    Every process without ``PREFECT_API_URL`` runs its own temporary server on the database in
-    ``PREFECT_HOME``, and each server migrates that database while it starts. Several ``esper``
-    commands started together on a fresh machine would migrate it at once (Alembic fails with
-    "expected to match one row") and, on 2 cores, start too slowly for Prefect's timeout. So
-    the start is serialised with a file lock beside the database: the first process creates and
-    migrates it, the next ones find it ready. The lock is released as soon as the server
-    answers, so the commands' flows then run side by side. Prefect keeps the started server for
-    the process (its flows find it running) and stops it when the process exits. Call it only
-    when no ``PREFECT_API_URL`` is set.
+    A process without ``PREFECT_API_URL`` gets a temporary server from Prefect, but only when its
+    first flow asks for one: after ``esper run`` has planned and checked the run (~14 s on 2
+    cores), and then its start takes ~20 s more. ``begin`` starts it at once instead, so the two
+    overlap; ``wait`` hands over its URL when the first flow needs it. The thread only runs a
+    child process and an HTTP health poll (nothing of Prefect is imported here, which would race
+    the main thread's imports); the server is the one Prefect itself would start (uvicorn on
+    Prefect's app, UI off), on the database in ``PREFECT_HOME``.
 
-    Returns:
-        The API URL of the temporary server.
-
-    Raises:
-        RuntimeError: If the lock is not free within ``LOCK_TIMEOUT_S`` (another process hangs
-            while starting its server), or the server does not answer in time.
+    Starts are serialised per ``PREFECT_HOME`` with a file lock beside the database: every
+    server migrates the database while it starts, and several ``esper`` commands started together
+    on a fresh machine would migrate it at once (Alembic fails with "expected to match one row")
+    and, on 2 cores, start too slowly. The first creates and migrates it, the next find it ready;
+    the lock is released as soon as a server answers, so the commands' flows then run side by side.
     """
-    from filelock import FileLock, Timeout
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
 
-    settings = get_current_settings()
-    settings.home.mkdir(parents=True, exist_ok=True)
-    lock_path = settings.home / TEMPORARY_SERVER_LOCK
-    try:
-        with FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
-            server = SubprocessASGIServer()  # the instance Prefect's clients use for this process
-            server.start(timeout=settings.server.ephemeral.startup_timeout_seconds)
-    except Timeout as e:
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.api_url: str | None = None
+        self.ready_s: float | None = None
+        """Seconds from ``begin`` until the server answered."""
+        self.waited_s = 0.0
+        """Seconds ``wait`` blocked: the part of the start the command's own work did not cover."""
+        self._error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._start, name="esper-prefect-start", daemon=True)
+        self._began = 0.0
+
+    def begin(self) -> TemporaryServer:
+        """Start the server in the background; returns self."""
+        self._began = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def wait(self) -> str:
+        """Block until the server answers; returns its API URL.
+
+        Raises:
+            RuntimeError: If the lock is not free within ``LOCK_TIMEOUT_S`` (another process hangs
+                while starting its server), or the server does not answer within ``STARTUP_TIMEOUT_S``.
+        """
+        start = time.perf_counter()
+        self._thread.join()
+        self.waited_s = time.perf_counter() - start
+        if self._error is not None:
+            self.stop()
+            raise self._error
+        assert self.api_url is not None
+        return self.api_url
+
+    def stop(self) -> None:
+        """Stop the server (a start still under way gives up)."""
+        self._stopping.set()
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _start(self) -> None:
+        from filelock import FileLock, Timeout
+
+        home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+        lock_path = home / TEMPORARY_SERVER_LOCK
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            with FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
+                # A port taken between choosing it and the server binding it: choose again.
+                for _ in range(3):
+                    if self._serve_on(free_port()):
+                        self.ready_s = time.perf_counter() - self._began
+                        return
+                    if self._stopping.is_set():
+                        return
+                code = self.process.returncode if self.process is not None else None
+                raise RuntimeError(f"Prefect's temporary server exited ({code}) three times; its output is above")
+        except Timeout:
+            self._error = RuntimeError(
+                f"another process has been starting its temporary Prefect server for {LOCK_TIMEOUT_S:.0f} s "
+                f"(lock {lock_path}); stop the hung `esper` or `python` process, or point every command at one "
+                "server with PREFECT_API_URL (see `esper server start`)"
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread by wait()
+            self._error = e
+
+    def _serve_on(self, port: int) -> bool:
+        """Start the server on ``port`` and wait until it answers (True) or exits (False)."""
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            # What Prefect sets for the temporary server it starts itself (services it does not need).
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+        }
+        app = ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on", "--log-level", "error"]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", *app, "--host", "127.0.0.1", "--port", str(port)], env=env
+        )
+        api_url = f"http://127.0.0.1:{port}/api"
+        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", STARTUP_TIMEOUT_S))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            if self.process.poll() is not None:
+                return False
+            if _answers(api_url):
+                self.api_url = api_url
+                return True
+            time.sleep(0.1)
+        if self._stopping.is_set():
+            return False
+        self.stop()
         raise RuntimeError(
-            f"another process has been starting its temporary Prefect server for {LOCK_TIMEOUT_S:.0f} s "
-            f"(lock {lock_path}); stop the hung `esper` or `python` process, or point every command at one "
-            "server with PREFECT_API_URL (see `esper server start`)"
-        ) from e
-    return server.api_url
+            f"Prefect's temporary server did not answer within {timeout:.0f} s; "
+            "a busy machine may need PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS raised"
+        )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(api_url: str) -> bool:
+    """Whether a Prefect API answers its health check at ``api_url`` now."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 def _prefect(*args: str) -> list[str]:
@@ -256,11 +359,29 @@ class LocalPrefect:
 
     def is_up(self) -> bool:
         """Whether a Prefect server answers its health check at ``api_url`` now."""
+        return _answers(self.api_url)
+
+    @property
+    def marker(self) -> Path:
+        """Written by ``esper server start`` while it runs: where its API is, for ``esper run``."""
+        return self.prefect_home / SERVER_MARKER
+
+    def announce(self, server: subprocess.Popen) -> None:
+        """Say (in ``marker``) that this home's server runs, so that commands use it."""
+        self.marker.write_text(json.dumps({"api_url": self.api_url, "pid": server.pid}) + "\n")
+
+    @staticmethod
+    def running_api_url(home: Path) -> str | None:
+        """The API of ``esper server start`` for ``home`` if it runs and answers now, else None."""
+        marker = home / "prefect" / SERVER_MARKER
+        if not marker.exists():
+            return None
         try:
-            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+            announced = json.loads(marker.read_text())
+            api_url, pid = str(announced["api_url"]), int(announced["pid"])
+        except (ValueError, KeyError, TypeError):
+            return None  # a marker torn by a crash: no server to trust
+        return api_url if pid_alive(pid) and _answers(api_url) else None
 
     def _wait_until_healthy(self, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -349,6 +470,7 @@ class LocalPrefect:
             The ids of the flow runs left Resumable.
         """
         deadline = time.monotonic() + SHUTDOWN_S
+        self.marker.unlink(missing_ok=True)  # no new command may pick this server now
         resumable: list[str] = []
         if worker is not None:
             flow_runs = _descendants(worker)

@@ -7,33 +7,41 @@ import math
 import os
 import sys
 
-from esper_cli.args import local_flow_settings, positive, quiet_prefect
+from esper_cli.args import local_flow_settings, positive, prefect_for_command
 from esper_cli.choices import DEVICES, RECIPES
+from esper_cli.startup import StartupPhases, first_epoch_time
 
 EXIT_DEGRADED = 3
 """``esper run``'s exit code for a run that finished degraded (``RunSummary.degraded``)."""
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # First: a temporary Prefect server starts in the background while the run is planned and checked.
+    phases = StartupPhases()
+    server = prefect_for_command()
     from esper_core.run.preflight import preflight
     from esper_core.run.reports import frontier_lines
     from esper_core.run.spec import plan_spec
     from esper_core.settings import EsperSettings
 
+    phases.mark("imports")
     # A bad recipe (unknown name, bad import path, wrong return type, a slot the model cannot
     # take, a blueprint that fits no slot) or a batch the processes cannot share fails here,
-    # before Prefect starts a server or a flow run, with the message that says what was expected.
+    # before any flow run exists, with the message that says what was expected.
     # The flow plans again in its first task: its parameters are the request, not this plan (a
     # flow parameter is serialised, and a deployment is asked by the same parameters).
     planned = plan_spec(
         args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id, nproc=args.nproc
     )
+    phases.mark("plan")
     # The home, the registry and one batch through the model and loss: each failure one line, exit 2.
     preflight(planned.config, planned.data, settings=EsperSettings())
-    quiet_prefect()
+    phases.mark("checks")
     from flows.morphogenesis import morphogenesis
 
-    with local_flow_settings():
+    phases.mark("prefect import")
+    with local_flow_settings(server):
+        phases.mark("server ready" if server is not None else "server (running)")
         summary = morphogenesis(
             recipe=args.recipe,
             epochs=args.epochs,
@@ -41,6 +49,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             run_id=args.run_id,
             nproc=args.nproc,
+        )
+    if args.verbose:
+        print(
+            phases.describe(server, first_epoch_at=first_epoch_time(summary.run_dir, after=phases.started)),
+            file=sys.stderr,
         )
     print()
     print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")

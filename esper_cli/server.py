@@ -22,6 +22,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
     server = local.start_server()
     worker = None
     try:
+        local.announce(server)  # `esper run` in this home uses this server from now on
         local.ensure_pool()
         if not args.no_worker:
             worker = local.start_worker()

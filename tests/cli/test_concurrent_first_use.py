@@ -43,9 +43,8 @@ def test_three_commands_at_once_on_a_fresh_machine(tmp_path: Path) -> None:
 
 
 def test_a_hung_start_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
     monkeypatch.setattr(local_prefect, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     # Another process is starting its server (and hangs): it holds the lock, then says so.
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD, str(tmp_path / local_prefect.TEMPORARY_SERVER_LOCK)],
@@ -54,11 +53,10 @@ def test_a_hung_start_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monke
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with (
-            temporary_settings(updates={PREFECT_HOME: tmp_path}, restore_defaults={PREFECT_API_URL}),
-            pytest.raises(RuntimeError, match="starting its temporary Prefect server.*PREFECT_API_URL"),
-        ):
-            local_prefect.start_temporary_server()
+        server = local_prefect.TemporaryServer().begin()
+        with pytest.raises(RuntimeError, match="starting its temporary Prefect server.*PREFECT_API_URL"):
+            server.wait()
+        assert server.process is None  # it never started a server of its own
     finally:
         holder.kill()
         holder.wait()

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from uuid import UUID
 
 import pytest
 
-from esper_cli.local_prefect import LocalPrefect, stop
+from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, stop
 from esper_core.run.reports import finish_run
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
@@ -306,3 +307,36 @@ def test_status_without_a_server_says_how_to_start_one(tmp_path: Path) -> None:
     idle = LocalPrefect(home=tmp_path / "esper", port=_free_port())
     with pytest.raises(ValueError, match=r"no Prefect server answers at .*: start one with `esper server start`"):
         idle.status()
+
+
+def test_esper_run_uses_the_running_esper_server_of_its_home(local: LocalPrefect, tmp_path: Path) -> None:
+    """`esper run` in a home whose `esper server start` runs sends its flow run there (it shows in
+    that UI) instead of starting a temporary server; a marker of a dead server is ignored."""
+    import psutil
+
+    server = next(p for p in psutil.process_iter(["cmdline"]) if str(local.port) in " ".join(p.info["cmdline"] or ()))
+    local.marker.write_text(json.dumps({"api_url": local.api_url, "pid": server.pid}))
+    try:
+        assert LocalPrefect.running_api_url(local.home) == local.api_url
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ESPER_"))}
+        env.update(ESPER_HOME=str(local.home), PREFECT_HOME=str(tmp_path / "unused"), PYTHONPATH=str(PROJECT_DIR))
+        done = subprocess.run(
+            [sys.executable, "-m", "esper_cli", "-v", "run", "--recipe", "seed-reference", "--epochs", "2"]
+            + ["--device", "cpu", "--run-id", "on-the-server"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert "temporary server answered" not in done.stderr and "start-up" in done.stderr  # none was started
+        runs = _client_call(local, lambda c: c.read_flow_runs())
+        assert any(r.parameters.get("run_id") == "on-the-server" for r in runs)
+    finally:
+        local.marker.unlink(missing_ok=True)
+    # A marker left by a server that is gone points nowhere.
+    local.marker.write_text(json.dumps({"api_url": "http://127.0.0.1:9/api", "pid": 2**22 + 1}))
+    try:
+        assert LocalPrefect.running_api_url(local.home) is None
+    finally:
+        local.marker.unlink(missing_ok=True)
