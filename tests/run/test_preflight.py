@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -34,6 +37,33 @@ def _one_line_exit_2(done: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
+def _nothing_in_prefect(prefect_home: Path) -> bool:
+    """No flow run exists, and no temporary server of this Prefect home is left running.
+
+    The command's temporary server starts beside its checks (``TemporaryServer``), so it may
+    have created Prefect's database before a check failed; it must hold no flow run, and the
+    server must be gone with the command.
+    """
+    servers = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if "uvicorn" in " ".join(process.info["cmdline"] or ()) and (
+                process.environ().get("PREFECT_HOME") == str(prefect_home)
+            ):
+                servers.append(process.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    assert not servers, f"temporary servers left running: {servers}"
+    db = prefect_home / "prefect.db"
+    if not db.exists():
+        return True
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        try:
+            return connection.execute("select count(*) from flow_run").fetchone()[0] == 0
+        except sqlite3.OperationalError:  # not migrated yet: certainly no flow run
+            return True
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,7 +74,7 @@ def test_targets_the_loss_cannot_take_are_refused_before_any_flow_run(tmp_path: 
     home = tmp_path / "home"
     line = _one_line_exit_2(_esper_run(home, "--recipe", "tests.helpers.user_model:wrong_targets", "--device", "cpu"))
     assert "one training batch failed on cpu" in line and "RunConfig.loss" in line and "targets" in line
-    assert not (home / "runs").exists() and not (tmp_path / "prefect").exists()  # no run, no Prefect
+    assert not (home / "runs").exists() and _nothing_in_prefect(tmp_path / "prefect")  # no run, no flow run
     verbose = _esper_run(home, "--recipe", "tests.helpers.user_model:wrong_targets", "--device", "cpu", verbose=True)
     assert verbose.returncode == 2 and "Traceback" in verbose.stderr and "mse_loss" in verbose.stderr
 
@@ -55,7 +85,7 @@ def test_a_registry_on_a_closed_port_is_refused_naming_the_setting(tmp_path: Pat
         _esper_run(tmp_path / "home", "--recipe", "seed-reference", "--device", "cpu", ESPER_REGISTRY_URL=url)
     )
     assert "does not answer" in line and "ESPER_REGISTRY_URL" in line
-    assert not (tmp_path / "prefect").exists()
+    assert _nothing_in_prefect(tmp_path / "prefect")
 
 
 def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_setting(tmp_path: Path) -> None:
@@ -64,7 +94,7 @@ def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_setting(tmp_path: 
     home.write_text("not a folder")
     line = _one_line_exit_2(_esper_run(home, "--recipe", "seed-reference", "--device", "cpu"))
     assert "is not writable" in line and "set ESPER_HOME" in line
-    assert home.read_text() == "not a folder" and not (tmp_path / "prefect").exists()
+    assert home.read_text() == "not a folder" and _nothing_in_prefect(tmp_path / "prefect")
 
 
 def test_the_library_check_says_the_same(esper_home: EsperSettings) -> None:
