@@ -86,6 +86,9 @@ class TemporaryServer:
         """Seconds ``wait`` blocked: the part of the start the command's own work did not cover."""
         self._error: BaseException | None = None
         self._stopping = threading.Event()
+        # Held while a server process is started and while one is stopped: a stop (the command
+        # exiting) never misses a server the thread is starting at that moment.
+        self._spawning = threading.Lock()
         self._thread = threading.Thread(target=self._start, name="esper-prefect-start", daemon=True)
         self._began = 0.0
 
@@ -113,8 +116,9 @@ class TemporaryServer:
 
     def stop(self) -> None:
         """Stop the server (a start still under way gives up)."""
-        self._stopping.set()
-        process = self.process
+        with self._spawning:
+            self._stopping.set()
+            process = self.process
         if process is not None and process.poll() is None:
             process.terminate()
             try:
@@ -159,9 +163,12 @@ class TemporaryServer:
             "PREFECT__SERVER_FINAL": "1",
         }
         app = ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on", "--log-level", "error"]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", *app, "--host", "127.0.0.1", "--port", str(port)], env=env
-        )
+        with self._spawning:
+            if self._stopping.is_set():
+                return False
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", *app, "--host", "127.0.0.1", "--port", str(port)], env=env
+            )
         api_url = f"http://127.0.0.1:{port}/api"
         timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", STARTUP_TIMEOUT_S))
         deadline = time.monotonic() + timeout
