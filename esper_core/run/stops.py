@@ -17,12 +17,12 @@ signal, so the stop costs at most the epoch in progress.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from esper_core.run.commits import CHECKPOINTS_DIR, epochs_applied
+from esper_core.telemetry.baseline import atomic_write_text
 from esper_core.tolaria.checkpoint import CheckpointStore
 
 STOP_FILE = "stopped.json"
@@ -48,7 +48,7 @@ def record_stop(run_dir: Path, *, reason: str, resume: tuple[str, ...]) -> StopR
     """Write ``stopped.json`` for the run in ``run_dir``, from its last commit on disk.
 
     Safe to call while a signal unwinds: it reads the commit pointer and writes one small file
-    atomically (temporary file, then rename), nothing else.
+    atomically, nothing else.
 
     Returns:
         The record written, or None when ``run_dir`` does not hold a run (it stopped before
@@ -65,9 +65,7 @@ def record_stop(run_dir: Path, *, reason: str, resume: tuple[str, ...]) -> StopR
         resume=resume,
         stopped_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    partial = run_dir / f".{STOP_FILE}.tmp"
-    partial.write_text(json.dumps(asdict(record), indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, run_dir / STOP_FILE)
+    atomic_write_text(run_dir / STOP_FILE, json.dumps(asdict(record), indent=2) + "\n")
     return record
 
 
