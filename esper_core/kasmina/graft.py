@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.kasmina.depth import DepthSlot, find_depth_site, graft_depth_slot
 from esper_core.kasmina.dryrun import dry_forward
 from esper_core.kasmina.slot import BLENDED_STAGES, SeedSlot
 from esper_core.kasmina.width import WidthSlot, graft_width_slot, trace_width_site
@@ -305,12 +306,16 @@ class GrowableModel(nn.Module):
         batch_max: The largest batch a slot must accept (seed kernels are compiled for it).
         widen: Dotted names of ``Linear`` / ``Conv`` layers width seeds may widen; each gets a
             width slot ``"<name>+width"`` (``esper_core.kasmina.width``).
+        deepen: Dotted names of ``nn.ModuleList`` / ``nn.Sequential`` stacks of identical blocks
+            depth seeds may deepen; each gets a depth slot ``"<name>+depth"``
+            (``esper_core.kasmina.depth``).
         input_dtype: The input's dtype (``torch.long`` for token ids).
         causal: The model is causal (a language model): token slots get causal profiles, so no
             seed's output at position t reads a later position.
 
     Raises:
-        ValueError: a slot or a layer to widen that the model cannot take, with the reason.
+        ValueError: a slot, a layer to widen or a stack to deepen that the model cannot take, with
+            the reason.
     """
 
     def __init__(
@@ -323,16 +328,19 @@ class GrowableModel(nn.Module):
         input_dtype: torch.dtype = torch.float32,
         causal: bool = False,
         widen: Sequence[str] = (),
+        deepen: Sequence[str] = (),
     ) -> None:
         super().__init__()
-        if not slots and not widen:
+        if not slots and not widen and not deepen:
             raise ValueError(
-                "name at least one module to grow seeds on (slots=('layer1',)) or a layer to widen (widen=('fc1',))"
+                "name at least one module to grow seeds on (slots=('layer1',)), a layer to widen (widen=('fc1',)) "
+                "or a stack of blocks to deepen (deepen=('blocks',))"
             )
         # A model that only widens has no branch slot to discover.
         sites = discover_slot_sites(model, slots, sample_shape, input_dtype=input_dtype) if slots else []
         # Traced before anything is built: a layer that cannot take new units is refused here.
         width_sites = [trace_width_site(model, name, sample_shape, input_dtype) for name in widen]
+        depth_sites = [find_depth_site(model, name, sample_shape, input_dtype) for name in deepen]
         self.model = model
         self.kind = "custom"
         self.sites = tuple(sites)
@@ -362,6 +370,10 @@ class GrowableModel(nn.Module):
             width_slot = WidthSlot(site=site, batch_max=batch_max)
             self.seed_slots[width_slot.slot_id.replace(".", "-")] = width_slot
             graft_width_slot(model, width_slot)
+        for depth_site in depth_sites:
+            depth_slot = DepthSlot(site=depth_site, batch_max=batch_max)
+            self.seed_slots[depth_slot.slot_id.replace(".", "-")] = depth_slot
+            graft_depth_slot(model, depth_slot)
         layers = weight_layers(model)
         # A plain list, not a ModuleList: these modules are registered once, under `model`.
         self.layers: list[nn.Module] = list(layers.values())
@@ -377,7 +389,8 @@ class GrowableModel(nn.Module):
 
     def plain_copy(self) -> nn.Module:
         """A deep copy of the user's model without Esper's slot hooks: the network as it stands,
-        with every merged width, and nothing of Esper's in its forward (its own hooks are kept).
+        with every merged width and depth, and nothing of Esper's in its forward (its own hooks are
+        kept).
 
         Raises:
             ValueError: a seed that is not merged into the host changes its output (blending,
@@ -387,7 +400,7 @@ class GrowableModel(nn.Module):
         if acting:
             raise ValueError(
                 f"slots {acting} hold seeds that change the network's output but are not part of it: a plain "
-                "model leaves them out. Export after they fossilise (a width seed merges) or are culled, or "
+                "model leaves them out. Export after they fossilise (a width or depth seed merges) or are culled, or "
                 "from an earlier commit"
             )
         plain = copy.deepcopy(self.model)

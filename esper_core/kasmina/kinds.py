@@ -4,8 +4,8 @@ The seed manager runs one lifecycle for every seed (gates, isolation, blending, 
 asks the slot's ``SeedKind`` for the rest: how a seed is built and checked at germination (G0),
 how it is initialised from the host's signals, what keeping it means (a branch seed stays in its
 slot; a width seed merges into the host and frees the slot), what part of the architecture it
-owns in a checkpoint, and how it is rebuilt on restore. A third kind (depth) implements the same
-protocol; nothing outside a kind asks which kind a slot holds.
+owns in a checkpoint, and how it is rebuilt on restore. The depth kind (a block inserted into a
+stack) implements the same protocol; nothing outside a kind asks which kind a slot holds.
 
 Kinds are stateless: what a seed is lives in its slot and its ``SeedRecord``. They return what
 happened (verdicts, metrics, events) and the manager records it, so the order of a seed's
@@ -45,13 +45,15 @@ guards checked, SHA-256 verified). Only kinds whose seeds are registry kernels c
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Nursery:
     """What a kind may read while it builds a seed: the manager's fixed parts and the caller's
-    sources. ``signals`` and ``kernels`` are None when nobody supplies them."""
+    sources. ``signals``, ``kernels`` and ``optimizer`` are None when nobody supplies them."""
 
     catalog: KarnCatalog
     config: KasminaConfig
     slots: Mapping[str, SeedSlot]
     signals: GrowthSignals | None
     kernels: KernelSource | None
+    optimizer: torch.optim.Optimizer | None = None
+    """The optimizer training the host (a kind may seed a new seed's state from the host's)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,7 +96,7 @@ class SeedKind(Protocol):
     """What one kind of seed does at the steps where kinds differ (the lifecycle is the manager's)."""
 
     name: str
-    """The kind's name (``"branch"``, ``"width"``), as reported and checkpointed."""
+    """The kind's name (``"branch"``, ``"width"``, ``"depth"``), as reported and checkpointed."""
     compiled: bool
     """Its seeds are registry kernels that Tezzeret compiles ahead of time (False: Kasmina
     builds them from the host itself, and a run plans no compile for them)."""
@@ -139,8 +141,10 @@ class SeedKind(Protocol):
         """The part of the host's shape this slot owns, JSON-able (None when it owns none)."""
         ...
 
-    def restore_architecture(self, slot: SeedSlot, value: Any) -> None:
-        """Give the host the shape ``architecture`` recorded, before its weights load."""
+    def restore_architecture(self, slot: SeedSlot, value: Any, optimizer: torch.optim.Optimizer | None) -> None:
+        """Give the host the shape ``architecture`` recorded, before its weights load; parameters
+        the host gains or loses join or leave ``optimizer``'s host groups (its state is the
+        checkpoint's to load)."""
         ...
 
     def restore(
@@ -257,7 +261,7 @@ class BranchKind:
     def architecture(self, slot: SeedSlot) -> Any:
         return None
 
-    def restore_architecture(self, slot: SeedSlot, value: Any) -> None:
+    def restore_architecture(self, slot: SeedSlot, value: Any, optimizer: torch.optim.Optimizer | None) -> None:
         raise ValueError(
             f"branch slot {slot.slot_id} owns no part of the host's shape, yet a checkpoint gives it {value!r}"
         )

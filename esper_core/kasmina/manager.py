@@ -114,7 +114,7 @@ class SeedManager:
 
         Args:
             slot_id: The slot.
-            blueprint_id: A Karn blueprint for a branch slot, a width-menu entry for a width slot.
+            blueprint_id: A Karn blueprint for a branch slot, a width- or depth-menu entry for those slots.
             params: The seed's parameters (empty: the blueprint's defaults).
             blend_schedule: The alpha ramp once it blends.
             blend_epochs: The ramp's length.
@@ -450,8 +450,8 @@ class SeedManager:
                     "frozen": slot.stage is S.FOSSILIZED,
                 },
             }
-        # The part of the host's shape each slot owns (a width slot's layer width), so that a
-        # restore reshapes the host before its weights load.
+        # The part of the host's shape each slot owns (a width slot's layer width, a depth slot's
+        # stack depth), so that a restore reshapes the host before its weights load.
         architecture = {sid: a for sid, slot in self.slots.items() if (a := slot.kind.architecture(slot)) is not None}
         state = {"slots": slots, "group_order": self.param_groups.order(), "architecture": architecture}
         return {**state, "events": list(self._events)} if in_memory else state
@@ -469,7 +469,7 @@ class SeedManager:
         # Checkpoints before seed kinds recorded only widths, under "widths".
         for sid, value in state.get("architecture", state.get("widths", {})).items():
             slot = self._slot(sid)
-            slot.kind.restore_architecture(slot, value)
+            slot.kind.restore_architecture(slot, value, self.param_groups.optimizer)
         for sid, entry in state["slots"].items():
             slot = self._slot(sid)
             slot.stage = S(entry["stage"])
@@ -526,7 +526,12 @@ class SeedManager:
 
     def _nursery(self, kernels: KernelSource | None) -> Nursery:
         return Nursery(
-            catalog=self.catalog, config=self.config, slots=self.slots, signals=self._signals, kernels=kernels
+            catalog=self.catalog,
+            config=self.config,
+            slots=self.slots,
+            signals=self._signals,
+            kernels=kernels,
+            optimizer=self.param_groups.optimizer,
         )
 
     def _set_stage(self, slot_id: str, stage: SeedStage, *, reason: str = "") -> None:

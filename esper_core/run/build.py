@@ -34,6 +34,7 @@ def build_host(config: RunConfig, *, feature_shape: tuple[int, ...], num_classes
         spec.build(),
         slots=spec.slots,
         widen=spec.widen,
+        deepen=spec.deepen,
         sample_shape=feature_shape,
         batch_max=spec.batch_max,
         input_dtype=spec.input_dtype,

@@ -19,8 +19,10 @@ from torch.nn import functional as F
 
 from esper_core.data import DataConfig, DataSpec
 from esper_core.hosts import HostConfig
+from esper_core.karn.depth import DEPTH_MENU
 from esper_core.karn.width import WIDTH_MENU
 from esper_core.kasmina.config import KasminaConfig
+from esper_core.kasmina.depth import DEPTH_SLOT_SUFFIX
 from esper_core.kasmina.width import WIDTH_SLOT_SUFFIX
 from esper_core.run.task import EpisodeTask
 from esper_core.tamiyo.config import TamiyoConfig
@@ -62,6 +64,13 @@ class ModelSpec:
     the layer that reads it), merged in place when they fossilise. A layer whose output is read by
     something that cannot be extended (a residual add, a concatenation, the model's output) is
     refused with the reason (``esper_core.kasmina.width``)."""
+    deepen: Sequence[str] = ()
+    """Dotted names of ``nn.ModuleList`` / ``nn.Sequential`` stacks of identical blocks Tamiyo may
+    deepen (transformer blocks, residual stages of one width). Each gets a depth slot
+    ``"<name>+depth"`` whose seeds insert one block after the stack's last, blended in from the
+    identity, and appended to the stack when they fossilise. A stack whose blocks differ, change
+    their input's shape, or that ``forward()`` does not run as a chain, is refused with the reason
+    when the run is planned (``esper_core.kasmina.depth``)."""
     build_scaled: Callable[[float], nn.Module] | None = None
     """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
     multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
@@ -79,11 +88,16 @@ class ModelSpec:
             raise ValueError(
                 f"widen must be a sequence of layer names, got the string {self.widen!r}: write ({self.widen!r},)"
             )
-        self.slots, self.widen = tuple(self.slots), tuple(self.widen)
-        if not self.slots and not self.widen:
+        if isinstance(self.deepen, str):
             raise ValueError(
-                "ModelSpec needs at least one slot or layer to widen: name a module whose output a seed may "
-                "grow on (slots=...) or a Linear/Conv layer to widen (widen=...)"
+                f"deepen must be a sequence of stack names, got the string {self.deepen!r}: write ({self.deepen!r},)"
+            )
+        self.slots, self.widen, self.deepen = tuple(self.slots), tuple(self.widen), tuple(self.deepen)
+        if not self.slots and not self.widen and not self.deepen:
+            raise ValueError(
+                "ModelSpec needs at least one slot, layer to widen or stack to deepen: name a module whose output "
+                "a seed may grow on (slots=...), a Linear/Conv layer to widen (widen=...) or a ModuleList of blocks "
+                "to deepen (deepen=...)"
             )
         for name in self.widen:
             if WIDTH_SLOT_SUFFIX in name:
@@ -93,6 +107,14 @@ class ModelSpec:
         doubled = sorted({n for n in self.widen if self.widen.count(n) > 1})
         if doubled:
             raise ValueError(f"widen names {doubled} more than once: a layer has one width slot; list it once")
+        for name in self.deepen:
+            if DEPTH_SLOT_SUFFIX in name:
+                raise ValueError(
+                    f"deepen names stacks, got the slot id {name!r}: write {name.replace(DEPTH_SLOT_SUFFIX, '')!r}"
+                )
+        doubled = sorted({n for n in self.deepen if self.deepen.count(n) > 1})
+        if doubled:
+            raise ValueError(f"deepen names {doubled} more than once: a stack has one depth slot; list it once")
         if self.batch_max < 2:
             raise ValueError(f"batch_max must be >= 2, got {self.batch_max}")
         if not isinstance(self.input_dtype, torch.dtype):
@@ -105,8 +127,13 @@ class ModelSpec:
 
     @property
     def slot_ids(self) -> tuple[str, ...]:
-        """Ids of the seed slots: the module names themselves, then each widened layer's width slot."""
-        return (*self.slots, *(name + WIDTH_SLOT_SUFFIX for name in self.widen))
+        """Ids of the seed slots: the module names themselves, then each widened layer's width slot,
+        then each deepened stack's depth slot."""
+        return (
+            *self.slots,
+            *(name + WIDTH_SLOT_SUFFIX for name in self.widen),
+            *(name + DEPTH_SLOT_SUFFIX for name in self.deepen),
+        )
 
     def scaled(self, factor: float) -> ModelSpec:
         """This spec with every hidden width multiplied by ``factor`` (through ``build_scaled``).
@@ -179,7 +206,7 @@ class RunConfig:
     def _check_schedule(self) -> None:
         """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints (with no
         blueprint list, planning checks that each scheduled blueprint fits its slot)."""
-        allowed = (*self.blueprints, *self.approved_blueprints, *WIDTH_MENU)
+        allowed = (*self.blueprints, *self.approved_blueprints, *WIDTH_MENU, *DEPTH_MENU)
         for g in self.tamiyo.schedule:
             if g.slot not in self.host.slot_ids:
                 raise ValueError(

@@ -131,7 +131,8 @@ class WidthKind:
         """The widened layer's current width (units)."""
         return _width_slot(slot).site.width
 
-    def restore_architecture(self, slot: SeedSlot, value: Any) -> None:
+    def restore_architecture(self, slot: SeedSlot, value: Any, optimizer: torch.optim.Optimizer | None) -> None:
+        # Parameters keep their identity as they resize: the optimizer's groups hold them already.
         ws = _width_slot(slot)
         ws.site = resize_width(ws.host, ws.site, int(value))
 
