@@ -8,6 +8,7 @@ The recipes are found by import path (``tests.helpers.user_models:cnn``), as a u
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -246,5 +247,57 @@ def mlp_widen_compiled() -> RunConfig:
         lr=3e-3,
         val_batch_size=512,
         step=StepEngineConfig(compile="on", compile_backend="aot_eager", compile_warmup_steps=1),
+    )
+    return config
+
+
+_TEXT = (
+    "a depth seed inserts one more block after the last block of a stack and blends it in from the "
+    "identity, so the network it grows on is unchanged when it germinates and deeper once it merges. "
+)
+
+
+def tiny_chars() -> DataSplits:
+    """Windows of a short text as ids of a 16-symbol vocabulary: 9 ids per window, the first 8 the
+    context, the last 8 the next characters (a causal language model's targets)."""
+    ids = torch.tensor([ord(c) % 16 for c in _TEXT * 8])
+    windows = ids.unfold(0, 9, 3)  # (N, 9)
+    x, y = windows[:, :8].contiguous(), windows[:, 1:].contiguous()
+    n = len(x)
+    return DataSplits(
+        train=TensorDataset(x[: n // 2], y[: n // 2]),
+        val=TensorDataset(x[n // 2 : 3 * n // 4], y[n // 2 : 3 * n // 4]),
+        test=TensorDataset(x[3 * n // 4 :], y[3 * n // 4 :]),
+    )
+
+
+def tiny_gpt() -> nn.Module:
+    """A two-block, 16-wide character GPT (``esper_core.models.chars_gpt``)."""
+    from esper_core.models.chars_gpt import CharGPT
+
+    return CharGPT(vocab=16, context=8, width=16, depth=2, heads=2)
+
+
+def gpt_deepen() -> RunConfig:
+    """The tiny GPT with its ``blocks`` deepenable and nothing else: Tamiyo (the heuristic) can
+    only insert blocks."""
+    from esper_core.models.chars_gpt import next_char_loss
+
+    return RunConfig(
+        epochs=6,
+        host=ModelSpec(build=tiny_gpt, deepen=("blocks",), input_dtype=torch.long, causal=True, batch_max=64),
+        data=DataSpec(load=tiny_chars, batch_size=16, name="tiny-chars"),
+        loss=next_char_loss,
+        trainer=dataclasses.replace(_EAGER, val_batch_size=64),
+    )
+
+
+def gpt_deepen_scheduled() -> RunConfig:
+    """``gpt_deepen`` with a stacked copy of the last block inserted after epoch 0 (policy
+    ``scheduled``): the seed's lifecycle runs to a merge within the run's six epochs."""
+    config = gpt_deepen()
+    config.tamiyo = TamiyoConfig(
+        policy="scheduled",
+        schedule=(ScheduledGermination(epoch=0, slot="blocks+depth", blueprint="depth-stack"),),
     )
     return config

@@ -1,0 +1,153 @@
+"""Depth growth inside a real run: Tamiyo inserts a block into a user's GPT through its depth
+slot, the block merges into the stack, a run stopped at any commit resumes to the same network
+bit for bit, and the deeper network exports as a program torch loads alone.
+
+The recipes are ``tests/helpers/user_models.py``'s ``gpt_deepen`` (deepening only, heuristic)
+and ``gpt_deepen_scheduled`` (a stacked copy of the last block inserted after epoch 0).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from esper_core.contracts import SeedOperation
+from esper_core.contracts.enums import SlotKind
+from esper_core.karn.depth import DEPTH_PROFILE
+from esper_core.run.commits import epoch_tag
+from esper_core.run.config import ModelSpec
+from esper_core.run.recipes import get_recipe
+from esper_core.run.session import Run
+from esper_core.run.spec import RunSpec
+from esper_core.settings import EsperSettings
+from tests.helpers.state import assert_same_state
+
+SCHEDULED = "tests.helpers.user_models:gpt_deepen_scheduled"
+HEURISTIC = "tests.helpers.user_models:gpt_deepen"
+SLOT = "blocks+depth"
+
+
+def _step(session: Run) -> str:
+    """One epoch as the flow runs it: train, commit, decide, apply, commit. Returns the outcome."""
+    epoch = session.epoch
+    session.train_epoch()
+    session.commit(epoch_tag(epoch, "trained"))
+    command = session.decide()
+    outcome = session.apply(command)
+    session.commit(epoch_tag(epoch, "applied"))
+    return f"{command.seed_operation or command.command_type}: {outcome}"
+
+
+def _run(settings: EsperSettings, run_id: str, *, recipe: str = SCHEDULED, stop_after: int | None = None) -> Run:
+    session = Run.start(RunSpec(recipe=recipe, device="cpu", run_id=run_id), settings=settings)
+    while session.epoch < session.config.epochs:
+        _step(session)
+        if stop_after is not None and session.epoch == stop_after + 1:
+            session.close()
+            session = Run.start(RunSpec(recipe=recipe, device="cpu", run_id=run_id), settings=settings)
+            stop_after = None
+    return session
+
+
+def test_the_depth_menu_fits_depth_slots_only_and_needs_no_kernel(esper_home: EsperSettings) -> None:
+    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="plan"), settings=esper_home)
+    try:
+        plan = session.plan
+        assert plan.built_slots == {SLOT: "blocks.1.proj"} and plan.slots == {}
+        assert plan.slot_fits[SLOT] == ("depth-stack", "depth-fresh")
+        candidates = session.control.candidates()
+        assert [c.blueprint_id for c in candidates] == ["depth-stack", "depth-fresh"]
+        assert all(c.shape_profiles == frozenset({DEPTH_PROFILE}) and c.kind is SlotKind.DEPTH for c in candidates)
+        block = sum(p.numel() for p in session.trainer.model.model.blocks[-1].parameters())
+        assert [c.param_cost for c in candidates] == [block, block]
+        (state,) = session.manager.export_seed_states()
+        assert (state.shape_profile, state.kind, state.layer) == (DEPTH_PROFILE, SlotKind.DEPTH, "blocks.1.proj")
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_a_scheduled_depth_seed_merges_and_a_resumed_run_is_the_same_network(esper_home: EsperSettings) -> None:
+    straight = _run(esper_home, "straight")
+    try:
+        ops = [c.seed_operation for c in straight.commands]
+        assert SeedOperation.GERMINATE in ops and SeedOperation.FOSSILIZE in ops, ops
+        assert len(straight.trainer.model.model.blocks) == 3
+        expected = straight.trainer.state_dict()
+    finally:
+        straight.close()
+    # Stopped with the seed training in isolation (epoch 1), blending (2) and after its merge (4).
+    for stop in (1, 2, 4):
+        resumed = _run(esper_home, f"resumed-{stop}", stop_after=stop)
+        try:
+            got = resumed.trainer.state_dict()
+            for key in ("model", "optimizer"):
+                assert_same_state(expected[key], got[key], key)
+            assert got["manager"]["architecture"] == expected["manager"]["architecture"] == {SLOT: 3}
+        finally:
+            resumed.close()
+
+
+@pytest.mark.slow
+def test_the_heuristic_inserts_a_block(esper_home: EsperSettings) -> None:
+    session = _run(esper_home, "heuristic", recipe=HEURISTIC)
+    try:
+        germinated = [c for c in session.commands if c.seed_operation is SeedOperation.GERMINATE]
+        assert germinated and all(c.slot_id == SLOT for c in germinated), session.commands
+        assert germinated[0].blueprint_id in ("depth-stack", "depth-fresh")
+    finally:
+        session.close()
+
+
+def test_a_stack_that_cannot_deepen_is_refused_when_the_recipe_is_checked() -> None:
+    from esper_core.run.plan import check_recipe
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 16)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.embed(x)
+            for block in self.blocks:
+                h = block(h)
+            return h
+
+    config = get_recipe(HEURISTIC)
+    config.host = ModelSpec(build=Pair, deepen=("blocks",), input_dtype=torch.long, batch_max=64)
+    with pytest.raises(ValueError, match="'blocks' holds blocks that differ: block 1 .* identical blocks"):
+        check_recipe(config)
+
+
+@pytest.mark.slow
+def test_a_deepened_gpt_exports_and_loads_with_torch_alone(esper_home: EsperSettings, tmp_path: Path) -> None:
+    from esper_core.run.export import export_run
+
+    session = _run(esper_home, "grown")
+    try:
+        x, _ = session.trainer.data.test.head(16)
+        session.trainer.model.eval()
+        with torch.inference_mode():
+            expected = session.trainer.model(x)
+        deeper = sum(p.numel() for p in session.trainer.model.model.parameters())
+        assert len(session.trainer.model.model.blocks) == 3
+    finally:
+        session.close()
+    done = export_run(settings=esper_home, run_id="grown", out=tmp_path / "out")
+    assert done.max_abs_diff < 1e-4 and done.parameters == deeper
+    torch.save(x, tmp_path / "x.pt")
+    load = (
+        "import sys, torch\n"
+        f"program = torch.export.load({str(tmp_path / 'out' / 'model.pt2')!r})\n"
+        f"out = program.module()(torch.load({str(tmp_path / 'x.pt')!r}))\n"
+        f"torch.save(out, {str(tmp_path / 'out.pt')!r})\n"
+        "assert not any(m.startswith('esper') for m in sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", load], check=True, cwd=tmp_path)
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-4, atol=1e-5)
