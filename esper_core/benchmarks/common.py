@@ -280,8 +280,10 @@ def germinate_one(trainer: Trainer, config: RunConfig) -> str:
 
     A host with branch slots gets the low-rank adapter (the seeds' workload) where it fits, else
     the first of the recipe's blueprints (all approved ones when it lists none) that fits a slot,
-    compiled in memory (no registry), in the first slot it fits. A host that grows in width only
-    gets ``BENCH_WIDTH`` on its first width slot, initialised as the recipe says.
+    compiled in memory (no registry), in the first slot it fits. A host that grows from itself
+    only gets, on its first such slot, ``BENCH_WIDTH`` where the slot's kind offers it (a width
+    slot, initialised as the recipe says), else the first entry of its kind's menu (a depth slot:
+    a stacked copy of the stack's last block).
 
     Raises:
         ValueError: no blueprint fits any slot of the host.
@@ -296,8 +298,12 @@ def germinate_one(trainer: Trainer, config: RunConfig) -> str:
         (b, sid) for b in dict.fromkeys(b for bs in listed.values() for b in bs) for sid in listed if b in listed[sid]
     ]
     if not candidates:
-        # A host that grows from itself only (width slots): the first such slot.
-        candidates = [(BENCH_WIDTH, sid) for sid, slot in slots.items() if not slot.kind.compiled][:1]
+        # A host that grows from itself only (width or depth slots): the first such slot.
+        candidates = [
+            (BENCH_WIDTH if BENCH_WIDTH in slot.kind.menu else slot.kind.menu[0], sid)
+            for sid, slot in slots.items()
+            if not slot.kind.compiled
+        ][:1]
     if not candidates:
         raise ValueError(f"no blueprint of recipe {config.recipe} fits a slot of this host; bench with --seeds 0")
     blueprint_id, slot_id = candidates[0]

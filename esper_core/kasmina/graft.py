@@ -374,10 +374,18 @@ class GrowableModel(nn.Module):
             depth_slot = DepthSlot(site=depth_site, batch_max=batch_max)
             self.seed_slots[depth_slot.slot_id.replace(".", "-")] = depth_slot
             graft_depth_slot(model, depth_slot)
-        layers = weight_layers(model)
-        # A plain list, not a ModuleList: these modules are registered once, under `model`.
-        self.layers: list[nn.Module] = list(layers.values())
-        self.layer_names = tuple(layers)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        """The user's model's weight layers (``weight_layers``), in module order, as they are now:
+        a merged depth seed adds its block's. A plain list, not a ModuleList: these modules are
+        registered once, under ``model``."""
+        return list(weight_layers(self.model).values())
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        """The names of ``layers``."""
+        return tuple(weight_layers(self.model))
 
     @property
     def layer_widths(self) -> tuple[int, ...]:

@@ -216,6 +216,10 @@ class Trainer:
         self._schedule_lr()
         self.manager.start_epoch()
         self.engine.start_epoch(self.manager.structure_signature())
+        if self.layer_stats.names != tuple(self.model.layer_names):
+            # A merged depth seed added its block's layers to the host (a restore or a rollback to
+            # an earlier depth takes them away): the packets describe the network as it is.
+            self.layer_stats = LayerStats(self.model.layer_names, list(self.model.layers), root=self.model)
         self.layer_stats.reset()
         trainable = self.manager.trainable_slots()
         self.grad_norms.track(

@@ -174,3 +174,33 @@ def test_short_epochs_are_timed_for_at_least_min_timed_s_in_whole_rounds() -> No
     assert all(len(v) == result["epochs"] for v in result["samples_ms"].values())
     with pytest.raises(ValueError, match="--min-seconds"):
         BenchConfig(min_timed_s=-1.0)
+
+
+DEPTH_RECIPE = "tests.helpers.user_models:gpt_deepen"
+
+
+def test_a_depth_grown_host_benches_a_stacked_block_against_the_deeper_static_network() -> None:
+    from esper_core.kasmina.depth import DepthSeed
+    from esper_core.models.chars_gpt import next_char_loss
+
+    trainer, run_config = _trainer(DEPTH_RECIPE, BenchConfig(epochs=5, seeds=0), compile="off")
+    slot_id = germinate_one(trainer, run_config)
+    slot = trainer.manager.slots[slot_id]
+    assert slot_id == "blocks+depth" and isinstance(slot.seed, DepthSeed)
+    x, y = trainer.data.train.x[:8], trainer.data.train.y[:8]
+    slot.stage = SeedStage.TRAINING
+    twin = unmerged_twin(trainer, run_config.host)  # type: ignore[arg-type]
+    assert twin is not None
+    ours, theirs = trainer.model(x), twin(x)
+    assert torch.equal(ours, theirs)  # isolation: the block's delta adds nothing to the value
+    next_char_loss(ours, y).backward()
+    next_char_loss(theirs, y).backward()
+    side = next(m for m in twin.modules() if isinstance(m, DepthSeed))
+    for (name, p), q in zip(slot.seed.named_parameters(), side.parameters(), strict=True):
+        assert p.grad is not None and torch.allclose(p.grad, q.grad, atol=1e-6), name
+    slot.alpha = 1.0
+    slot.stage = SeedStage.PROBATIONARY  # the block in at alpha 1, as the twin's deeper stack has it
+    deeper = bare_twin(trainer, run_config.host)  # type: ignore[arg-type]
+    assert len(deeper.get_submodule("blocks")) == 3
+    with torch.inference_mode():
+        assert torch.allclose(deeper(x), trainer.model(x), atol=1e-5)

@@ -78,6 +78,9 @@ def test_a_scheduled_depth_seed_merges_and_a_resumed_run_is_the_same_network(esp
         ops = [c.seed_operation for c in straight.commands]
         assert SeedOperation.GERMINATE in ops and SeedOperation.FOSSILIZE in ops, ops
         assert len(straight.trainer.model.model.blocks) == 3
+        # The packets describe the network as it is: the merged block's layers from the merge on.
+        assert "blocks.2.proj" in [layer.name for layer in straight.history[-1].layers]
+        assert "blocks.2.proj" not in [layer.name for layer in straight.history[0].layers]
         expected = straight.trainer.state_dict()
     finally:
         straight.close()
