@@ -144,8 +144,9 @@ def network_flops(packet: SystemStatePacket) -> float | None:
     """Forward FLOPs of one sample through the network ``packet`` describes, seeds included.
 
     The host's weight layers count what they measured (``LayerState.flops_per_sample``). A seed
-    that runs in the forward (one in flight, or a fossilised branch or depth seed; a fossilised
-    width seed is merged into its layer, which then measures it) counts a multiply and an add per
+    that runs in the forward (one in flight, or a fossilised branch seed; a kept width seed is
+    merged into its layer, and a kept depth seed's block into the host's layers, which then measure
+    it) counts a multiply and an add per
     parameter: exact for new units of a dense layer, low for a convolution's or a token-wise
     layer's, which run at every position (a cnn1d width seed: 2 x 396 counted where the merged
     layers measure 2,320 more). Packets do not say how a seed's parameters split between its own
