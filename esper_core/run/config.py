@@ -95,7 +95,7 @@ class ModelSpec:
         self.slots, self.widen, self.deepen = tuple(self.slots), tuple(self.widen), tuple(self.deepen)
         if not self.slots and not self.widen and not self.deepen:
             raise ValueError(
-                "ModelSpec needs at least one slot, layer to widen or stack to deepen: name a module whose output "
+                "ModelSpec needs at least one slot or layer to widen, or a stack to deepen: name a module whose output "
                 "a seed may grow on (slots=...), a Linear/Conv layer to widen (widen=...) or a ModuleList of blocks "
                 "to deepen (deepen=...)"
             )
