@@ -154,3 +154,40 @@ def test_a_deepened_gpt_exports_and_loads_with_torch_alone(esper_home: EsperSett
     )
     subprocess.run([sys.executable, "-c", load], check=True, cwd=tmp_path)
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_single_process_run_across_a_depth_change(esper_home: EsperSettings) -> None:
+    from esper_core.run.ranks import launch
+    from esper_core.run.steps import grow_epoch
+
+    launch(RunSpec(run_id="two", recipe=SCHEDULED, nproc=2, device="cpu"), esper_home)
+    one = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="one"), settings=esper_home)
+    while one.epoch < one.config.epochs:
+        grow_epoch(one, one.epoch)
+    two = Run.resume(settings=esper_home, run_id="two")
+    try:
+
+        def growth(session: Run) -> list[tuple[int, str, str | None, str | None]]:
+            return [(c.epoch, c.action, c.slot_id, c.blueprint_id) for c in session.commands if c.action != "wait"]
+
+        assert growth(two) == growth(one) and {a for _, a, _, _ in growth(one)} >= {"germinate", "fossilize"}
+        for a, b in zip(one.history, two.history, strict=True):
+            assert b.val_loss == pytest.approx(a.val_loss, rel=1e-5)
+            assert [s.stage for s in b.seeds] == [s.stage for s in a.seeds]
+        assert len(two.trainer.model.model.blocks) == len(one.trainer.model.model.blocks) == 3
+        width = one.trainer.model.model.ln_f.normalized_shape[0]
+        named = zip(one.trainer.model.named_parameters(), two.trainer.model.parameters(), strict=True)
+        for (name, p), q in named:
+            if name.endswith("attn.qkv.bias"):
+                # The key bias adds the same score to every key of a query, which softmax cancels:
+                # its gradient is rounding noise, which Adam scales up to steps of about lr, so
+                # another summation order gives it other values. Queries and values must agree.
+                p, q = torch.cat([p[:width], p[2 * width :]]), torch.cat([q[:width], q[2 * width :]])
+            torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4, msg=name)
+        x, _ = one.trainer.data.val.head(16)
+        with torch.inference_mode():
+            torch.testing.assert_close(two.trainer.model(x), one.trainer.model(x), atol=1e-5, rtol=1e-4)
+    finally:
+        one.close()
+        two.close()
