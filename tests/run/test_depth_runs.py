@@ -72,6 +72,7 @@ def test_the_depth_menu_fits_depth_slots_only_and_needs_no_kernel(esper_home: Es
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # four runs: ~2 min on 2 quiet cores; several when other jobs share them
 def test_a_scheduled_depth_seed_merges_and_a_resumed_run_is_the_same_network(esper_home: EsperSettings) -> None:
     straight = _run(esper_home, "straight")
     try:
