@@ -35,7 +35,7 @@ from esper_core.run.build import build_trainer, load_run_data
 from esper_core.run.commits import CHECKPOINTS_DIR
 from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
-from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
+from esper_core.tolaria.checkpoint import CheckpointCorruptError, CheckpointStore
 from esper_core.urza.service import Urza
 
 EXPORT_FILES = ("model.pt2", "state_dict.pt", "export.json")
@@ -65,16 +65,17 @@ def export_run(*, settings: EsperSettings, run_id: str, out: Path | None = None)
     ``export/`` folder).
 
     Raises:
-        ValueError: no such run; a built-in host (only a ``ModelSpec`` model is exported); a
-            seed that changes the output without being part of the network; a program whose
-            outputs differ from the live model's.
+        ValueError: no such run, one without a commit, or one whose last commit is damaged; a
+            built-in host (only a ``ModelSpec`` model is exported); a seed that changes the output
+            without being part of the network; a program whose outputs differ from the live
+            model's.
     """
     run_dir = settings.runs_dir / run_id
     config = RunSpec.load(run_dir).config()
     checkpoints = CheckpointStore(run_dir / CHECKPOINTS_DIR, retention=config.checkpoints)
     tag = checkpoints.latest()
     if tag is None:
-        raise CheckpointNotFoundError(f"run {run_id} has no commit to export under {checkpoints.root}")
+        raise ValueError(f"run {run_id} has no commit under {checkpoints.root} yet: there is no network to export")
     catalog = default_catalog()
     trainer = build_trainer(config, catalog=catalog, run_id=run_id, home=settings.home, data=load_run_data(config))
     registry: list[Urza] = []  # opened by the first seed kernel the commit holds, if any
@@ -85,7 +86,17 @@ def export_run(*, settings: EsperSettings, run_id: str, out: Path | None = None)
         return load_kernel(artifact, registry[0].fetch_blob(artifact), catalog=catalog, device=trainer.device)
 
     try:
-        trainer.load_state_dict(checkpoints.load(tag)["trainer"], load_kernel=fetch)
+        try:
+            state = checkpoints.load(tag)
+        except CheckpointCorruptError as e:
+            # Read-only: resuming the run sets a damaged commit aside and goes back to the last
+            # intact one; an export does not move the run's files.
+            raise ValueError(
+                f"run {run_id}'s last commit {tag} is damaged ({e.problem}); `esper runs show {run_id}` "
+                f"checks its checkpoints, and resuming it with `esper run --run-id {run_id}` goes back to "
+                "the last intact one"
+            ) from e
+        trainer.load_state_dict(state["trainer"], load_kernel=fetch)
     finally:
         for urza in registry:
             urza.close()
