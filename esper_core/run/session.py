@@ -226,7 +226,12 @@ class Run:
             run_id = run_id or run.run_id or new_run_id()
             if (settings.runs_dir / run_id / SPEC_FILE).exists():
                 session = cls.resume(
-                    settings=settings, run_id=run_id, extra_sink=extra_sink, tamiyo=tamiyo, collective=collective
+                    settings=settings,
+                    run_id=run_id,
+                    extra_sink=extra_sink,
+                    tamiyo=tamiyo,
+                    collective=collective,
+                    planned=planned,
                 )
                 session.rewind_partial_epoch()
                 return session
@@ -260,12 +265,21 @@ class Run:
         extra_sink: TelemetrySink | None = None,
         tamiyo: TamiyoService | None = None,
         collective: Collective | None = None,
+        planned: PlannedRun | None = None,
     ) -> Run:
         """Reopen an existing run at its last committed step (e.g. in a new worker process, or on
         every rank of a data-parallel resume, whatever the number of ranks it had before).
 
-        ``extra_sink``, ``tamiyo``, ``collective``: as for ``start``."""
-        config = RunSpec.load(settings.runs_dir / run_id).config()
+        ``extra_sink``, ``tamiyo``, ``collective``: as for ``start``. ``planned``: the run's
+        request as planned in this process (``esper run --run-id`` and the flow plan before they
+        start the run); used instead of resolving, loading and planning the saved ``run.json``
+        again when it asks for the same configuration, else ignored."""
+        saved = RunSpec.load(settings.runs_dir / run_id)
+        if planned is None or planned.spec.key != saved.key:
+            planned = None
+            config = saved.config()
+        else:
+            config = planned.config
         session = cls(
             config=config,
             settings=settings,
@@ -274,6 +288,7 @@ class Run:
             extra_sink=extra_sink,
             tamiyo=tamiyo,
             collective=collective,
+            planned=planned,
         )
         session.restore()
         if session.collective.leader:

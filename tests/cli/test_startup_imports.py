@@ -93,3 +93,11 @@ def test_parsing_imports_no_heavy_package(argvs: list[list[str]]) -> None:
         f"`esper {next(iter(offenders))}` imports {offenders[next(iter(offenders))]} before it answers: import the "
         "library inside the function that runs the command, and take option values from esper_cli/choices.py"
     )
+
+
+def test_commands_that_read_runs_import_no_policy_graph_or_flow_library(esper_home: object) -> None:
+    """``runs list`` and ``export`` read run folders: torch-geometric (Tamiyo's graphs) and Prefect
+    have no part in them. ``export`` goes through the whole run layer short of a session: the
+    import of its module is what is checked, with a run id that is not there."""
+    loaded = _heavy_imports([["runs", "list"], ["export", "no-such-run"]])
+    assert loaded == {"runs list": ["torch"], "export no-such-run": ["sqlalchemy", "torch"]}

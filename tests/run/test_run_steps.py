@@ -7,6 +7,7 @@ them through Prefect), checked here on ``Run`` and ``grow_epoch`` alone.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -127,3 +128,37 @@ def test_a_run_reopened_by_a_new_object_goes_on_from_its_last_commit(
         again.close()
     assert reports == clean and loss == clean_loss
     assert RunSpec.load(compiled_home.runs_dir / "reopened") == _spec("reopened")
+
+
+def test_a_resume_planned_in_its_process_plans_once_and_reproduces_the_run(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``esper run --run-id`` and the flow plan the request before they start the run: reopening it
+    takes that plan instead of resolving and planning ``run.json`` a second time."""
+    from esper_core.run.spec import resolve
+    from tests.helpers.planning import count_planning
+
+    clean, clean_loss = _clean(compiled_home)
+    run = Run.start(_spec("resumed"), settings=compiled_home)
+    try:
+        reports = [_same(grow_epoch(run, 0))]
+    finally:
+        run.close()
+    calls = count_planning(monkeypatch)
+    planned = resolve(_spec("resumed"))
+    run = Run.start(planned.spec, settings=compiled_home, planned=planned)
+    try:
+        assert calls == {"resolve": 1, "meta_host": 1}
+        assert run.plan is planned.plan and run.epoch == 1
+        reports += [_same(grow_epoch(run, epoch)) for epoch in (1, 2)]
+        loss = finish_run(run).test_loss
+    finally:
+        run.close()
+    assert reports == clean and loss == clean_loss
+    # A plan of another request (here another seed) is not the saved run's: that is planned again.
+    other = resolve(dataclasses.replace(_spec("resumed"), seed=2))
+    run = Run.resume(settings=compiled_home, run_id="resumed", planned=other)
+    try:
+        assert run.plan is not other.plan and run.config.seed == 1
+    finally:
+        run.close()

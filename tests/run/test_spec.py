@@ -88,9 +88,12 @@ def test_a_session_builds_on_the_plan_it_is_given_else_resolves_the_spec(
     assert (session.run_id, session.config.epochs, session.plan.jobs) == ("elsewhere", 2, spec.jobs)
     assert calls["resolve"] == 2
     session.close()
-    # An existing run reopens from its own run.json; a plan given for it goes unused.
+    # An existing run reopens at its last commit on the plan given, when that is the plan of its
+    # run.json's request (esper run --run-id, the flow's plan-run task): it is not planned again.
+    # (A plan of another request goes unused: tests/run/test_run_steps.py.)
     reopened = Run.start(planned.spec, settings=compiled_home, planned=planned)
-    assert reopened.committed_tag == START_TAG and reopened.plan is not planned.plan
+    assert reopened.committed_tag == START_TAG and reopened.plan is planned.plan
+    assert calls["resolve"] == 2
     reopened.close()
 
 

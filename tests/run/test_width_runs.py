@@ -162,7 +162,11 @@ def test_a_layer_that_cannot_widen_is_refused_when_the_recipe_is_checked() -> No
 
 @pytest.mark.slow
 def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSettings, tmp_path: Path) -> None:
+    from esper_core.run.commits import CHECKPOINTS_DIR
     from esper_core.run.export import export_run
+    from esper_core.run.stops import read_stop, record_stop
+    from esper_core.tolaria.checkpoint import CheckpointStore
+    from tests.helpers.checkpoints import flip
 
     session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="grown"), settings=esper_home)
     try:
@@ -184,8 +188,11 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
             expected = session.trainer.model(x)
     finally:
         session.close()
+    # An export reads the run and changes nothing of it: a stopped run stays stopped.
+    stop = record_stop(esper_home.runs_dir / "grown", reason="test", resume=("esper run --run-id grown",))
     done = export_run(settings=esper_home, run_id="grown", out=tmp_path / "out")
     assert done.widths["features.0"] == 12 and done.max_abs_diff < 1e-4
+    assert stop is not None and read_stop(esper_home.runs_dir / "grown") == stop
     torch.save(x, tmp_path / "x.pt")
     # A fresh interpreter that imports torch and nothing of Esper's: the README's three lines.
     load = (
@@ -203,6 +210,12 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
     assert saved["state_dict"]["features.0.weight"].shape == (12, 1, 3, 3)
     manifest = json.loads((tmp_path / "out" / "export.json").read_text())
     assert manifest["commit"] == "epoch-0005-applied" and manifest["parameters"] == done.parameters
+    # A damaged last commit is reported, and left where it is: resuming the run deals with it.
+    latest = CheckpointStore(esper_home.runs_dir / "grown" / CHECKPOINTS_DIR).path("epoch-0005-applied")
+    flip(latest)
+    with pytest.raises(ValueError, match="epoch-0005-applied is damaged"):
+        export_run(settings=esper_home, run_id="grown", out=tmp_path / "again")
+    assert latest.exists() and not (tmp_path / "again").exists()
 
 
 def test_the_compiled_step_retraces_at_growth_events_only(esper_home: EsperSettings) -> None:
