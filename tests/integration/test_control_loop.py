@@ -28,7 +28,9 @@ def _loop(session: Run, epochs: int) -> list:
 
 
 def test_digits_run_grows_a_seed_and_writes_every_output(compiled_home: EsperSettings) -> None:
-    session = Run.start(RunSpec(recipe="digits-mlp", epochs=4, device=None, run_id="loop"), settings=compiled_home)
+    session = Run.start(
+        RunSpec(recipe="digits-mlp", epochs=4, device=None, run_id="loop", policy="heuristic"), settings=compiled_home
+    )
     commands = _loop(session, 4)
     germinate = [c for c in commands if c.action == "germinate"]
     assert germinate and germinate[0].issued_by == "heuristic" and germinate[0].reason
