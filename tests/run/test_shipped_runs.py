@@ -58,6 +58,7 @@ def test_the_shipped_policy_decides_the_same_on_the_same_seed(esper_home: EsperS
         _run(esper_home, RunSpec(recipe="mnist1d-mlp-width", epochs=4, device="cpu", seed=3, run_id=name))
         for name in ("first", "second")
     )
+    assert first.commands.get("germinate"), first.commands  # it grew: there were decisions to differ
     assert (first.test_accuracy, first.test_loss, first.total_params, first.commands, first.seeds) == (
         second.test_accuracy,
         second.test_loss,
