@@ -233,7 +233,7 @@ class Run:
                 session.rewind_partial_epoch()
                 return session
             planned = planned or resolve(run)
-            run.save(settings.runs_dir / run_id)
+            run.save(settings.runs_dir / run_id, config=planned.config)
             config = planned.config
         else:
             run_id, config = run_id or new_run_id(), run

@@ -48,9 +48,11 @@ MaxParams = Annotated[int, Field(ge=1, description="Most parameters the grown ne
 
 SPEC_FILE = "run.json"
 """A run folder's record of what the run was started with (``RunSpec.save``)."""
-SPEC_VERSION = 2
-"""``run.json``'s format: 2 is ``RunSpec``'s own fields; 1 (no version key, before 2026-11-27)
-held recipe, epochs, device and seed as a hand-built dict, and still loads."""
+SPEC_VERSION = 3
+"""``run.json``'s format: 3 adds ``policy`` and ``max_params`` (and the resolved ``decides``,
+not read back), so an older Esper refuses to resume a run it would decide differently; 2 is
+``RunSpec``'s own fields before them; 1 (no version key, before 2026-11-27) held recipe,
+epochs, device and seed as a hand-built dict. Both still load."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,8 +124,13 @@ class RunSpec:
             config.kasmina = dataclasses.replace(config.kasmina, max_params=self.max_params)
         return config
 
-    def save(self, run_dir: Path) -> None:
+    def save(self, run_dir: Path, *, config: RunConfig) -> None:
         """Record the request in ``run_dir/run.json``, from which the run resumes (``load``).
+
+        Args:
+            run_dir: The run's folder.
+            config: This spec resolved (``config()``), whose Tamiyo configuration says who
+                decides (``decides``, for a reader; a resume reads the request's own fields).
 
         The plan's outputs (``approved``, ``jobs``) are not kept: a resume plans again."""
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +139,7 @@ class RunSpec:
         fields |= {"policy": self.policy, "max_params": self.max_params}
         # Who decided, resolved: a run records the shipped policy's name and pinned digest (the
         # summary adds the registry version it was served as). Not read back: the fields above are.
-        fields["decides"] = policy_record(self.config().tamiyo, served=None)
+        fields["decides"] = policy_record(config.tamiyo, served=None)
         (run_dir / SPEC_FILE).write_text(json.dumps(fields, indent=2))
 
     @classmethod

@@ -90,7 +90,8 @@ def serve_shipped(service: TamiyoService, store: SimicStore | None) -> PolicyVer
     between the rule and the GNN on the registry's mood.
 
     Returns:
-        The registry version served, or None (served from the package, or refused).
+        The registry version published and served by this call; None when nothing changed
+        (served or refused already), when served from the package, or when refused.
     """
     if service.policy_version is not None or service.shipped_refused is not None:
         return None
