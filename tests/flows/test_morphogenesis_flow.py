@@ -59,7 +59,6 @@ def test_morphogenesis_trains_one_run_on_two_processes(esper_home: EsperSettings
         device="cpu",
         run_id="dp",
         nproc=2,
-        policy="heuristic",  # the rule widens after epoch 0: what the ranks must agree on
         return_state=True,
     )
     summary = state.result()
