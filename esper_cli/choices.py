@@ -51,3 +51,9 @@ SIMIC_PLANS: tuple[str, ...] = (
     "varied",
 )
 """``sorted(esper_core.studies.simic_train.PLANS)``."""
+
+PINNABLE_POLICIES: tuple[str, ...] = ("shipped", "heuristic", "gnn", "none", "zoo-1")
+"""``esper_core.tamiyo.config.pinnable_policies()``: what ``esper run --policy`` takes."""
+
+SHIPPED_POLICIES: tuple[str, ...] = ("zoo-1",)
+"""``tuple(sorted(esper_core.tamiyo.shipped.SHIPPED))``: the shipped policies' names."""

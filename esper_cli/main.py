@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from types import FrameType
 
-from esper_cli import bench, catalog, export, recipes, registry, run, runs, server
+from esper_cli import bench, catalog, export, policy, recipes, registry, run, runs, server
 from esper_cli.progress import configure_logging
 
-COMMAND_GROUPS = (run, runs, export, recipes, catalog, registry, bench, server)
+COMMAND_GROUPS = (run, runs, export, recipes, policy, catalog, registry, bench, server)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from esper_cli.args import local_flow_settings, positive, prefect_for_command
-from esper_cli.choices import DEVICES, RECIPES
+from esper_cli.choices import DEVICES, PINNABLE_POLICIES, RECIPES
 from esper_cli.startup import StartupPhases, first_epoch_time
 
 EXIT_DEGRADED = 3
@@ -31,7 +32,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # The flow plans again in its first task: its parameters are the request, not this plan (a
     # flow parameter is serialised, and a deployment is asked by the same parameters).
     planned = plan_spec(
-        args.recipe, epochs=args.epochs, device=args.device, seed=args.seed, run_id=args.run_id, nproc=args.nproc
+        args.recipe,
+        epochs=args.epochs,
+        device=args.device,
+        seed=args.seed,
+        run_id=args.run_id,
+        nproc=args.nproc,
+        policy=args.policy,
+        max_params=args.max_params,
     )
     phases.mark("plan")
     # The home, the registry and one batch through the model and loss: each failure one line, exit 2.
@@ -49,6 +57,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             run_id=args.run_id,
             nproc=args.nproc,
+            policy=args.policy,
+            max_params=args.max_params,
         )
     if args.verbose:
         print(
@@ -76,6 +86,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for line in frontier_lines(summary.frontier):
             print(f"frontier   {line.removeprefix('- ')}")
     print(f"commands   {summary.commands}")
+    if summary.policy is not None:
+        print(f"policy     {_decided_by(summary.policy)}")
     mib = summary.checkpoints["bytes"] / 2**20
     print(f"checkpoints {summary.checkpoints['files']} kept, {mib:.1f} MiB")
     print(
@@ -92,6 +104,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"DEGRADED   {reason}", file=sys.stderr)
     # 3: finished, but did less than asked (the flow run's state is Degraded); scripts can tell.
     return EXIT_DEGRADED if summary.degraded else 0
+
+
+def _decided_by(record: dict[str, Any]) -> str:
+    """``RunSummary.policy`` in a line: who decided and which weights."""
+    if record["policy"] == "shipped":
+        served = f"served as {record['served']}" if record["served"] else "NOT served: the heuristic decided"
+        return f"shipped {record['name']} (sha256 {record['sha256'][:12]}, {served})"
+    return f"{record['policy']}" + (f" (served {record['served']})" if record.get("served") else "")
 
 
 def _cmd_rank(args: argparse.Namespace) -> int:
@@ -134,6 +154,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="data-parallel processes training the run together (torch.distributed: gloo on CPU, NCCL "
         "with one GPU each); the recipe's batch is shared among them (default: %(default)s)",
+    )
+    run.add_argument(
+        "--policy",
+        default=None,
+        choices=PINNABLE_POLICIES,
+        help="who decides: shipped (the shipped policy, the default unless the recipe names another), a "
+        "shipped policy's name (`esper policy list`), heuristic, gnn (the registry's newest Simic version) "
+        "or none (no growth); default: the recipe's own",
+    )
+    run.add_argument(
+        "--max-params",
+        type=positive,
+        default=None,
+        help="cap growth: the network may hold at most this many parameters; a germination past it is rejected",
     )
     run.set_defaults(func=_cmd_run)
 

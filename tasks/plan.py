@@ -17,7 +17,14 @@ from tasks._runtime import settings
 # No retries: a recipe refused once is refused again. No tags (see tasks.compile).
 @task(name="plan-run", cache_policy=NO_CACHE)
 def plan_run_spec(
-    recipe: str, epochs: int | None, device: str, seed: int | None, run_id: str | None, nproc: int
+    recipe: str,
+    epochs: int | None,
+    device: str,
+    seed: int | None,
+    run_id: str | None,
+    nproc: int,
+    policy: str | None = None,
+    max_params: int | None = None,
 ) -> PlannedRun:
     """Resolve and plan the run once: what every later task of the morphogenesis flow receives
     (its ``spec``, or the whole planned run where the session is built).
@@ -28,7 +35,16 @@ def plan_run_spec(
         PreflightError: the home, the registry or one batch through the model and loss fails
             (``esper_core.run.preflight``): a deployment has no ``esper run`` in front of it.
     """
-    planned = plan_spec(recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=nproc)
+    planned = plan_spec(
+        recipe,
+        epochs=epochs,
+        device=device,
+        seed=seed,
+        run_id=run_id,
+        nproc=nproc,
+        policy=policy,
+        max_params=max_params,
+    )
     preflight(planned.config, planned.data, settings=settings())
     return planned
 

@@ -50,6 +50,10 @@ class KasminaConfig:
     width_max_factor: float = 2.0
     """A width seed may add at most ``(width_max_factor - 1) x`` a layer's current units at once
     (2.0: at most double it); G0 refuses more."""
+    max_params: int | None = None
+    """A cap on growth: the network (host and every seed) may hold at most this many parameters.
+    A germination that would pass it is undone and rejected (``kasmina.command.rejected``, the
+    run goes on without it); None: no cap but the risk engine's budget. ``esper run --max-params``."""
 
     def __post_init__(self) -> None:
         for name in ("min_training_epochs", "probation_epochs", "embargo_epochs"):
@@ -62,6 +66,10 @@ class KasminaConfig:
         if not self.width_max_factor > 1.0:
             raise ValueError(
                 f"width_max_factor must be > 1 (2.0 lets a width seed double a layer), got {self.width_max_factor}"
+            )
+        if self.max_params is not None and self.max_params < 1:
+            raise ValueError(
+                f"max_params must be a positive parameter count (or None for no cap), got {self.max_params}"
             )
         if self.seed_init_batches < 1:
             raise ValueError(

@@ -13,6 +13,7 @@ from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import SeedManager
 from esper_core.run.config import RunConfig
 from esper_core.run.task import vary_dataset
+from esper_core.tamiyo.config import GNN_POLICIES
 from esper_core.tolaria.collective import Collective
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.slotgrads import GROWTH_SIGNALS
@@ -54,7 +55,7 @@ def growth_signals(config: RunConfig, *, recorded: bool) -> frozenset[str]:
         config: The run's configuration (its ``tamiyo.policy`` decides).
         recorded: Whether the run's decisions are recorded for Simic.
     """
-    return frozenset(GROWTH_SIGNALS) if recorded or config.tamiyo.policy == "gnn" else frozenset()
+    return frozenset(GROWTH_SIGNALS) if recorded or config.tamiyo.policy in GNN_POLICIES else frozenset()
 
 
 def load_run_data(config: RunConfig) -> Dataset:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from esper_core.contracts import AdaptationCommand, MetricPoint, TelemetryEvent, TelemetryPacket
+from esper_core.contracts import AdaptationCommand, MetricPoint, TelemetryEvent, TelemetryLevel, TelemetryPacket
 from esper_core.run.candidates import KernelLookup
 from esper_core.run.config import RunConfig
 from esper_core.run.outage import RegistryLink
@@ -147,6 +147,16 @@ class Controller:
                 self.record.timings["gnn_ms"].append(decision.gnn_latency_ms)
                 metrics += decision_metrics(decision)
         command = self.rails.filter(command)
+        fallback_events: tuple[TelemetryEvent, ...] = ()
+        if decision is not None and decision.fallback is not None:
+            fallback_events = (
+                TelemetryEvent(
+                    name="tamiyo.policy.fallback",
+                    level=TelemetryLevel.ERROR,
+                    message=decision.fallback,
+                    attributes={"shipped": self.config.tamiyo.shipped},
+                ),
+            )
         if decision is not None:
             task = self.config.task.to_dict() if self.config.task else None
             record = DecisionRecord.from_decision(
@@ -162,6 +172,7 @@ class Controller:
                 metrics=(*metrics, *rail_metrics),
                 events=(
                     *rail_events,
+                    *fallback_events,
                     TelemetryEvent(
                         name="tamiyo.command",
                         message=command.reason,

@@ -105,7 +105,7 @@ def launch(
         train_samples = len(load_run_data(config).train)
     check_parallel(config, spec.nproc, train_samples=train_samples)
     if new:
-        spec.save(run_dir)
+        spec.save(run_dir, config=config)
     # The registry's schema exists before N processes open it at once.
     open_registry(settings).close()
     meeting = Path(tempfile.mkdtemp(prefix="esper-ranks-"))
@@ -248,7 +248,7 @@ def join_torchrun(
                 check_recipe(config)
                 check_parallel(config, group.world, train_samples=len(load_run_data(config).train))
                 if new:
-                    asked.save(run_dir)
+                    asked.save(run_dir, config=config)
                 open_registry(settings).close()
             except ValueError as e:
                 problem = str(e)

@@ -14,6 +14,7 @@ from esper_core.run.frontier import FRONTIERS
 from esper_core.run.ranks import launches
 from esper_core.run.scores import bits, token_targets
 from esper_core.run.session import Run
+from esper_core.tamiyo.config import policy_record
 from esper_core.telemetry import read_jsonl, write_baseline
 from esper_core.tolaria.loop import count_parameters
 
@@ -81,6 +82,11 @@ class RunSummary:
     """Why the run did less than it was asked to (growth the registry blocked, decisions that an
     enforced deadline turned into a WAIT); empty for a healthy run. The morphogenesis flow then
     ends in the state ``Degraded`` (a kind of Completed) with these as its message."""
+    policy: dict[str, Any] | None = None
+    """Who decided (``policy_record``): the configured policy and, for a shipped one, its name,
+    pinned SHA-256 and the registry version it was served as."""
+    policy_fallbacks: int = 0
+    """Decisions the heuristic made because the shipped policy could not serve."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -97,6 +103,7 @@ def finish_run(session: Run) -> RunSummary:
     telemetry = read_jsonl(path) if path.exists() else []
     decisions = _decision_latency(telemetry)
     blocked, first_blocked = _blocked(telemetry)
+    fallbacks, first_fallback = _fallbacks(telemetry)
     summary = RunSummary(
         run_id=session.run_id,
         recipe=session.config.recipe,
@@ -116,8 +123,14 @@ def finish_run(session: Run) -> RunSummary:
         **decisions,
         growth_blocked=blocked,
         degraded=degradation(
-            growth_blocked=blocked, first_blocked=first_blocked, tamiyo_timeouts=decisions["tamiyo_timeouts"]
+            growth_blocked=blocked,
+            first_blocked=first_blocked,
+            tamiyo_timeouts=decisions["tamiyo_timeouts"],
+            policy_fallbacks=fallbacks,
+            first_fallback=first_fallback,
         ),
+        policy=policy_record(session.config.tamiyo, served=session.tamiyo.policy_version),
+        policy_fallbacks=fallbacks,
         **_sharing(session),
         **_step_path(telemetry),
         reproducible=not load_dependence(session.config),
@@ -228,9 +241,24 @@ def _blocked(packets: list[TelemetryPacket]) -> tuple[int, str | None]:
     return int(count), next((e.message for e in rejected if e.attributes.get("blocked")), None)
 
 
-def degradation(*, growth_blocked: int, first_blocked: str | None, tamiyo_timeouts: int) -> tuple[str, ...]:
+def _fallbacks(packets: list[TelemetryPacket]) -> tuple[int, str | None]:
+    """How many decisions the heuristic made for a shipped policy that could not serve, and why."""
+    events = [e for p in packets for e in p.events if e.name == "tamiyo.policy.fallback"]
+    return len(events), events[0].message if events else None
+
+
+def degradation(
+    *,
+    growth_blocked: int,
+    first_blocked: str | None,
+    tamiyo_timeouts: int,
+    policy_fallbacks: int = 0,
+    first_fallback: str | None = None,
+) -> tuple[str, ...]:
     """Why a run is degraded, in words (``RunSummary.degraded``); empty when it is not."""
     reasons = []
+    if policy_fallbacks:
+        reasons.append(f"{policy_fallbacks} decision(s) made by the heuristic because {first_fallback}")
     if growth_blocked:
         reasons.append(
             f"{growth_blocked} growth command(s) rejected because the registry could not give a kernel "
@@ -257,6 +285,16 @@ def frontier_lines(f: dict[str, Any]) -> list[str]:
         f"- its starting size, {f['start_params']} parameters, reaches {f['start_test_accuracy']:.2f} % static",
         f"- (frontier: `{f['source']}`)",
     ]
+
+
+def _policy_lines(summary: RunSummary) -> list[str]:
+    p = summary.policy
+    if p is None:
+        return []
+    if p["policy"] == "shipped":
+        served = f"served as `{p['served']}`" if p["served"] else "not served (the heuristic decided)"
+        return [f"Decided by the shipped policy `{p['name']}` (SHA-256 `{p['sha256']}`), {served}.", ""]
+    return [f"Decided by `{p['policy']}`" + (f" (`{p['served']}`)" if p.get("served") else "") + ".", ""]
 
 
 def _degraded_lines(summary: RunSummary) -> list[str]:
@@ -314,6 +352,7 @@ def render_report(session: Run, summary: RunSummary) -> str:
         *_degraded_lines(summary),
         *_reproducibility_lines(summary),
         *_step_lines(summary),
+        *_policy_lines(summary),
         f"| epoch | train loss | val loss | {'val bits/token' if tokens else 'val acc'} | train ms | seeds |",
         "|---:|---:|---:|---:|---:|---|",
     ]

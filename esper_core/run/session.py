@@ -18,6 +18,7 @@ from esper_core.contracts import (
     FieldReport,
     KernelArtifact,
     MetricPoint,
+    SeedOperation,
     SeedStage,
     SystemStatePacket,
     TelemetryEvent,
@@ -56,6 +57,7 @@ from esper_core.tamiyo.service import TamiyoService
 from esper_core.telemetry import FanoutSink, JsonlSink, NullSink, TelemetrySink
 from esper_core.tolaria.checkpoint import CheckpointCorruptError, CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.collective import Collective, Solo
+from esper_core.tolaria.loop import count_parameters
 from esper_core.tolaria.rails import SafetyRails
 from esper_core.tolaria.rollback import RollbackTiers
 from esper_core.tolaria.safety import EmergencyLevel, EpochFailed, TrainingHalted
@@ -236,7 +238,7 @@ class Run:
                 session.rewind_partial_epoch()
                 return session
             planned = planned or resolve(run)
-            run.save(settings.runs_dir / run_id)
+            run.save(settings.runs_dir / run_id, config=planned.config)
             config = planned.config
         else:
             run_id, config = run_id or new_run_id(), run
@@ -403,6 +405,18 @@ class Run:
                 self._rollback(why=reason)
                 self.commands.append(command)
                 outcome = f"rejected: {reason}"
+            if outcome == "applied" and (cap := self._over_cap(command)) is not None:
+                self._rollback(why=cap)
+                self.commands.append(command)
+                outcome = f"rejected: {cap}"
+                events.append(
+                    TelemetryEvent(
+                        name="kasmina.command.rejected",
+                        level=TelemetryLevel.WARNING,
+                        message=cap,
+                        attributes={"action": command.action, "slot_id": command.slot_id or "", "blocked": False},
+                    )
+                )
         except (ValueError, LookupError, RegistryError) as e:
             # A command that cannot be carried out (unknown slot, no kernel, a corrupt blob, a
             # refused gate) is rejected and reported; the run goes on without it.
@@ -441,6 +455,24 @@ class Run:
             )
         )
         return outcome
+
+    def _over_cap(self, command: AdaptationCommand) -> str | None:
+        """Why the germination just applied passes the user's growth cap; None when it does not.
+
+        Measured on the network itself after germinating (a seed's size depends on its kind, the
+        slot and, for a width seed, the layer's current width), and undone by the caller: a
+        rollback to the last commit leaves the run as if the command had never come.
+        """
+        cap = self.config.kasmina.max_params
+        if cap is None or command.seed_operation is not SeedOperation.GERMINATE:
+            return None
+        params = count_parameters(self.trainer.model)
+        if params <= cap:
+            return None
+        return (
+            f"growth cap: germinating {command.blueprint_id} in {command.slot_id} makes the network {params} "
+            f"parameters, over KasminaConfig.max_params={cap} (esper run --max-params)"
+        )
 
     def _agree(self, command: AdaptationCommand, outcome: str, events: list[TelemetryEvent]) -> str:
         """The command's outcome on every rank: applied where it applied everywhere, else rejected

@@ -33,6 +33,7 @@ from esper_core.run.build import load_run_data
 from esper_core.run.config import RunConfig
 from esper_core.run.plan import RunPlan, plan_compile_jobs, plan_run, recipe_feature_shape
 from esper_core.run.recipes import get_recipe
+from esper_core.tamiyo.config import pinnable_policies, policy_record, with_policy
 from esper_core.tezzeret.config import Backend
 
 Epochs = Annotated[int, Field(ge=1, description="Epochs to train (at least 1)")]
@@ -42,12 +43,16 @@ Processes = Annotated[int, Field(ge=1, description="Data-parallel processes (at 
 """A process count as a flow parameter (``RunSpec.nproc``)."""
 Seed = Annotated[int, Field(ge=0, description="Random seed (0 or more)")]
 """A random seed as a flow parameter (``RunSpec.seed``): NumPy's generators take none below 0."""
+MaxParams = Annotated[int, Field(ge=1, description="Most parameters the grown network may hold")]
+"""A growth cap as a flow parameter (``RunSpec.max_params``)."""
 
 SPEC_FILE = "run.json"
 """A run folder's record of what the run was started with (``RunSpec.save``)."""
-SPEC_VERSION = 2
-"""``run.json``'s format: 2 is ``RunSpec``'s own fields; 1 (no version key, before 2026-11-27)
-held recipe, epochs, device and seed as a hand-built dict, and still loads."""
+SPEC_VERSION = 3
+"""``run.json``'s format: 3 adds ``policy`` and ``max_params`` (and the resolved ``decides``,
+not read back), so an older Esper refuses to resume a run it would decide differently; 2 is
+``RunSpec``'s own fields before them; 1 (no version key, before 2026-11-27) held recipe,
+epochs, device and seed as a hand-built dict. Both still load."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,6 +67,12 @@ class RunSpec:
         seed: Override of the recipe's seed (None: the recipe's).
         run_id: The run to create or resume (None: named by whoever starts it).
         nproc: Data-parallel processes training the run.
+        policy: Who decides, pinned for this run (``tamiyo.config.with_policy``): ``shipped``
+            (the default shipped policy), a shipped policy's name (``esper policy list``),
+            ``heuristic``, ``gnn`` (the registry's newest Simic version) or ``none``; None: the
+            recipe's own.
+        max_params: Cap on the network's parameters (``KasminaConfig.max_params``); None: the
+            recipe's own.
         approved: The recipe's approved experimental / high-risk blueprints (what its compile
             approves, and what its session may germinate).
         jobs: Every (blueprint, slot profile) kernel the run may germinate, approved ones
@@ -74,6 +85,8 @@ class RunSpec:
     seed: int | None = None
     run_id: str | None = None
     nproc: int = 1
+    policy: str | None = None
+    max_params: int | None = None
     approved: tuple[str, ...] = ()
     jobs: tuple[CompileJob, ...] = ()
 
@@ -86,11 +99,17 @@ class RunSpec:
             raise ValueError(f"device must be one of {DEVICE_CHOICES} (or None for the recipe's), got {self.device!r}")
         if self.nproc < 1:
             raise ValueError(f"nproc must be >= 1 (processes training the run together), got {self.nproc}")
+        if self.policy is not None and self.policy not in pinnable_policies():
+            raise ValueError(
+                f"policy must be one of {pinnable_policies()} (or None for the recipe's), got {self.policy!r}"
+            )
+        if self.max_params is not None and self.max_params < 1:
+            raise ValueError(f"max_params must be a positive parameter count (or None), got {self.max_params}")
 
     @property
-    def key(self) -> tuple[str, int | None, str | None, int | None]:
+    def key(self) -> tuple[str, int | None, str | None, int | None, str | None, int | None]:
         """What decides the resolved configuration (run id and process count do not)."""
-        return (self.recipe, self.epochs, self.device, self.seed)
+        return (self.recipe, self.epochs, self.device, self.seed, self.policy, self.max_params)
 
     def config(self) -> RunConfig:
         """The recipe with this spec's overrides (``get_recipe``), resolved now.
@@ -98,15 +117,29 @@ class RunSpec:
         Raises:
             ValueError: an unknown or unloadable recipe, or a bad override.
         """
-        return get_recipe(self.recipe, epochs=self.epochs, device=self.device, seed=self.seed)
+        config = get_recipe(self.recipe, epochs=self.epochs, device=self.device, seed=self.seed)
+        if self.policy is not None:
+            config.tamiyo = with_policy(config.tamiyo, self.policy)
+        if self.max_params is not None:
+            config.kasmina = dataclasses.replace(config.kasmina, max_params=self.max_params)
+        return config
 
-    def save(self, run_dir: Path) -> None:
+    def save(self, run_dir: Path, *, config: RunConfig) -> None:
         """Record the request in ``run_dir/run.json``, from which the run resumes (``load``).
+
+        Args:
+            run_dir: The run's folder.
+            config: This spec resolved (``config()``), whose Tamiyo configuration says who
+                decides (``decides``, for a reader; a resume reads the request's own fields).
 
         The plan's outputs (``approved``, ``jobs``) are not kept: a resume plans again."""
         run_dir.mkdir(parents=True, exist_ok=True)
         fields = {"version": SPEC_VERSION, "run_id": run_dir.name, "recipe": self.recipe, "epochs": self.epochs}
         fields |= {"device": self.device, "seed": self.seed, "nproc": self.nproc}
+        fields |= {"policy": self.policy, "max_params": self.max_params}
+        # Who decided, resolved: a run records the shipped policy's name and pinned digest (the
+        # summary adds the registry version it was served as). Not read back: the fields above are.
+        fields["decides"] = policy_record(config.tamiyo, served=None)
         (run_dir / SPEC_FILE).write_text(json.dumps(fields, indent=2))
 
     @classmethod
@@ -125,7 +158,13 @@ class RunSpec:
             raise ValueError(
                 f"{path} is run.json version {version}, newer than this Esper reads ({SPEC_VERSION}): upgrade Esper"
             )
-        return cls(**{k: saved[k] for k in ("recipe", "epochs", "device", "seed", "run_id", "nproc") if k in saved})
+        return cls(
+            **{
+                k: saved[k]
+                for k in ("recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params")
+                if k in saved
+            }
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,6 +195,8 @@ def plan_spec(
     seed: int | None = None,
     run_id: str | None = None,
     nproc: int = 1,
+    policy: str | None = None,
+    max_params: int | None = None,
 ) -> PlannedRun:
     """Resolve ``recipe`` with its overrides, plan it, and check it for ``nproc`` processes.
 
@@ -166,6 +207,8 @@ def plan_spec(
         seed: Override the recipe's seed.
         run_id: The run to create or resume.
         nproc: Data-parallel processes training the run together.
+        policy: Pin who decides (``RunSpec.policy``).
+        max_params: Cap the network's parameters (``RunSpec.max_params``).
 
     Returns:
         The planned run: its ``spec`` for every task, its configuration, plan and data for the
@@ -177,7 +220,16 @@ def plan_spec(
             or a run ``nproc`` processes cannot share (``check_parallel``).
         ApprovalRequiredError: a listed non-safe blueprint the recipe does not approve.
     """
-    spec = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=nproc)
+    spec = RunSpec(
+        recipe=recipe,
+        epochs=epochs,
+        device=device,
+        seed=seed,
+        run_id=run_id,
+        nproc=nproc,
+        policy=policy,
+        max_params=max_params,
+    )
     planned = resolve(spec)
     if nproc != 1:
         check_parallel(planned.config, nproc, train_samples=len(planned.data.train))

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from esper_core.tamiyo.breaker import BreakerConfig
 from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.tamiyo.risk import RiskConfig
+from esper_core.tamiyo.shipped import DEFAULT_SHIPPED, SHIPPED, check_name
 
-POLICIES = ("heuristic", "gnn", "random", "periodic", "scheduled", "none")
-"""Who decides: the rule-based heuristic, the (Simic-trained) GNN, random germination, periodic
-germination (every k epochs into the next free slot), a fixed schedule of germinations
-(``TamiyoConfig.schedule``), or nobody (always WAIT: the host alone)."""
+POLICIES = ("shipped", "heuristic", "gnn", "random", "periodic", "scheduled", "none")
+"""Who decides: the GNN with the policy shipped in Esper's package (``TamiyoConfig.shipped``;
+the heuristic only while it cannot serve, and the run then says it was degraded), the
+rule-based heuristic, the GNN with the registry's newest (or a pinned) Simic-trained version,
+random germination, periodic germination (every k epochs into the next free slot), a fixed
+schedule of germinations (``TamiyoConfig.schedule``), or nobody (always WAIT: the host alone)."""
+
+GNN_POLICIES = ("shipped", "gnn")
+"""The policies under which the GNN decides."""
 
 
 # Here rather than beside the network in model.py: reading a run's configuration (esper recipes,
@@ -47,7 +55,8 @@ class PolicyCompileConfig:
 
     Attributes:
         enabled: Compile the policy's forward. It is compiled only when the GNN decides
-            (``TamiyoConfig.policy == "gnn"``): in the other modes it runs once per epoch for
+            with ``TamiyoConfig.policy == "gnn"`` (the shipped policy is served eagerly, see
+            ``TamiyoConfig.compiles``): in the other modes it runs once per epoch for
             telemetry, where a 16-40 s compile on a small CPU would cost more than it saves.
         mode: ``torch.compile`` mode; ``reduce-overhead`` adds CUDA graphs on CUDA and is the
             same as the default on CPU.
@@ -143,8 +152,12 @@ class TamiyoConfig:
     """Everything ``TamiyoService`` needs to know.
 
     Attributes:
-        policy: Who decides (see ``POLICIES``). With ``heuristic`` the GNN still runs each epoch
-            and its action probabilities are recorded next to the heuristic's command.
+        policy: Who decides (see ``POLICIES``); by default the shipped policy. With ``heuristic``
+            the GNN still runs each epoch and its action probabilities are recorded next to the
+            heuristic's command.
+        shipped: With ``policy="shipped"``, the name of the shipped policy to serve
+            (``esper policy list``); its weights are checked against the digest pinned in
+            ``esper_core.tamiyo.shipped.SHIPPED`` and published to the registry at first use.
         explore: With ``policy="gnn"``, sample actions from the policy's distribution instead of
             taking the most likely one (Simic's on-policy rollouts). Sampling is seeded by run
             and epoch, so a retried decision is the same decision.
@@ -162,7 +175,8 @@ class TamiyoConfig:
         device: Torch device the policy runs on, e.g. ``"cpu"`` or ``"cuda:0"``.
     """
 
-    policy: str = "heuristic"
+    policy: str = "shipped"
+    shipped: str = DEFAULT_SHIPPED
     explore: bool = False
     policy_version: int | None = None
     gnn: TamiyoGNNConfig = field(default_factory=TamiyoGNNConfig)
@@ -178,6 +192,7 @@ class TamiyoConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        check_name(self.shipped)
         if self.policy_version is not None and self.policy_version < 1:
             raise ValueError(
                 f"policy_version must be >= 1 (Simic numbers versions from 1) or None, got {self.policy_version}"
@@ -207,5 +222,51 @@ class TamiyoConfig:
 
     @property
     def compiles(self) -> bool:
-        """Whether the service compiles its policy (only when the GNN decides)."""
+        """Whether the service compiles its policy (only when the GNN decides with ``gnn``).
+
+        The shipped policy, every run's default, is served eagerly: a run makes tens of ~1 ms
+        decisions, which a 16-40 s background compile does not repay, and an eager forward is the
+        same computation on a busy machine as on an idle one (whether the compile had finished
+        can never change a decision)."""
         return self.compile.enabled and self.policy == "gnn"
+
+
+PINNED_POLICIES = ("shipped", "heuristic", "gnn", "none")
+"""What a run may be pinned to by name (``esper run --policy``), besides a shipped policy's name;
+``random``, ``periodic`` and ``scheduled`` need settings a name cannot carry."""
+
+
+def pinnable_policies() -> tuple[str, ...]:
+    """``PINNED_POLICIES`` and every shipped policy's name."""
+    return (*PINNED_POLICIES, *sorted(SHIPPED))
+
+
+def with_policy(tamiyo: TamiyoConfig, choice: str) -> TamiyoConfig:
+    """``tamiyo`` deciding by ``choice`` (one of ``pinnable_policies()``), its schedule dropped.
+
+    Raises:
+        ValueError: ``choice`` is not pinnable (the message lists what is).
+    """
+    if choice in SHIPPED:
+        return dataclasses.replace(tamiyo, policy="shipped", shipped=choice, schedule=())
+    if choice == "shipped":
+        return dataclasses.replace(tamiyo, policy="shipped", shipped=DEFAULT_SHIPPED, schedule=())
+    if choice not in PINNED_POLICIES:
+        raise ValueError(f"policy must be one of {pinnable_policies()}, got {choice!r}")
+    return dataclasses.replace(tamiyo, policy=choice, schedule=())
+
+
+def policy_record(tamiyo: TamiyoConfig, *, served: str | None) -> dict[str, Any]:
+    """Who decides a run, as ``run.json`` and the summary record it.
+
+    Args:
+        tamiyo: The run's Tamiyo configuration.
+        served: The label of the weights the GNN served (``TamiyoService.policy_version``);
+            None before the run (``run.json``) or when none were.
+    """
+    record: dict[str, Any] = {"policy": tamiyo.policy, "served": served}
+    if tamiyo.policy == "shipped":
+        record |= {"name": tamiyo.shipped, "sha256": SHIPPED[tamiyo.shipped]}
+    elif tamiyo.policy == "gnn":
+        record["pinned_version"] = tamiyo.policy_version
+    return record

@@ -79,6 +79,8 @@ class Decision:
         compile_fallbacks: Compile fallbacks since the previous decision (a counter increment).
         param_budget: Parameters all active seeds could hold at this epoch (the graph's budget
             feature; ``RiskConfig.seed_param_limit``), recorded so Simic rebuilds the same graph.
+        fallback: Why the heuristic decided in place of the shipped policy (``policy="shipped"``
+            whose weights could not be served); None when the configured policy decided.
     """
 
     command: AdaptationCommand
@@ -97,6 +99,7 @@ class Decision:
     compile_enabled: bool = False
     compile_fallbacks: int = 0
     param_budget: int | None = None
+    fallback: str | None = None
 
 
 class TamiyoService:
@@ -121,6 +124,8 @@ class TamiyoService:
         self.risk = RiskEngine(config.risk)
         self.breaker = CircuitBreaker(config.breaker)
         self.policy_version: str | None = None
+        self.shipped_refused: str | None = None
+        """Why the shipped policy cannot serve (set by ``simic.serving``); None: not refused."""
         self._reported_fallbacks = 0
 
     def decide(
@@ -152,6 +157,16 @@ class TamiyoService:
         """
         graph = self.graph(history, candidates, total_epochs=total_epochs)
         policy = self.config.policy
+        fallback = None
+        if policy == "shipped":
+            # The shipped weights decide once served; until then (refused, or never loaded) the
+            # rule does, and the decision says why: a run must never pass untrained weights, or
+            # the rule, off as the shipped policy.
+            if self.policy_version is not None:
+                policy = "gnn"
+            else:
+                policy = "heuristic"
+                fallback = self.shipped_refused or f"shipped policy {self.config.shipped!r} was not loaded"
         scores: _Scores | None = None
         log_prob = None
         if policy == "gnn":
@@ -195,6 +210,7 @@ class TamiyoService:
             log_prob=log_prob,
             risk_rules=verdict.rules,
             param_budget=self.param_budget(history),
+            fallback=fallback,
         )
         if scores is not None:
             return self._with_scores(decision, scores)

@@ -198,6 +198,12 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tamiyo.gnn.compile_fallback_total", _C, "Policy compiles that fell back to eager", alerting=True),
     _n("tamiyo.command", _E, "The command Tamiyo issued, with its reason"),
     _n("tamiyo.error", _E, "A Tamiyo call raised; Tolaria went on with a conservative WAIT"),
+    _n(
+        "tamiyo.policy.fallback",
+        _E,
+        "The heuristic decided because the shipped policy could not serve (the run is degraded)",
+        alerting=True,
+    ),
     # ------------------------------------------------------------------ Tezzeret (compiler)
     _n("tezzeret.compile.duration_ms", _G, "Compile time of the last kernel of a blueprint", "ms", ("blueprint",)),
     _n("tezzeret.compile.fallback", _E, "A compile failed and an eager fallback artifact was stored", alerting=True),

@@ -13,6 +13,8 @@ from esper_core.karn.profiles import HOST_KINDS
 from esper_core.run.recipes import RECIPES
 from esper_core.studies.growth import PLANS as GROWTH_PLANS
 from esper_core.studies.simic_train import PLANS as SIMIC_PLANS
+from esper_core.tamiyo.config import pinnable_policies
+from esper_core.tamiyo.shipped import SHIPPED
 from esper_core.tezzeret.config import BackendName
 from esper_core.tolaria.precision import AMP_CHOICES
 
@@ -28,6 +30,8 @@ from esper_core.tolaria.precision import AMP_CHOICES
         ("RECIPES", tuple(sorted(RECIPES)), "sorted(esper_core.run.recipes.RECIPES)"),
         ("GROWTH_PLANS", tuple(sorted(GROWTH_PLANS)), "sorted(esper_core.studies.growth.PLANS)"),
         ("SIMIC_PLANS", tuple(sorted(SIMIC_PLANS)), "sorted(esper_core.studies.simic_train.PLANS)"),
+        ("SHIPPED_POLICIES", tuple(sorted(SHIPPED)), "tuple(sorted(esper_core.tamiyo.shipped.SHIPPED))"),
+        ("PINNABLE_POLICIES", pinnable_policies(), "esper_core.tamiyo.config.pinnable_policies()"),
     ],
 )
 def test_choices_match_the_library(name: str, source: tuple[str, ...], where: str) -> None:

@@ -24,7 +24,9 @@ EPOCHS = 3  # the step engine decides at step 18 (~1 epoch of digits-mlp) and sw
 
 
 def _run(home: EsperSettings, run_id: str) -> tuple[dict[str, Any], str]:
-    session = Run.start(RunSpec(recipe="digits-mlp", epochs=EPOCHS, device=None, run_id=run_id), settings=home)
+    # Pinned to the rule, which the comment on "commands" below is about.
+    spec = RunSpec(recipe="digits-mlp", epochs=EPOCHS, device=None, run_id=run_id, policy="heuristic")
+    session = Run.start(spec, settings=home)
     for epoch in range(EPOCHS):
         session.train_epoch()
         session.commit(epoch_tag(epoch, "trained"))

@@ -32,7 +32,10 @@ def test_a_run_that_could_not_grow_ends_degraded_and_says_why(compiled_home: Esp
 
     assert _corrupt_every_blob(compiled_home) > 0
     # seed-reference's heuristic germinates after epoch 1 (baselines/golden): the kernel is refused.
-    state = morphogenesis(recipe="seed-reference", epochs=3, device="cpu", seed=0, run_id="blocked", return_state=True)
+    # Pinned to the rule: this is about a kernel the registry cannot give, not about who decides.
+    state = morphogenesis(
+        recipe="seed-reference", epochs=3, device="cpu", seed=0, run_id="blocked", policy="heuristic", return_state=True
+    )
     summary = state.result()
     assert state.is_completed() and state.name == "Degraded", state
     assert summary.growth_blocked >= 1 and "registry could not give a kernel" in (state.message or "")
@@ -47,7 +50,9 @@ def test_a_run_that_could_not_grow_ends_degraded_and_says_why(compiled_home: Esp
 def test_a_healthy_run_is_completed_not_degraded(compiled_home: EsperSettings) -> None:
     from flows.morphogenesis import morphogenesis
 
-    state = morphogenesis(recipe="seed-reference", epochs=3, device="cpu", seed=0, run_id="healthy", return_state=True)
+    state = morphogenesis(
+        recipe="seed-reference", epochs=3, device="cpu", seed=0, run_id="healthy", policy="heuristic", return_state=True
+    )
     summary = state.result()
     assert state.name == "Completed" and summary.degraded == () and summary.growth_blocked == 0
     assert any(not stage.startswith("dormant") for stage in summary.seeds.values()), summary.seeds

@@ -33,7 +33,9 @@ def _step(session: Run, epoch: int) -> None:
 
 
 def test_every_applied_decision_and_report_reaches_the_registry(compiled_home: EsperSettings) -> None:
-    session = Run.start(RunSpec(recipe="digits-mlp", epochs=5, device="cpu", run_id="rec"), settings=compiled_home)
+    session = Run.start(
+        RunSpec(recipe="digits-mlp", epochs=5, device="cpu", run_id="rec", policy="heuristic"), settings=compiled_home
+    )
     for epoch in range(5):
         _step(session, epoch)
     assert session.reports, "the germination's window closed: a report is due"

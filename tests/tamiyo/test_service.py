@@ -19,7 +19,7 @@ EAGER = PolicyCompileConfig(enabled=False)  # compiling is tested in test_build.
 @pytest.fixture
 def service() -> TamiyoService:
     torch.manual_seed(0)
-    return TamiyoService(TamiyoConfig(gnn=SMALL))
+    return TamiyoService(TamiyoConfig(policy="heuristic", gnn=SMALL))
 
 
 def test_decide_returns_heuristic_command_with_gnn_scores(service: TamiyoService) -> None:
@@ -49,6 +49,21 @@ def test_decide_waits_while_seed_in_flight(service: TamiyoService) -> None:
 def test_empty_history_raises(service: TamiyoService) -> None:
     with pytest.raises(ValueError, match="history is empty"):
         service.decide([], synthetic_candidates(), run_id="run-1")
+
+
+def test_the_shipped_policy_decides_once_served_and_the_rule_says_why_until_then() -> None:
+    torch.manual_seed(0)
+    service = TamiyoService(TamiyoConfig(compile=EAGER))  # the default: the shipped policy
+    history, candidates = synthetic_history(num_epochs=2, num_slots=3), synthetic_candidates(3)
+    unserved = service.decide(history, candidates, run_id="r")
+    assert unserved.policy == "heuristic" and unserved.proposal.issued_by == "heuristic"
+    assert unserved.fallback == "shipped policy 'zoo-1' was not loaded"
+    service.shipped_refused = "shipped policy 'zoo-1' cannot serve: test"
+    assert service.decide(history, candidates, run_id="r").fallback == service.shipped_refused
+    service.swap_policy(service.state_dict(), version="zoo-1/v1")
+    served = service.decide(history, candidates, run_id="r")
+    assert served.policy == "gnn" and served.fallback is None and served.log_prob is not None
+    assert served.proposal.issued_by == "gnn:zoo-1/v1" and served.policy_version == "zoo-1/v1"
 
 
 def test_gnn_policy_proposes_a_legal_command_with_its_log_prob() -> None:

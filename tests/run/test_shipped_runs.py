@@ -1,0 +1,114 @@
+"""Runs decided by the shipped policy by default, pinned to another, falling back loudly, capped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from esper_core.run import Run, RunSpec, finish_run, grow_epoch
+from esper_core.run.reports import RunSummary
+from esper_core.settings import EsperSettings
+from esper_core.tamiyo import shipped
+from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.telemetry import read_jsonl
+from esper_core.tolaria.loop import count_parameters
+from tests.helpers.shipped import make_shipped
+
+
+def _run(settings: EsperSettings, spec: RunSpec) -> RunSummary:
+    run = Run.start(spec, settings=settings)
+    try:
+        for epoch in range(run.epoch, run.config.epochs):
+            grow_epoch(run, epoch)
+        return finish_run(run)
+    finally:
+        run.close()
+
+
+def _events(settings: EsperSettings, run_id: str, name: str) -> list[dict[str, object]]:
+    packets = read_jsonl(settings.runs_dir / run_id / "telemetry.jsonl")
+    return [{"message": e.message, **e.attributes} for p in packets for e in p.events if e.name == name]
+
+
+def test_the_default_configuration_serves_the_shipped_policy() -> None:
+    config = TamiyoConfig()
+    assert config.policy == "shipped" and config.shipped == shipped.DEFAULT_SHIPPED
+
+
+def test_a_run_with_no_policy_named_is_decided_by_the_shipped_policy_and_records_it(
+    esper_home: EsperSettings,
+) -> None:
+    spec = RunSpec(recipe="mnist1d-mlp-width", epochs=3, device="cpu", seed=0, run_id="default")
+    summary = _run(esper_home, spec)
+    digest = shipped.SHIPPED[shipped.DEFAULT_SHIPPED]
+    assert summary.degraded == () and summary.policy_fallbacks == 0
+    assert summary.policy is not None and summary.policy["policy"] == "shipped"
+    assert summary.policy["sha256"] == digest and summary.policy["served"].startswith("zoo-1/v")
+    commands = _events(esper_home, "default", "tamiyo.command")
+    assert commands and all(c["issued_by"].startswith("gnn:zoo-1/v") for c in commands), commands
+    # run.json says who decides, before the run starts: a reader need not wait for the summary.
+    saved = json.loads((esper_home.runs_dir / "default" / "run.json").read_text())
+    assert saved["decides"] == {"policy": "shipped", "served": None, "name": "zoo-1", "sha256": digest}
+
+
+def test_the_shipped_policy_decides_the_same_on_the_same_seed(esper_home: EsperSettings) -> None:
+    first, second = (
+        _run(esper_home, RunSpec(recipe="mnist1d-mlp-width", epochs=4, device="cpu", seed=3, run_id=name))
+        for name in ("first", "second")
+    )
+    assert first.commands.get("germinate"), first.commands  # it grew: there were decisions to differ
+    assert (first.test_accuracy, first.test_loss, first.total_params, first.commands, first.seeds) == (
+        second.test_accuracy,
+        second.test_loss,
+        second.total_params,
+        second.commands,
+        second.seeds,
+    )
+
+
+def test_a_run_pins_its_policy_and_a_resume_keeps_it(esper_home: EsperSettings) -> None:
+    spec = RunSpec(recipe="mnist1d-mlp-width", epochs=2, device="cpu", seed=0, run_id="pinned", policy="heuristic")
+    assert spec.config().tamiyo.policy == "heuristic"
+    assert RunSpec(recipe="mnist1d-cnn-grown", policy="zoo-1").config().tamiyo.schedule == ()
+    summary = _run(esper_home, spec)
+    assert summary.policy == {"policy": "heuristic", "served": None}
+    assert RunSpec.load(esper_home.runs_dir / "pinned").policy == "heuristic"
+    with pytest.raises(ValueError, match="policy must be one of"):
+        RunSpec(recipe="mnist1d-mlp-width", policy="zoo-99")
+
+
+def test_a_run_whose_shipped_policy_cannot_serve_is_decided_by_the_rule_and_degraded(
+    esper_home: EsperSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_shipped(tmp_path / "policies", monkeypatch)
+    (tmp_path / "policies" / "zoo-1.pt").write_bytes(b"not the released weights")
+    summary = _run(esper_home, RunSpec(recipe="mnist1d-mlp-width", epochs=3, device="cpu", seed=0, run_id="fell"))
+    assert summary.policy is not None and summary.policy["served"] is None
+    assert summary.policy_fallbacks == 3
+    assert len(summary.degraded) == 1 and "heuristic because shipped policy 'zoo-1' cannot serve" in summary.degraded[0]
+    assert "refusing to serve" in summary.degraded[0]
+    commands = _events(esper_home, "fell", "tamiyo.command")
+    assert all(c["issued_by"] != "gnn" and not str(c["issued_by"]).startswith("gnn:") for c in commands), commands
+    assert "**Degraded:**" in (esper_home.runs_dir / "fell" / "report.md").read_text()
+
+
+def test_a_growth_cap_refuses_the_germination_that_would_pass_it(esper_home: EsperSettings) -> None:
+    # mnist1d-cnn-grown doubles conv1 after epoch 1 and conv3 after epoch 3 (a fixed schedule,
+    # so the test does not depend on any policy's choice).
+    config = RunSpec(recipe="mnist1d-cnn-grown").config()
+    host = config.host.build()  # type: ignore[union-attr]
+    cap = count_parameters(host)
+    capped = _run(
+        esper_home, RunSpec(recipe="mnist1d-cnn-grown", epochs=4, device="cpu", seed=0, run_id="capped", max_params=cap)
+    )
+    free = _run(esper_home, RunSpec(recipe="mnist1d-cnn-grown", epochs=4, device="cpu", seed=0, run_id="free"))
+    assert free.total_params > cap  # the germination the cap refuses does grow the network
+    assert capped.total_params == cap
+    rejected = _events(esper_home, "capped", "kasmina.command.rejected")
+    assert [r["slot_id"] for r in rejected] == ["conv1+width", "conv3+width"], rejected
+    assert all("growth cap" in str(r["message"]) for r in rejected)
+    assert all(stage.startswith("dormant") for stage in capped.seeds.values()), capped.seeds
+    with pytest.raises(ValueError, match="max_params must be a positive"):
+        RunSpec(recipe="mnist1d-cnn-grown", max_params=0)
