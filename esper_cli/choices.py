@@ -49,3 +49,6 @@ SIMIC_PLANS: tuple[str, ...] = (
     "varied",
 )
 """``sorted(esper_core.studies.simic_train.PLANS)``."""
+
+ZOO_FAMILIES: tuple[str, ...] = ("mlp", "cnn1d", "cnn2d", "resnet", "encoder", "decoder", "gru")
+"""``esper_core.zoo.FAMILIES``, in its order."""

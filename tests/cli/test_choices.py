@@ -15,6 +15,7 @@ from esper_core.studies.growth import PLANS as GROWTH_PLANS
 from esper_core.studies.simic_train import PLANS as SIMIC_PLANS
 from esper_core.tezzeret.config import BackendName
 from esper_core.tolaria.precision import AMP_CHOICES
+from esper_core.zoo import FAMILIES
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,7 @@ from esper_core.tolaria.precision import AMP_CHOICES
         ("RECIPES", tuple(sorted(RECIPES)), "sorted(esper_core.run.recipes.RECIPES)"),
         ("GROWTH_PLANS", tuple(sorted(GROWTH_PLANS)), "sorted(esper_core.studies.growth.PLANS)"),
         ("SIMIC_PLANS", tuple(sorted(SIMIC_PLANS)), "sorted(esper_core.studies.simic_train.PLANS)"),
+        ("ZOO_FAMILIES", FAMILIES, "esper_core.zoo.FAMILIES"),
     ],
 )
 def test_choices_match_the_library(name: str, source: tuple[str, ...], where: str) -> None:
