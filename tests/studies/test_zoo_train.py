@@ -21,6 +21,7 @@ from esper_core.simic.dataset import build_samples, network_flops, run_rewards
 from esper_core.simic.learn import SimicConfig
 from esper_core.simic.records import DecisionRecord, SimicStore
 from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.policy_files import publish_policy_file, save_policy_version
 from esper_core.studies.simic_train import TrainingPlan
 from esper_core.studies.zoo_train import (
     ZooSeeds,
@@ -239,3 +240,29 @@ def test_a_zoo_with_branch_slots_publishes_their_kernels_once_and_grows_on_them(
     # The heuristic's demonstration germinated on the branch slot (there is nothing else to grow).
     (demo,) = result.episodes["demonstrations"]
     assert demo.commands.get("germinate", 0) >= 1, demo.commands
+
+
+def test_the_chosen_version_travels_as_two_files_and_a_changed_byte_is_refused(
+    trained: tuple[ZooTrainingResult, EsperSettings, ZooTraining], tmp_path: Path
+) -> None:
+    result, settings, _ = trained
+    saved = save_policy_version(settings, result.chosen, tmp_path / "policy", extra={"note": "test"})
+    assert saved["source_version"] == result.chosen and saved["note"] == "test"
+    elsewhere = EsperSettings(home=tmp_path / "elsewhere")
+    version = publish_policy_file(elsewhere, tmp_path / "policy")
+    stores = [SimicStore.open(s.home, s.registry_db_url) for s in (settings, elsewhere)]
+    try:
+        original, copied = (
+            store.load_weights(store.get_policy(v)) for store, v in zip(stores, (result.chosen, version), strict=True)
+        )
+        stores[1].get_policy(version).require_current_inputs()
+    finally:
+        for store in stores:
+            store.close()
+    assert original.keys() == copied.keys() and all(torch.equal(original[k], copied[k]) for k in original)
+    weights = tmp_path / "policy" / "weights.pt"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="changed after they were saved"):
+        publish_policy_file(elsewhere, tmp_path / "policy")
