@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,8 +34,10 @@ from bench._output import save_json
 from esper_core._capabilities import one_thread
 from esper_core.fanout import FanOut
 from esper_core.settings import EsperSettings
+from esper_core.studies.policy_files import save_policy_version
 from esper_core.studies.zoo_train import ZooSeeds, ZooTraining, ZooTrainingResult, train_zoo_policy
 from esper_core.zoo import FAMILIES, Family, ZooSpec
+from esper_core.zoo.spec import SEED_KINDS, SeedKindName
 
 _EPISODE_BASELINE = Path(__file__).resolve().parent.parent / "baselines" / "zoo" / "episodes-cpu-1thread.json"
 
@@ -55,13 +58,29 @@ def _families(text: str) -> tuple[Family, ...]:
     return cast(tuple[Family, ...], names)
 
 
+def _kinds(text: str) -> tuple[SeedKindName, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    unknown = [n for n in names if n not in SEED_KINDS]
+    if unknown:
+        raise SystemExit(f"unknown seed kinds {unknown}; choose from {SEED_KINDS}")
+    return cast(tuple[SeedKindName, ...], names)
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+dirty`` when files differ from it (the provenance of saved weights)."""
+    here = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, check=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _config(args: argparse.Namespace) -> ZooTraining:
     base = ZooTraining()
     plan = dataclasses.replace(
         base.plan, demonstrations=args.demonstrations, iterations=args.iterations, rollouts=args.rollouts
     )
     return ZooTraining(
-        zoo=ZooSpec(seed=args.zoo_seed, families=_families(args.families)),
+        zoo=ZooSpec(seed=args.zoo_seed, families=_families(args.families), kinds=_kinds(args.kinds)),
         members=args.members,
         exclude_families=_families(args.exclude),
         seeds=ZooSeeds(
@@ -171,6 +190,10 @@ def main() -> None:
         help="a new, empty folder to keep the registry in (its versions can then be shipped with "
         "python -m bench.ship_policy); default: a temporary folder, deleted at the end",
     )
+    parser.add_argument(
+        "--save", type=Path, default=None, help="write the chosen version here (weights.pt and policy.json)"
+    )
+    parser.add_argument("--kinds", default="width", help="comma-separated seed kinds the members offer (width, branch)")
     args = parser.parse_args()
     config = _config(args)
     if args.home is not None and args.home.exists() and any(args.home.iterdir()):
@@ -191,7 +214,23 @@ def main() -> None:
         with FanOut(workers=args.workers).open() as pool:
             result = train_zoo_policy(settings, config, pool=pool)
         wall_s = time.perf_counter() - start
-    scores = [dataclasses.asdict(s) for s in result.scores]
+        scores = [dataclasses.asdict(s) for s in result.scores]
+        if args.save is not None:
+            # The chosen version was chosen on the selection seeds only; its scores there (and the
+            # yardsticks') travel with it, never an evaluation result.
+            save_policy_version(
+                settings,
+                result.chosen,
+                args.save,
+                extra={
+                    "command": "python -m bench.zoo_policy " + " ".join(sys.argv[1:]),
+                    "commit": _commit(),
+                    "chosen_label": f"v{result.chosen}",
+                    "selection": scores,
+                    "members": result.members,
+                    "wall_s": round(wall_s, 2),
+                },
+            )
     out = {
         "bench": "zoo_policy",
         "command": "python -m bench.zoo_policy " + " ".join(sys.argv[1:]),

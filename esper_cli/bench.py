@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from esper_cli.args import positive, quiet_prefect
-from esper_cli.choices import DEVICES, GROWTH_PLANS, PRECISIONS, RECIPES, SIMIC_PLANS
+from esper_cli.choices import DEVICES, GROWTH_PLANS, PRECISIONS, RECIPES, SIMIC_PLANS, ZOO_FAMILIES
 from esper_cli.progress import progress
 from esper_core.studies.arms import GROWING_ARMS
 
@@ -182,6 +182,38 @@ def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], Non
         ),
         progress=progress,
     )
+    if args.save_baseline is not None:
+        save_baseline(result, Path(args.save_baseline))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def _cmd_bench_transfer(args: argparse.Namespace) -> int:
+    return _with_bar(_transfer, args, "transfer")
+
+
+def _transfer(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
+    """``esper bench transfer``: print the table (``--json``: one JSON object)."""
+    import dataclasses
+
+    from esper_core.studies.transfer import TransferConfig, format_table, run, save_baseline
+    from esper_core.studies.zoo_train import ZooTraining
+    from esper_core.zoo import ZooSpec
+
+    base = ZooTraining()
+    plan = dataclasses.replace(
+        base.plan, demonstrations=args.demonstrations, iterations=args.iterations, rollouts=args.rollouts
+    )
+    config = TransferConfig(
+        families=tuple(args.families),
+        training=ZooTraining(zoo=ZooSpec(seed=args.zoo_seed), members=args.members, plan=plan),
+        eval_members=args.eval_members,
+        seeds=args.seeds,
+        workers=args.workers,
+        device=args.device,
+    )
+    policies = None if args.save_baseline is None else Path(args.save_baseline) / "policies"
+    result = run(config, policies_dir=policies, progress=progress)
     if args.save_baseline is not None:
         save_baseline(result, Path(args.save_baseline))
     print(json.dumps(result, indent=2) if args.json else format_table(result))
@@ -390,6 +422,52 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--save-baseline", type=Path, default=None, metavar="DIR", help="write growth.json and growth_frontier.png here"
     )
     b_growth.set_defaults(func=_cmd_bench_growth)
+    b_transfer = bench.add_parser(
+        "transfer",
+        help="leave-one-family-out: a zoo policy trained without a family vs the heuristic, no growth and the "
+        "static network of its grown shape (weight decay tuned on validation)",
+    )
+    b_transfer.add_argument(
+        "--families",
+        nargs="+",
+        default=list(ZOO_FAMILIES),
+        choices=ZOO_FAMILIES,
+        metavar="FAMILY",
+        help=f"families to hold out, each in turn ({', '.join(ZOO_FAMILIES)}; default: all)",
+    )
+    b_transfer.add_argument("--zoo-seed", type=int, default=0, help="the zoo's seed (default: %(default)s)")
+    b_transfer.add_argument(
+        "--members", type=positive, default=14, help="members of each held-out training (default: %(default)s)"
+    )
+    b_transfer.add_argument(
+        "--demonstrations", type=positive, default=2, help="heuristic episodes per member (default: %(default)s)"
+    )
+    b_transfer.add_argument("--iterations", type=positive, default=3, help="PPO iterations (default: %(default)s)")
+    b_transfer.add_argument(
+        "--rollouts", type=positive, default=2, help="GNN episodes per member per iteration (default: %(default)s)"
+    )
+    b_transfer.add_argument(
+        "--eval-members", type=positive, default=2, help="members of a held-out family scored (default: %(default)s)"
+    )
+    b_transfer.add_argument(
+        "--seeds", type=positive, default=5, help="paired evaluation seeds per member, 0.. (default: %(default)s)"
+    )
+    b_transfer.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_transfer.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Dask worker processes (one thread each); 0: one run after another here, same numbers (default: 0)",
+    )
+    b_transfer.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b_transfer.add_argument(
+        "--save-baseline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write transfer.json, transfer_flops.png and each held-out policy (policies/<family>/) here",
+    )
+    b_transfer.set_defaults(func=_cmd_bench_transfer)
     b_headroom = bench.add_parser(
         "headroom", help="best fixed growth schedule in hindsight vs the heuristic: what a learned policy could gain"
     )

@@ -57,3 +57,6 @@ PINNABLE_POLICIES: tuple[str, ...] = ("shipped", "heuristic", "gnn", "none", "zo
 
 SHIPPED_POLICIES: tuple[str, ...] = ("zoo-1",)
 """``tuple(sorted(esper_core.tamiyo.shipped.SHIPPED))``: the shipped policies' names."""
+
+ZOO_FAMILIES: tuple[str, ...] = ("mlp", "cnn1d", "cnn2d", "resnet", "encoder", "decoder", "gru")
+"""``esper_core.zoo.FAMILIES``, in its order."""

@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -21,8 +21,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from esper_core.contracts import new_id
 from esper_core.data import DataConfig
+from esper_core.kasmina.graft import GrowableModel
+from esper_core.kasmina.width import WidthSeed
 from esper_core.run.commits import epoch_tag
-from esper_core.run.config import RunConfig
+from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import get_recipe, with_overrides
 from esper_core.run.session import Run
 from esper_core.run.task import EpisodeTask
@@ -62,6 +64,9 @@ class EpisodeResult:
         forks: Decisions forked for a counterfactual reward (``run_episode``'s ``counterfactual``).
         fork_ms: Wall time those forks took (included in ``wall_s``).
         task: The varied task the run trained on (``RunConfig.task``), None for the recipe's own.
+        widths: Output units of each layer the recipe lets Tamiyo widen (``ModelSpec.widen``)
+            in the final network, units of width seeds still attached included: the shape of
+            the static network it is compared with (``esper_core.studies.transfer``).
     """
 
     run_id: str
@@ -82,6 +87,7 @@ class EpisodeResult:
     forks: int = 0
     fork_ms: float = 0.0
     task: EpisodeTask | None = None
+    widths: dict[str, int] = field(default_factory=dict)
 
 
 def episode_config(
@@ -205,11 +211,25 @@ def run_episode(
             forks=0 if forks is None else forks.forks,
             fork_ms=fork_ms,
             task=config.task,
+            widths=grown_widths(session.trainer.model, config.host.widen if isinstance(config.host, ModelSpec) else ()),
         )
     finally:
         if tamiyo is None:
             session.tamiyo.close()
         session.close()
+
+
+def grown_widths(model: nn.Module, layers: Sequence[str]) -> dict[str, int]:
+    """Output units of each of ``layers`` (names in the host) in ``model``, a grafted host
+    (``GrowableModel``), units of its width seeds not yet merged included."""
+    if not layers:
+        return {}
+    host = dict((model.model if isinstance(model, GrowableModel) else model).named_modules())
+    widths = {name: int(host[name].weight.shape[0]) for name in layers}
+    for module in model.modules():
+        if isinstance(module, WidthSeed) and module.site.layer in widths:
+            widths[module.site.layer] += module.units
+    return widths
 
 
 def forward_flops(model: nn.Module, sample: torch.Tensor) -> int:

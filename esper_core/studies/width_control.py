@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import statistics
 
+import torch
 from torch import nn
 
 from esper_core.kasmina.width import resize_width, trace_width_site
@@ -28,13 +29,16 @@ SIGNAL = (40,)
 """One MNIST-1D signal: the recipes this bench is for."""
 
 
-def at_widths(build: object, widths: dict[str, int], sample_shape: tuple[int, ...]) -> nn.Module:
+def at_widths(
+    build: object, widths: dict[str, int], sample_shape: tuple[int, ...], *, input_dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """``build()``'s model with each named layer at its width (and its reader's inputs to
-    match), every layer then re-initialised by PyTorch's defaults: a static network of that shape."""
+    match), every layer then re-initialised by PyTorch's defaults: a static network of that shape.
+    ``input_dtype`` is the input's (``torch.long`` for token ids)."""
     assert callable(build)
     model = build()
     for layer, width in widths.items():
-        resize_width(model, trace_width_site(model, layer, sample_shape), width)
+        resize_width(model, trace_width_site(model, layer, sample_shape, input_dtype), width)
     for module in model.modules():
         if isinstance(module, nn.Linear | nn.Conv1d | nn.Conv2d):
             module.reset_parameters()

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from esper_core.fanout import LOCAL, Pool
+from esper_core.run.kernels import publish_missing_kernels
 from esper_core.settings import EsperSettings
 from esper_core.simic.learn import SimicConfig
 from esper_core.simic.records import SimicStore
@@ -102,7 +103,8 @@ class ZooTraining:
     """One Simic training over the zoo.
 
     Attributes:
-        zoo: What members are drawn from (width slots only: see ``__post_init__``).
+        zoo: What members are drawn from; with ``branch`` among its ``kinds``, the kernels of
+            every member's branch slots are compiled and published before any episode runs.
         members: Members trained on, drawn by index, skipping excluded families.
         exclude_families: Families no member is drawn from (leave-one-family-out).
         seeds: Training, selection and evaluation seeds (disjoint).
@@ -128,10 +130,6 @@ class ZooTraining:
                 f"exclude_families={self.exclude_families} leaves no family of zoo.families={self.zoo.families}: "
                 "exclude fewer"
             )
-        if "branch" in self.zoo.kinds:
-            # Branch blueprints need kernels compiled per member slot shape, which the episode
-            # path publishes only for the built-in recipes' shapes today.
-            raise ValueError("zoo training grows width slots only: set ZooSpec(kinds=('width',))")
         if self.plan.variation.varies or self.plan.search is not None or self.plan.reward != "delta":
             raise ValueError(
                 "zoo training varies hosts by drawing members and learns from delta rewards: use a TrainingPlan "
@@ -240,6 +238,7 @@ def train_zoo_policy(
     """
     members = zoo_members(config)
     family = {m.name: m.family for m in members}
+    publish_zoo_kernels(settings, members, device=device)
     plan = config.plan
     episodes: dict[str, list[EpisodeResult]] = defaultdict(list)
     phase_s: dict[str, float] = defaultdict(float)
@@ -342,6 +341,18 @@ def train_zoo_policy(
     )
 
 
+def publish_zoo_kernels(settings: EsperSettings, members: Sequence[ZooMember], *, device: str) -> None:
+    """Compile and publish the kernels of every blueprint ``members``' branch slots may grow.
+
+    Once per zoo and registry: members of one shape share kernels, and a kernel already
+    published for the device is not compiled again (``publish_missing_kernels``). Without them no
+    blueprint is a candidate at a branch slot, and an episode could only ever widen. About 1 s a
+    kernel on one core (45 kernels for the default zoo's first 14 members); a kernel Tezzeret
+    cannot export is published as its eager fallback, which trains the same and runs slower.
+    """
+    publish_missing_kernels(settings, [m.recipe() for m in members if m.slots], device=device)
+
+
 def selection_score(result: EpisodeResult, static: EpisodeResult, *, flops_penalty: float) -> float:
     """``val_accuracy - flops_penalty * (train_flops / static_train_flops - 1)`` of one episode
     against the same member and seed trained without growth (module docstring)."""
@@ -378,6 +389,7 @@ __all__ = [
     "ZooSeeds",
     "ZooTraining",
     "ZooTrainingResult",
+    "publish_zoo_kernels",
     "selection_score",
     "train_zoo_policy",
     "zoo_members",

@@ -21,7 +21,7 @@ def _episode(recipe: str, policy: str, wall_s: float) -> EpisodeResult:
 def _args(**overrides: object) -> argparse.Namespace:
     values: dict[str, object] = {
         "zoo_seed": 0, "families": "mlp,cnn1d", "exclude": "", "members": 2, "demonstrations": 1,
-        "iterations": 1, "rollouts": 1, "train_seeds": "1000-1009", "selection_seeds": "2000,2001",
+        "iterations": 1, "rollouts": 1, "train_seeds": "1000-1009", "selection_seeds": "2000,2001", "kinds": "width",
     }  # fmt: skip
     return argparse.Namespace(**(values | overrides))
 
@@ -57,3 +57,9 @@ def test_the_projection_counts_the_default_trainings_episodes_at_the_measured_sp
             reference["gru"] * out["gnn_scale_vs_bench_zoo"], abs=1e-3
         )
     assert out["total_h"] > out["episodes_h"] > 0
+
+
+def test_the_command_line_offers_branch_slots_and_refuses_an_unknown_kind() -> None:
+    assert _config(_args(kinds="width,branch")).zoo.kinds == ("width", "branch")
+    with pytest.raises(SystemExit, match="unknown seed kinds"):
+        _config(_args(kinds="lstm"))

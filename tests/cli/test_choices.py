@@ -17,6 +17,7 @@ from esper_core.tamiyo.config import pinnable_policies
 from esper_core.tamiyo.shipped import SHIPPED
 from esper_core.tezzeret.config import BackendName
 from esper_core.tolaria.precision import AMP_CHOICES
+from esper_core.zoo import FAMILIES
 
 
 @pytest.mark.parametrize(
@@ -32,6 +33,7 @@ from esper_core.tolaria.precision import AMP_CHOICES
         ("SIMIC_PLANS", tuple(sorted(SIMIC_PLANS)), "sorted(esper_core.studies.simic_train.PLANS)"),
         ("SHIPPED_POLICIES", tuple(sorted(SHIPPED)), "tuple(sorted(esper_core.tamiyo.shipped.SHIPPED))"),
         ("PINNABLE_POLICIES", pinnable_policies(), "esper_core.tamiyo.config.pinnable_policies()"),
+        ("ZOO_FAMILIES", FAMILIES, "esper_core.zoo.FAMILIES"),
     ],
 )
 def test_choices_match_the_library(name: str, source: tuple[str, ...], where: str) -> None:

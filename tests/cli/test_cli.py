@@ -139,3 +139,11 @@ def test_export_of_an_unknown_run_says_where_it_looked(
 def test_bench_growth_refuses_random_without_the_learned_arm(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "growth", "--arms", "heuristic", "random", "--workers", "0"]) == 2
     assert "budget-matched to the learned one" in capsys.readouterr().err
+
+
+def test_bench_transfer_refuses_more_seeds_than_the_training_reserves(capsys: pytest.CaptureFixture[str]) -> None:
+    # Refused before any training: the evaluation seeds are the zoo training's reserved ones.
+    assert main(["bench", "transfer", "--families", "gru", "--seeds", "41"]) == 2
+    assert "reserves 40 evaluation seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "transfer", "--families", "lstm"])

@@ -8,18 +8,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from esper_core._capabilities import resolve_device
 from esper_core.contracts import SeedStage
 from esper_core.contracts.enums import SlotKind
+from esper_core.data import load_dataset
+from esper_core.karn.entries import default_catalog
+from esper_core.pipeline import find_published
+from esper_core.run import kernels as run_kernels
+from esper_core.run.plan import plan_compile_jobs
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import build_samples, network_flops, run_rewards
 from esper_core.simic.learn import SimicConfig
 from esper_core.simic.records import DecisionRecord, SimicStore
 from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.policy_files import publish_policy_file, save_policy_version
 from esper_core.studies.simic_train import TrainingPlan
 from esper_core.studies.zoo_train import (
     ZooSeeds,
     ZooTraining,
     ZooTrainingResult,
+    publish_zoo_kernels,
     selection_score,
     train_zoo_policy,
     zoo_members,
@@ -28,6 +36,7 @@ from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
+from esper_core.urza.service import Urza
 from esper_core.zoo import ZooSpec
 
 SMALL = TamiyoGNNConfig(hidden_dim=16, num_layers=2)
@@ -57,8 +66,6 @@ def test_an_excluded_family_is_never_drawn() -> None:
 def test_a_plan_the_zoo_cannot_run_is_refused() -> None:
     with pytest.raises(ValueError, match="needs 8 training seeds"):
         ZooTraining(seeds=ZooSeeds(train=(1000, 1001)))
-    with pytest.raises(ValueError, match="width slots only"):
-        ZooTraining(zoo=ZooSpec(kinds=("width", "branch")))
     with pytest.raises(ValueError, match="flops_penalty must be >= 0"):
         SimicConfig(flops_penalty=-0.01)
     with pytest.raises(ValueError, match="cannot charge FLOPs"):
@@ -190,3 +197,72 @@ def test_a_zoo_training_never_runs_an_evaluation_seed(
     assert selection == set(config.seeds.selection)
     # Every version and both yardsticks were scored on the selection seeds.
     assert [s.label for s in result.scores] == ["none", "heuristic", *(f"v{v}" for v in result.versions)]
+
+
+def test_a_zoo_with_branch_slots_publishes_their_kernels_once_and_grows_on_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = EsperSettings(home=tmp_path)
+    # The smallest zoo: one MLP member whose only growth sites are branch slots, so every
+    # germination is a blueprint seed and needs a kernel of the member's slot shape.
+    config = ZooTraining(
+        zoo=ZooSpec(seed=0, families=("mlp",), depths=(1,), epochs=(4,), widths=(8,), kinds=("branch",)),
+        members=1,
+        seeds=ZooSeeds(train=(1000, 1001), selection=(2000,), evaluation=(0,)),
+        plan=TrainingPlan(
+            demonstrations=1,
+            iterations=1,
+            rollouts=1,
+            gnn=SMALL,
+            simic=SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8),
+        ),
+    )
+    (member,) = zoo_members(config)
+    recipe = member.recipe()
+    jobs = plan_compile_jobs(
+        recipe, feature_shape=load_dataset(recipe.data).feature_shape, catalog=default_catalog(), approved=()
+    )
+    assert jobs and member.widen == () and member.slots == ("act1",)
+    result = train_zoo_policy(settings, config)
+    urza = Urza.open(settings.home, settings.registry_db_url)
+    try:
+        published = {job.blueprint_id: find_published(urza, job, resolve_device("cpu")) for job in jobs}
+        assert all(k is not None for k in published.values()), published
+    finally:
+        urza.close()
+
+    # A second zoo over the same members compiles nothing: the kernels are found.
+    def no_compile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a published kernel was compiled again")
+
+    monkeypatch.setattr(run_kernels, "compile_job", no_compile)
+    publish_zoo_kernels(settings, [member], device="cpu")
+    # The heuristic's demonstration germinated on the branch slot (there is nothing else to grow).
+    (demo,) = result.episodes["demonstrations"]
+    assert demo.commands.get("germinate", 0) >= 1, demo.commands
+
+
+def test_the_chosen_version_travels_as_two_files_and_a_changed_byte_is_refused(
+    trained: tuple[ZooTrainingResult, EsperSettings, ZooTraining], tmp_path: Path
+) -> None:
+    result, settings, _ = trained
+    saved = save_policy_version(settings, result.chosen, tmp_path / "policy", extra={"note": "test"})
+    assert saved["source_version"] == result.chosen and saved["note"] == "test"
+    elsewhere = EsperSettings(home=tmp_path / "elsewhere")
+    version = publish_policy_file(elsewhere, tmp_path / "policy")
+    stores = [SimicStore.open(s.home, s.registry_db_url) for s in (settings, elsewhere)]
+    try:
+        original, copied = (
+            store.load_weights(store.get_policy(v)) for store, v in zip(stores, (result.chosen, version), strict=True)
+        )
+        stores[1].get_policy(version).require_current_inputs()
+    finally:
+        for store in stores:
+            store.close()
+    assert original.keys() == copied.keys() and all(torch.equal(original[k], copied[k]) for k in original)
+    weights = tmp_path / "policy" / "weights.pt"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="changed after they were saved"):
+        publish_policy_file(elsewhere, tmp_path / "policy")
