@@ -15,7 +15,6 @@ on 2 cores at the measured speeds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -170,6 +169,14 @@ def _reference_seconds() -> dict[str, float]:
     return {f: float(s["median_episode_s"]) for f, s in data["per_family"].items()}
 
 
+def _plan(config: ZooTraining) -> dict[str, int]:
+    return {
+        "demonstrations": config.plan.demonstrations,
+        "iterations": config.plan.iterations,
+        "rollouts": config.plan.rollouts,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo-seed", type=int, default=0)
@@ -184,30 +191,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="Dask workers (0: here, one thread)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     parser.add_argument(
-        "--home",
-        type=Path,
-        default=None,
-        help="a new, empty folder to keep the registry in (its versions can then be shipped with "
-        "python -m bench.ship_policy); default: a temporary folder, deleted at the end",
-    )
-    parser.add_argument(
         "--save", type=Path, default=None, help="write the chosen version here (weights.pt and policy.json)"
     )
     parser.add_argument("--kinds", default="width", help="comma-separated seed kinds the members offer (width, branch)")
     args = parser.parse_args()
     config = _config(args)
-    if args.home is not None and args.home.exists() and any(args.home.iterdir()):
-        raise SystemExit(
-            f"--home {args.home} is not empty: name a new folder, so the registry holds this training only"
-        )
     load_before = os.getloadavg()[0]
-    with contextlib.ExitStack() as stack:
-        if args.home is None:
-            home = stack.enter_context(tempfile.TemporaryDirectory(prefix="esper-zoo-policy-"))
-        else:
-            args.home.mkdir(parents=True, exist_ok=True)
-            home = str(args.home.resolve())
-        stack.enter_context(one_thread())
+    with tempfile.TemporaryDirectory(prefix="esper-zoo-policy-") as home, one_thread():
         os.environ["ESPER_HOME"] = home  # the data caches read it: build each member's data afresh
         settings = EsperSettings(home=Path(home))
         start = time.perf_counter()
@@ -228,6 +218,10 @@ def main() -> None:
                     "chosen_label": f"v{result.chosen}",
                     "selection": scores,
                     "members": result.members,
+                    "zoo": dataclasses.asdict(config.zoo),
+                    "plan": _plan(config),
+                    "seeds": dataclasses.asdict(config.seeds),
+                    "flops_penalty": config.plan.simic.flops_penalty,
                     "wall_s": round(wall_s, 2),
                 },
             )
@@ -242,14 +236,9 @@ def main() -> None:
         "load_1m": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
         "flops_penalty": config.plan.simic.flops_penalty,
         "seeds": dataclasses.asdict(config.seeds) | {"evaluation": "reserved, never run"},
-        "home": None if args.home is None else str(args.home.resolve()),
         "zoo": dataclasses.asdict(config.zoo),
         "exclude_families": list(config.exclude_families),
-        "plan": {
-            "demonstrations": config.plan.demonstrations,
-            "iterations": config.plan.iterations,
-            "rollouts": config.plan.rollouts,
-        },
+        "plan": _plan(config),
         "members": result.members,
         "versions": result.versions,
         "chosen": result.chosen,

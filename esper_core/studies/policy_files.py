@@ -67,8 +67,8 @@ def save_policy_version(
     return descriptor
 
 
-def publish_policy_file(settings: EsperSettings, directory: Path) -> int:
-    """Publish the policy saved in ``directory`` into ``settings``' registry; its version there.
+def read_policy_file(directory: Path) -> tuple[bytes, dict[str, Any]]:
+    """The weights' bytes and the descriptor of the policy saved in ``directory``, digest-checked.
 
     Raises:
         FileNotFoundError: ``directory`` lacks ``weights.pt`` or ``policy.json``.
@@ -77,7 +77,9 @@ def publish_policy_file(settings: EsperSettings, directory: Path) -> int:
     """
     for name in (WEIGHTS, DESCRIPTOR):
         if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory / name} is missing: point at a folder save_policy_version wrote")
+            raise FileNotFoundError(
+                f"{directory / name} is missing: point at a folder `python -m bench.zoo_policy --save DIR` wrote"
+            )
     data = (directory / WEIGHTS).read_bytes()
     descriptor = json.loads((directory / DESCRIPTOR).read_text())
     if (digest := hashlib.sha256(data).hexdigest()) != descriptor["sha256"]:
@@ -91,10 +93,20 @@ def publish_policy_file(settings: EsperSettings, directory: Path) -> int:
             f"{directory} holds a policy of format {stored[0]} with feature widths {stored[1]}; this code serves "
             f"format {POLICY_FORMAT} with {FEATURE_DIMS}: retrain it (python -m bench.zoo_policy --save ...)"
         )
+    return data, descriptor
+
+
+def publish_policy_file(settings: EsperSettings, directory: Path) -> int:
+    """Publish the policy saved in ``directory`` into ``settings``' registry; its version there.
+
+    Raises:
+        FileNotFoundError, ValueError: as ``read_policy_file``.
+    """
+    data, descriptor = read_policy_file(directory)
     weights = torch.load(io.BytesIO(data), weights_only=True)
     # The stored provenance (format and feature names) travels as is, so serving still refuses
     # weights trained on other graph inputs.
-    provenance = {**descriptor["provenance"], "imported_from": str(directory), "sha256_file": digest}
+    provenance = {**descriptor["provenance"], "imported_from": str(directory), "sha256_file": descriptor["sha256"]}
     store = SimicStore.open(settings.home, settings.registry_db_url)
     try:
         return store.publish_policy(
@@ -104,4 +116,4 @@ def publish_policy_file(settings: EsperSettings, directory: Path) -> int:
         store.close()
 
 
-__all__ = ["DESCRIPTOR", "WEIGHTS", "publish_policy_file", "save_policy_version"]
+__all__ = ["DESCRIPTOR", "WEIGHTS", "publish_policy_file", "read_policy_file", "save_policy_version"]
