@@ -63,7 +63,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         print(_headline(row))
-    print("\nPin one: esper run --policy NAME; details: esper policy show NAME")
+    print("\nServe one: esper run --policy NAME (the heuristic decides by default); details: esper policy show NAME")
     return 0
 
 
@@ -87,7 +87,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``policy`` to the top-level subcommands."""
-    policy = sub.add_parser("policy", help="the Tamiyo policies shipped with Esper (the default decides every run)")
+    policy = sub.add_parser(
+        "policy", help="the Tamiyo policies shipped with Esper (esper run --policy shipped serves one)"
+    )
     psub = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     listing = psub.add_parser("list", help="list the shipped policies, their digests and registry versions")
     listing.add_argument("--json", action="store_true", help="print JSON")

@@ -159,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--policy",
         default=None,
         choices=PINNABLE_POLICIES,
-        help="who decides: shipped (the shipped policy, the default unless the recipe names another), a "
+        help="who decides: shipped (the GNN policy shipped with Esper), a "
         "shipped policy's name (`esper policy list`), heuristic, gnn (the registry's newest Simic version) "
         "or none (no growth); default: the recipe's own",
     )

@@ -152,9 +152,11 @@ class TamiyoConfig:
     """Everything ``TamiyoService`` needs to know.
 
     Attributes:
-        policy: Who decides (see ``POLICIES``); by default the shipped policy. With ``heuristic``
-            the GNN still runs each epoch and its action probabilities are recorded next to the
-            heuristic's command.
+        policy: Who decides (see ``POLICIES``). The default is the heuristic until a shipped
+            policy is measured at least as good as the rule on models it never saw (``esper
+            bench transfer`` and the built-in width recipes, docs/zoo.md); ``zoo-1`` is not yet
+            (``baselines/zoo/shipped-zoo-1-vs-heuristic``). With ``heuristic`` the GNN still runs
+            each epoch and its action probabilities are recorded next to the heuristic's command.
         shipped: With ``policy="shipped"``, the name of the shipped policy to serve
             (``esper policy list``); its weights are checked against the digest pinned in
             ``esper_core.tamiyo.shipped.SHIPPED`` and published to the registry at first use.
@@ -175,7 +177,7 @@ class TamiyoConfig:
         device: Torch device the policy runs on, e.g. ``"cpu"`` or ``"cuda:0"``.
     """
 
-    policy: str = "shipped"
+    policy: str = "heuristic"
     shipped: str = DEFAULT_SHIPPED
     explore: bool = False
     policy_version: int | None = None

@@ -52,7 +52,7 @@ def test_esper_run_takes_a_policy_pin_and_a_growth_cap() -> None:
 
     args = build_parser().parse_args(["run", "--policy", "zoo-1", "--max-params", "50000"])
     assert (args.policy, args.max_params) == ("zoo-1", 50000)
-    assert build_parser().parse_args(["run"]).policy is None  # the recipe's own: the shipped policy by default
+    assert build_parser().parse_args(["run"]).policy is None  # the recipe's own (the heuristic by default)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--policy", "zoo-99"])
     with pytest.raises(SystemExit):

@@ -108,14 +108,14 @@ def test_run_json_is_the_spec_saved_and_loads_back(tmp_path: Path) -> None:
 
 
 def test_a_version_2_run_json_loads_deciding_as_its_recipe_says(tmp_path: Path) -> None:
-    """Before ``policy`` and ``max_params`` were kept: the recipe's own (the shipped policy by default)."""
+    """Before ``policy`` and ``max_params`` were kept: the recipe's own (the heuristic by default)."""
     run_dir = tmp_path / "v2"
     run_dir.mkdir()
     fields = {"version": 2, "run_id": "v2", "recipe": "seed-reference", "epochs": 4, "device": "cpu", "seed": 0}
     (run_dir / "run.json").write_text(json.dumps(fields | {"nproc": 1}))
     spec = RunSpec.load(run_dir)
     assert (spec.policy, spec.max_params) == (None, None)
-    assert spec.config().tamiyo.policy == "shipped"
+    assert spec.config().tamiyo.policy == "heuristic"
 
 
 def test_a_run_json_written_before_the_spec_owned_it_still_loads(tmp_path: Path) -> None:
