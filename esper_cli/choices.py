@@ -25,6 +25,8 @@ BLUEPRINT_TIERS: tuple[str, ...] = ("safe", "experimental", "high_risk")
 
 RECIPES: tuple[str, ...] = (
     "chars-gpt",
+    "chars-gpt-growth",
+    "chars-gpt-growth-start",
     "digits-cnn",
     "digits-mlp",
     "mnist1d-cnn",

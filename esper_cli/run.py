@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -21,6 +20,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     server = prefect_for_command()
     from esper_core.run.preflight import preflight
     from esper_core.run.reports import frontier_lines
+    from esper_core.run.scores import bits
     from esper_core.run.spec import plan_spec
     from esper_core.settings import EsperSettings
 
@@ -57,9 +57,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     print()
     print(f"run        {summary.run_id} ({summary.recipe}, {summary.epochs} epochs, {summary.device})")
-    print(f"accuracy   test {summary.test_accuracy:.4f}  val {summary.val_accuracy:.4f}")
-    # A cross-entropy in nats, per target: a language model's bits per character.
-    print(f"loss       test {summary.test_loss:.4f} ({summary.test_loss / math.log(2):.3f} bits per target)")
+    if summary.token_targets:
+        # A language model: its cross-entropy per token in bits (per character for a character model).
+        print(f"bits/token test {bits(summary.test_loss):.4f}  val {bits(summary.val_loss):.4f}")
+        print(f"loss       test {summary.test_loss:.4f}  val {summary.val_loss:.4f} (nats per token)")
+    else:
+        print(f"accuracy   test {summary.test_accuracy:.4f}  val {summary.val_accuracy:.4f}")
+        print(f"loss       test {summary.test_loss:.4f} ({bits(summary.test_loss):.3f} bits per target)")
     print(f"params     host {summary.host_params}  total {summary.total_params}")
     shares = " + ".join(map(str, summary.batch_per_process))
     print(

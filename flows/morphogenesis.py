@@ -8,6 +8,7 @@ from prefect.states import Completed, State
 from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
 from esper_core.run.reports import RunSummary
+from esper_core.run.scores import describe
 from esper_core.run.spec import Epochs, Processes, Seed
 from flows.compile_catalog import compile_planned
 from tasks._runtime import settings
@@ -65,10 +66,8 @@ def morphogenesis(
         result = finish(handle)
     publish_run_artifacts(result.summary, result.history)
     summary = result.summary
-    print(
-        f"run {summary.run_id}: test accuracy {summary.test_accuracy:.4f}; "
-        f"seeds {summary.seeds}; outputs in {summary.run_dir}"
-    )
+    score = describe("test", loss=summary.test_loss, accuracy=summary.test_accuracy, tokens=summary.token_targets)
+    print(f"run {summary.run_id}: {score}; seeds {summary.seeds}; outputs in {summary.run_dir}")
     if summary.degraded:
         # Completed, for the run did finish (and a retry would not help), but named Degraded in
         # the UI and the API, with the reasons, so a run that could not grow does not pass as a

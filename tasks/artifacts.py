@@ -139,13 +139,19 @@ def publish_run_artifacts(summary: RunSummary, epochs: list[dict[str, Any]]) -> 
                 )
                 for r in epochs
             ]
-            png = run_curves_png(points, seed_marks(epochs), title=f"{summary.run_id} ({summary.recipe})")
+            png = run_curves_png(
+                points,
+                seed_marks(epochs),
+                title=f"{summary.run_id} ({summary.recipe})",
+                accuracy=not summary.token_targets,
+            )
             (Path(summary.run_dir) / "curves.png").write_bytes(png)
             upload(
                 create_image_artifact,
                 image_url=data_uri(png),
                 key=f"{key}-curves",
-                description=f"Loss and accuracy of run {summary.run_id}, seed events marked",
+                description=f"Loss{'' if summary.token_targets else ' and accuracy'} of run {summary.run_id}, "
+                "seed events marked",
             )
 
 

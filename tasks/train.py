@@ -35,6 +35,7 @@ from esper_core.pipeline import find_published
 from esper_core.run.commits import START_TAG, epochs_applied
 from esper_core.run.ranks import launch, record_launch
 from esper_core.run.reports import RunSummary, finish_run
+from esper_core.run.scores import describe, token_targets
 from esper_core.run.session import Run, RunHandle
 from esper_core.run.spec import PlannedRun, RunSpec
 from esper_core.run.steps import EpochReport, grow_epoch
@@ -183,6 +184,7 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
     session = session_for(handle)
     start = time.perf_counter()
     reports = []
+    tokens = token_targets(session.trainer.data)
     epoch = first
     # Epochs an earlier attempt of this task already applied are skipped (the last commit says
     # how far the run got; older checkpoints may have been pruned).
@@ -194,11 +196,10 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
         # something, and one summary per task, keep Prefect's per-epoch share under 0.5 ms.
         if report.action != "wait" or not report.outcome.startswith("applied"):
             log.info(
-                "epoch %d: train loss %.4f, val loss %.4f, val accuracy %.4f; %s (%s); seeds %s",
+                "epoch %d: train loss %.4f, %s; %s (%s); seeds %s",
                 report.epoch,
                 report.train_loss,
-                report.val_loss,
-                report.val_accuracy,
+                describe("val", loss=report.val_loss, accuracy=report.val_accuracy, tokens=tokens),
                 report.action,
                 report.outcome,
                 report.seeds,
@@ -216,13 +217,12 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
     if reports:
         last = reports[-1]
         log.info(
-            "epochs %d-%d in %.1f s: train loss %.4f, val loss %.4f, val accuracy %.4f; seeds %s",
+            "epochs %d-%d in %.1f s: train loss %.4f, %s; seeds %s",
             reports[0].epoch,
             last.epoch,
             time.perf_counter() - start,
             last.train_loss,
-            last.val_loss,
-            last.val_accuracy,
+            describe("val", loss=last.val_loss, accuracy=last.val_accuracy, tokens=tokens),
             last.seeds,
         )
     return Growth(epochs=tuple(reports), next_epoch=epoch)

@@ -36,10 +36,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from esper_core.contracts import SeedStage
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.depth import DepthSlot, find_depth_site, graft_depth_slot
 from esper_core.kasmina.dryrun import dry_forward
-from esper_core.kasmina.slot import BLENDED_STAGES, SeedSlot
+from esper_core.kasmina.slot import SeedSlot
 from esper_core.kasmina.width import WidthSlot, graft_width_slot, trace_width_site
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ _CHANNEL_LAYERS: tuple[type[nn.Module], ...] = (
     nn.modules.pooling._AdaptiveMaxPoolNd,
 )
 """Layers that act on the second axis: an (L, D) output after one is a (C, L) sequence."""
+
+ON_TRIAL = frozenset({SeedStage.BLENDING, SeedStage.PROBATIONARY})
+"""Stages in which a seed changes the host's output without being kept yet."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -396,20 +400,22 @@ class GrowableModel(nn.Module):
         return self.model(x)
 
     def plain_copy(self) -> nn.Module:
-        """A deep copy of the user's model without Esper's slot hooks: the network as it stands,
-        with every merged width and depth, and nothing of Esper's in its forward (its own hooks are
+        """A deep copy of the user's model without Esper's slot hooks: the host as it stands, with
+        every merged width and depth, and nothing of Esper's in its forward (its own hooks are
         kept).
 
+        A fossilised seed that stays in its slot (a branch seed) is part of the network but not of
+        the host: it is left out here, and ``SeedManager.copy_fossils_into`` puts it in.
+
         Raises:
-            ValueError: a seed that is not merged into the host changes its output (blending,
-                probationary or a fossilised branch seed); the message names the slots.
+            ValueError: a seed still on trial changes the output (blending or probationary); the
+                message names the slots.
         """
-        acting = [s.slot_id for s in self.slots().values() if s.seed is not None and s.stage in BLENDED_STAGES]
-        if acting:
+        trial = [s.slot_id for s in self.slots().values() if s.seed is not None and s.stage in ON_TRIAL]
+        if trial:
             raise ValueError(
-                f"slots {acting} hold seeds that change the network's output but are not part of it: a plain "
-                "model leaves them out. Export after they fossilise (a width or depth seed merges) or are culled, or "
-                "from an earlier commit"
+                f"slots {trial} hold seeds on trial (blending or probationary) that change the network's output "
+                "but are not yet part of it: export after they fossilise or are culled, or from an earlier commit"
             )
         plain = copy.deepcopy(self.model)
         ids = set(self._hook_ids).union(*(s.hook_ids for s in self.slots().values()))

@@ -413,6 +413,18 @@ class SeedManager:
         for sid, slot in sorted(live, key=lambda item: not item[1].kind.merges):
             slot.kind.copy_into(slot, self._seeds[sid], model, catalog=self.catalog, merged=merged)
 
+    def copy_fossils_into(self, model: nn.Module) -> None:
+        """Put every fossilised seed that stays in its slot (a branch seed; a width seed merged
+        when it fossilised) into ``model``, a plain copy of the host with the same module names,
+        as ordinary PyTorch (``SeedKind.copy_into``): they are part of the network it exports.
+
+        Args:
+            model: The plain copy (``GrowableModel.plain_copy``), changed in place.
+        """
+        for sid, slot in self.slots.items():
+            if slot.seed is not None and slot.stage is SeedStage.FOSSILIZED and sid in self._seeds:
+                slot.kind.copy_into(slot, self._seeds[sid], model, catalog=self.catalog, merged=True)
+
     def drain_events(self) -> list[TelemetryEvent]:
         """Events recorded since the last call (gate verdicts, stage changes, fallbacks)."""
         events, self._events = self._events, []

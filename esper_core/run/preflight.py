@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from esper_core._capabilities import resolve_device
 from esper_core.data import Dataset
@@ -82,6 +83,7 @@ def check_one_batch(config: RunConfig, data: Dataset) -> None:
     device = resolve_device(config.trainer.device)
     state = capture_rng()
     outputs: torch.Tensor | None = None
+    y: torch.Tensor | None = None
     try:
         # What the user's code warns here it warns again at the run's first step: a failed check
         # is one line, not a line and a warning.
@@ -91,6 +93,12 @@ def check_one_batch(config: RunConfig, data: Dataset) -> None:
             model = build_host(config, feature_shape=data.feature_shape, num_classes=data.num_classes).to(device)
             x, y = data.train.head(min(config.data.batch_size, len(data.train)))
             outputs = model(x.to(device))
+            if config.loss is F.cross_entropy and _token_logits(outputs, y):
+                # F.cross_entropy reads dim 1 as the classes: of (B, T, V) logits that is T, so it
+                # fails, or when T == V silently scores the wrong axis.
+                raise PreflightError(
+                    _token_loss_fix(outputs, "the default loss F.cross_entropy reads dim 1 as the classes")
+                )
             loss = config.loss(outputs, y.to(device))
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -104,12 +112,34 @@ def check_one_batch(config: RunConfig, data: Dataset) -> None:
     # The user's model, data and loss can fail in any exception type; the point is to say so now.
     except Exception as e:  # noqa: BLE001
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        if outputs is not None and y is not None and _token_logits(outputs, y):
+            raise PreflightError(_token_loss_fix(outputs, f"RunConfig.loss failed on them ({reason})")) from e
         raise PreflightError(
             f"one training batch failed on {device} ({reason}); {_shapes(data, outputs)}: make the model's "
             "output and the targets fit the recipe's loss (RunConfig.loss)"
         ) from e
     finally:
         restore_rng(state)
+
+
+def _token_logits(outputs: torch.Tensor, y: torch.Tensor) -> bool:
+    """(B, T, V) logits against (B, T) integer targets: a language model's next-token outputs."""
+    return (
+        isinstance(outputs, torch.Tensor)
+        and outputs.dim() == 3
+        and outputs.dtype.is_floating_point
+        and not y.dtype.is_floating_point
+        and tuple(y.shape) == tuple(outputs.shape[:2])
+    )
+
+
+def _token_loss_fix(outputs: torch.Tensor, what: str) -> str:
+    _, length, vocab = outputs.shape
+    return (
+        f"the model returns next-token logits ({length}, {vocab}) per sample for ({length},) token targets, and "
+        f"{what}: set RunConfig.loss to a loss over every position, e.g. "
+        "loss=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())"
+    )
 
 
 def _shapes(data: Dataset, outputs: torch.Tensor | None) -> str:

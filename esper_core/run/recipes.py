@@ -225,8 +225,72 @@ def chars_gpt() -> RunConfig:
     )
 
 
+CHARS_GROWTH_WINDOWS = 6144
+"""Training windows of ``chars-gpt-growth``: 393,216 characters (13 % of the training text) an
+epoch, 192 batches of 32."""
+CHARS_GROWTH_EPOCHS = 8
+"""8 epochs of ``CHARS_GROWTH_WINDOWS``: 3.15 M training characters, 14.3 per parameter of the
+4-block network (220,672), inside the 10-20 tokens per parameter where growing pays most
+(Mallik et al. 2026), and a few minutes of 2 CPU cores."""
+CHARS_GROWTH_DEPTH = 4
+"""Blocks of ``chars-gpt-growth``'s final network; its ``-start`` variant has half."""
+CHARS_GROWTH_LR = 3e-3
+"""Adam's rate of ``chars-gpt-growth``, chosen for the static 4-block network on validation
+with selection seeds (``bench/chars_lr.py``, ``baselines/growth/chars-gpt-growth/lr.json``)."""
+
+
+def chars_growth_splits() -> DataSplits:
+    """``chars_splits`` with ``CHARS_GROWTH_WINDOWS`` training windows (the same text and held-out files)."""
+    data = load_chars(CharCorpusConfig(context=CHARS_CONTEXT, train_windows=CHARS_GROWTH_WINDOWS))
+    return DataSplits(train=TensorDataset(*data.train), val=TensorDataset(*data.val), test=TensorDataset(*data.test))
+
+
+def _chars_growth(recipe: str, depth: int) -> RunConfig:
+    host = ModelSpec(
+        build=functools.partial(chars_gpt_model, 1.0, width=64, depth=depth),
+        build_scaled=functools.partial(chars_gpt_model, width=64, depth=depth),
+        slots=tuple(f"blocks.{i}" for i in range(depth)),
+        input_dtype=torch.long,
+        causal=True,
+        batch_max=256,
+    )
+    return RunConfig(
+        recipe=recipe,
+        epochs=CHARS_GROWTH_EPOCHS,
+        host=host,
+        data=DataSpec(load=chars_growth_splits, batch_size=32, name="python-chars-growth"),
+        loss=next_char_loss,
+        # A constant rate with a cooldown: one schedule family for every arm of a growth
+        # benchmark, whatever its length or growth point (the cooldown is the last 2 epochs).
+        trainer=TrainerConfig(
+            optimizer="adam",
+            lr=CHARS_GROWTH_LR,
+            lr_schedule="cooldown",
+            lr_cooldown_epochs=2,
+            lr_final_factor=0.1,
+            val_batch_size=256,
+        ),
+        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=2, blend_epochs=2)),
+    )
+
+
+def chars_gpt_growth() -> RunConfig:
+    """A workload where growth can show: ``chars-gpt``'s model at 4 blocks of width 64 (220,672
+    parameters) trained on 14.3 characters per parameter, constant rate with a cooldown; seeds on
+    every block's (L, D) output. Loss in bits per character."""
+    return _chars_growth("chars-gpt-growth", CHARS_GROWTH_DEPTH)
+
+
+def chars_gpt_growth_start() -> RunConfig:
+    """``chars-gpt-growth`` at half its depth (2 blocks of ``blocks``, 120,704 parameters), the
+    start of a network grown by stacking to the final 4 (``ModelSpec(deepen=("blocks",))``)."""
+    return _chars_growth("chars-gpt-growth-start", CHARS_GROWTH_DEPTH // 2)
+
+
 RECIPES: dict[str, Callable[[], RunConfig]] = {
     "chars-gpt": chars_gpt,
+    "chars-gpt-growth": chars_gpt_growth,
+    "chars-gpt-growth-start": chars_gpt_growth_start,
     "digits-mlp": digits_mlp,
     "digits-cnn": digits_cnn,
     "mnist1d-cnn": mnist1d_cnn,
@@ -240,6 +304,8 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
 
 RecipeName = Literal[
     "chars-gpt",
+    "chars-gpt-growth",
+    "chars-gpt-growth-start",
     "digits-cnn",
     "digits-mlp",
     "mnist1d-cnn",

@@ -12,6 +12,7 @@ from esper_core.contracts import SeedStage, TelemetryPacket
 from esper_core.run.config import RunConfig
 from esper_core.run.frontier import FRONTIERS
 from esper_core.run.ranks import launches
+from esper_core.run.scores import bits, token_targets
 from esper_core.run.session import Run
 from esper_core.telemetry import read_jsonl, write_baseline
 from esper_core.tolaria.loop import count_parameters
@@ -28,6 +29,7 @@ class RunSummary:
     val_accuracy: float
     test_accuracy: float
     test_loss: float
+    val_loss: float
     host_params: int
     total_params: int
     seeds: dict[str, str]
@@ -71,6 +73,10 @@ class RunSummary:
     bounds the trial's expected share before it starts)."""
     growth_blocked: int = 0
     """Growth commands rejected because the registry could not give a kernel."""
+    token_targets: bool = False
+    """Each sample's target is a sequence of token ids (a language model): the run is scored by
+    its loss in bits per token, and its accuracies (0, meaningless) are not reported
+    (``esper_core.run.scores``)."""
     degraded: tuple[str, ...] = ()
     """Why the run did less than it was asked to (growth the registry blocked, decisions that an
     enforced deadline turned into a WAIT); empty for a healthy run. The morphogenesis flow then
@@ -99,6 +105,7 @@ def finish_run(session: Run) -> RunSummary:
         val_accuracy=last.val_accuracy,
         test_accuracy=test.accuracy,
         test_loss=test.loss,
+        val_loss=last.val_loss,
         host_params=last.host_params,
         total_params=count_parameters(session.trainer.model),
         seeds=seeds,
@@ -116,6 +123,7 @@ def finish_run(session: Run) -> RunSummary:
         reproducible=not load_dependence(session.config),
         load_dependence=load_dependence(session.config),
         frontier=_frontier(session, test.accuracy),
+        token_targets=token_targets(session.trainer.data),
     )
     run_dir = Path(session.run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
@@ -287,11 +295,16 @@ def _step_lines(summary: RunSummary) -> list[str]:
 
 def render_report(session: Run, summary: RunSummary) -> str:
     """Markdown report: headline, per-epoch table, commands and seeds."""
+    tokens = summary.token_targets
+    score = (
+        f"Test loss **{bits(summary.test_loss):.4f} bits per token** ({summary.test_loss:.4f} nats)"
+        if tokens
+        else f"Test accuracy **{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f})"
+    )
     lines = [
         f"# Run {summary.run_id} ({summary.recipe})",
         "",
-        f"Test accuracy **{summary.test_accuracy:.4f}** (loss {summary.test_loss:.4f}) after "
-        f"{summary.epochs} epochs on {summary.device}; parameters {summary.host_params} host, "
+        f"{score} after {summary.epochs} epochs on {summary.device}; parameters {summary.host_params} host, "
         f"{summary.total_params} total.",
         "",
         f"Trained by {summary.processes} process{'es' if summary.processes > 1 else ''}: global batch "
@@ -301,14 +314,14 @@ def render_report(session: Run, summary: RunSummary) -> str:
         *_degraded_lines(summary),
         *_reproducibility_lines(summary),
         *_step_lines(summary),
-        "| epoch | train loss | val loss | val acc | train ms | seeds |",
+        f"| epoch | train loss | val loss | {'val bits/token' if tokens else 'val acc'} | train ms | seeds |",
         "|---:|---:|---:|---:|---:|---|",
     ]
     for p in session.history:
         active = ", ".join(f"{s.slot_id}:{s.stage.value}" for s in p.seeds if s.stage is not SeedStage.DORMANT)
         lines.append(
-            f"| {p.epoch} | {p.train_loss:.4f} | {p.val_loss:.4f} | {p.val_accuracy:.4f} | "
-            f"{p.epoch_latency_ms:.1f} | {active or '-'} |"
+            f"| {p.epoch} | {p.train_loss:.4f} | {p.val_loss:.4f} | "
+            f"{bits(p.val_loss) if tokens else p.val_accuracy:.4f} | {p.epoch_latency_ms:.1f} | {active or '-'} |"
         )
     lines += [
         "",

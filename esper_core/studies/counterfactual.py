@@ -237,7 +237,13 @@ def _risk_reviewed(session: Run, record: DecisionRecord, decide: Callable[..., A
     """``decide``'s command at the decision's state, after the risk engine (as the decided one was)."""
     history, candidates = tuple(session.history), tuple(record.state.candidates)
     proposal = decide(history, candidates, run_id=session.run_id)
-    context = RiskContext(history=history, candidates=candidates, reports=tuple(session.reports), predicted_risk=None)
+    context = RiskContext(
+        history=history,
+        candidates=candidates,
+        reports=tuple(session.reports),
+        predicted_risk=None,
+        total_epochs=session.config.epochs,
+    )
     return session.tamiyo.risk.review(proposal, context).command
 
 

@@ -46,6 +46,8 @@ class EpisodeResult:
         test_loss: Mean loss on the test split after the last epoch (a language model's score:
             nats per character).
         val_accuracy: Validation accuracy after the last epoch.
+        val_loss: Mean loss on the validation split after the last epoch (what a learning rate
+            is chosen on).
         host_params: Parameters of the host alone.
         total_params: Host plus every seed still attached.
         forward_flops: Floating-point operations of one sample's forward pass through the final
@@ -75,6 +77,7 @@ class EpisodeResult:
     commands: dict[str, int]
     policy_version: str | None
     test_loss: float = math.nan
+    val_loss: float = math.nan
     train_flops: int = 0
     forks: int = 0
     fork_ms: float = 0.0
@@ -191,6 +194,7 @@ def run_episode(
             test_accuracy=test.accuracy,
             test_loss=test.loss,
             val_accuracy=last.val_accuracy,
+            val_loss=last.val_loss,
             host_params=last.host_params,
             total_params=count_parameters(session.trainer.model),
             forward_flops=forward_flops(session.trainer.model, sample),

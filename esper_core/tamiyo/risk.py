@@ -4,6 +4,9 @@ Rules run in this order; each sees the command the previous ones left, and every
 changed it is named in ``AdaptationCommand.risk_rule`` (comma-separated) and explained at the end
 of its ``reason``:
 
+0. ``no_epoch_left``: a germination proposed after the run's last epoch is vetoed: the seed
+   would join a network that never trains again (a decision is made after every epoch, the
+   last included, so that a seed in flight can still be fossilised or culled).
 1. ``isolation_violation``: an in-flight seed failed G3 (its host received gradient from it, the
    ``kasmina.isolation.violation`` event): anything but culling it is downgraded to culling it.
 2. ``loss_spike``: validation loss jumped above ``(1 + loss_spike_ratio)`` times the best of the
@@ -130,12 +133,14 @@ class RiskContext:
         candidates: Blueprints with an active artifact.
         reports: The run's field reports so far (any order).
         predicted_risk: The GNN risk head's output, when the GNN ran.
+        total_epochs: The run's length, when known (``no_epoch_left`` needs it).
     """
 
     history: Sequence[SystemStatePacket]
     candidates: Sequence[BlueprintCandidate]
     reports: Sequence[FieldReport] = ()
     predicted_risk: float | None = None
+    total_epochs: int | None = None
 
     @property
     def current(self) -> SystemStatePacket:
@@ -182,6 +187,7 @@ class RiskEngine:
         """
         command, fired, notes = proposal, [], []
         rules: tuple[_Rule, ...] = (
+            RiskEngine._no_epoch_left,
             RiskEngine._isolation_violation,
             RiskEngine._loss_spike,
             RiskEngine._repeated_regressions,
@@ -212,6 +218,14 @@ class RiskEngine:
         return set(self.config.quarantined) | {bp for bp, n in counts.items() if n >= self.config.regression_limit}
 
     # ------------------------------------------------------------------ rules
+
+    def _no_epoch_left(self, ctx: RiskContext, command: AdaptationCommand) -> tuple[str, AdaptationCommand, str] | None:
+        if ctx.total_epochs is None or command.seed_operation is not SeedOperation.GERMINATE:
+            return None
+        if ctx.current.epoch < ctx.total_epochs - 1:
+            return None
+        why = f"epoch {ctx.current.epoch} is the run's last of {ctx.total_epochs}: the seed would never train"
+        return "no_epoch_left", _wait(command), f"{why}; {command.action} vetoed"
 
     def _isolation_violation(
         self, ctx: RiskContext, command: AdaptationCommand

@@ -182,6 +182,7 @@ class TamiyoService:
                 candidates=candidates,
                 reports=reports,
                 predicted_risk=scores.predicted_risk if scores is not None else None,
+                total_epochs=total_epochs,
             ),
         )
         decision = Decision(

@@ -52,13 +52,17 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def run_curves_png(points: Sequence[EpochPoint], marks: Sequence[SeedMark] = (), *, title: str = "") -> bytes:
+def run_curves_png(
+    points: Sequence[EpochPoint], marks: Sequence[SeedMark] = (), *, title: str = "", accuracy: bool = True
+) -> bytes:
     """Loss (left axis) and validation accuracy (right axis) over epochs, seed events as lines.
 
     Args:
         points: The run's epochs in order.
         marks: Seed events; each becomes a dashed vertical line labelled at the top.
         title: Plot title (e.g. the run id and recipe).
+        accuracy: Draw the accuracy axis; False for a run without class targets (a language
+            model's accuracy is not measured and would be a flat line at 0).
 
     Returns:
         The PNG bytes.
@@ -75,12 +79,13 @@ def run_curves_png(points: Sequence[EpochPoint], marks: Sequence[SeedMark] = (),
     curves += ax.plot(epochs, [p.val_loss for p in points], marker="o", ms=3, label="val loss", color="tab:orange")
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
-    acc = ax.twinx()
-    curves += acc.plot(
-        epochs, [p.val_accuracy for p in points], marker="s", ms=3, label="val accuracy", color="tab:green"
-    )
-    acc.set_ylabel("validation accuracy")
-    acc.set_ylim(0.0, 1.02)
+    if accuracy:
+        acc = ax.twinx()
+        curves += acc.plot(
+            epochs, [p.val_accuracy for p in points], marker="s", ms=3, label="val accuracy", color="tab:green"
+        )
+        acc.set_ylabel("validation accuracy")
+        acc.set_ylim(0.0, 1.02)
     for i, mark in enumerate(marks):
         line = ax.axvline(mark.epoch, color="tab:red", linestyle="--", linewidth=1, alpha=0.7, label="seed event")
         if i == 0:

@@ -14,7 +14,7 @@ from esper_core.tolaria.staging import LoaderConfig
 from esper_core.tolaria.step import StepEngineConfig
 
 OPTIMIZERS = ("sgd", "adam")
-LR_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "cosine", "cooldown")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,7 +32,12 @@ class TrainerConfig:
     every parameter group's rate by the same factor, so a seed's ``lr_scale`` and Tamiyo's learning-rate
     commands keep their ratios."""
     lr_final_factor: float = 0.01
-    """The cosine schedule's last-epoch rate as a fraction of ``lr`` (in (0, 1])."""
+    """The last epoch's rate of ``cosine`` and ``cooldown`` as a fraction of ``lr`` (in (0, 1])."""
+    lr_cooldown_epochs: int = 2
+    """``cooldown`` (warmup-stable-decay without the warm-up): the full rate, then a linear decay
+    over this many last epochs down to ``lr * lr_final_factor`` in the last one. A constant rate
+    lets arms of different lengths or growth points share one schedule family, and the cooldown
+    is where most of the final loss is won (Hägele et al. 2024)."""
     weight_decay: float = 0.0
     device: str = "auto"
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``."""
@@ -68,6 +73,8 @@ class TrainerConfig:
             raise ValueError(
                 f"lr_final_factor must lie in (0, 1] (a fraction of lr; 0 would stop training), got {self.lr_final_factor}"
             )
+        if self.lr_cooldown_epochs < 1:
+            raise ValueError(f"lr_cooldown_epochs must be >= 1 (the decay's length), got {self.lr_cooldown_epochs}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.device not in DEVICE_CHOICES:
@@ -85,12 +92,18 @@ class TrainerConfig:
         """The schedule's multiple of each group's base rate in ``epoch`` (0-based) of ``total_epochs``.
 
         Raises:
-            ValueError: ``cosine`` without the run's length.
+            ValueError: ``cosine`` or ``cooldown`` without the run's length.
         """
         if self.lr_schedule == "constant":
             return 1.0
         if total_epochs is None:
-            raise ValueError("lr_schedule 'cosine' needs the run's length: pass total_epochs to the Trainer")
+            raise ValueError(
+                f"lr_schedule {self.lr_schedule!r} needs the run's length: pass total_epochs to the Trainer"
+            )
+        if self.lr_schedule == "cooldown":
+            # Epoch total - k + j (j = 0..k-1) runs at 1 - (1 - final) (j + 1) / k: the last at final.
+            into = min(epoch, total_epochs - 1) - (total_epochs - self.lr_cooldown_epochs) + 1
+            return 1.0 - (1.0 - self.lr_final_factor) * max(0, into) / self.lr_cooldown_epochs
         if total_epochs <= 1:
             return 1.0
         progress = min(epoch, total_epochs - 1) / (total_epochs - 1)

@@ -52,6 +52,7 @@ def test_seed_table_has_each_slots_stage_history() -> None:
         val_accuracy=0.5,
         test_accuracy=0.5,
         test_loss=1.0,
+        val_loss=1.0,
         host_params=1,
         total_params=2,
         seeds={"slot1": "blending (lowrank_adapter)", "slot2": "dormant"},

@@ -20,8 +20,10 @@ from esper_core.kasmina.width import (
     trace_width_site,
     width_batches,
 )
+from esper_core.models.chars_gpt import CharGPT
 from esper_core.models.mnist1d import MNIST1DCNN, MNIST1DMLP
 from tests.helpers.runif import requires_cuda
+from tests.helpers.user_gpt import GPT
 
 
 class BNConvNet(nn.Module):
@@ -108,6 +110,25 @@ def test_what_cannot_take_new_units_is_refused_with_the_reason(
 ) -> None:
     with pytest.raises(ValueError, match=reason.replace("[", r"\[").replace("]", r"\]")):
         trace_width_site(model, layer, shape)
+
+
+@pytest.mark.parametrize(
+    ("model", "layer", "reason"),
+    [
+        # A fused q/k/v projection: split in three, each third read apart, none the model's output.
+        (GPT(), "transformer.h.0.attn.c_attn", "is split into parts by split in 'transformer.h.0.attn'"),
+        (CharGPT(width=8, heads=2, depth=1), "blocks.0.attn.qkv", "is split into parts by split in 'blocks.0.attn'"),
+        (GPT(), "lm_head", "reaches the model's output"),
+    ],
+)
+def test_a_language_models_layers_are_refused_with_the_right_reason(model: nn.Module, layer: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason) as refused:
+        trace_width_site(model, layer, (6,), torch.long)
+    assert "output layer" not in str(refused.value) or layer == "lm_head"
+    # The FFN's first layer is the one to widen (its output is read whole by the second).
+    assert (
+        trace_width_site(GPT(), "transformer.h.0.mlp.c_fc", (6,), torch.long).consumer == "transformer.h.0.mlp.c_proj"
+    )
 
 
 def _grown(model: nn.Module, layer: str, shape: tuple[int, ...], units: int) -> tuple[WidthSlot, WidthSeed]:

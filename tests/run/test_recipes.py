@@ -14,6 +14,7 @@ from esper_core.kasmina.graft import GrowableModel
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import RECIPES, get_recipe, is_import_path
+from esper_core.settings import EsperSettings
 
 
 def test_an_import_path_recipe_loads_with_overrides() -> None:
@@ -113,6 +114,29 @@ def test_a_model_spec_scales_its_widths_through_build_scaled() -> None:
         fixed.scaled(2.0)
     with pytest.raises(ValueError, match="build_scaled must be a function"):
         ModelSpec(build=torch.nn.Identity, slots=("x",), build_scaled=3)
+
+
+def test_chars_gpt_growth_is_sized_for_growth_and_leaves_chars_gpt_as_it_was(esper_home: EsperSettings) -> None:
+    final, start, chars = get_recipe("chars-gpt-growth"), get_recipe("chars-gpt-growth-start"), get_recipe("chars-gpt")
+    assert isinstance(final.host, ModelSpec) and isinstance(start.host, ModelSpec)
+    big, small = final.host.build(), start.host.build()
+    params = sum(p.numel() for p in big.parameters())
+    assert params == 220_672 and sum(p.numel() for p in small.parameters()) == 120_704
+    # The start is the same network at half the depth, its stack named ``blocks`` for deepening.
+    assert len(big.blocks) == 4 and len(small.blocks) == 2 and start.host.slots == ("blocks.0", "blocks.1")
+    data = final.data.load()
+    tokens = final.epochs * len(data.train) * data.train[0][0].shape[0]
+    assert tokens == 3_145_728 and 10 <= tokens / params <= 20
+    assert [final.trainer.lr_factor(e, final.epochs) for e in range(final.epochs)][5:] == pytest.approx([1, 0.55, 0.1])
+    assert (start.epochs, start.trainer.lr, start.trainer.lr_schedule) == (final.epochs, final.trainer.lr, "cooldown")
+    # chars-gpt and its baselines stay valid: its model, data and schedule are as they were.
+    assert (chars.epochs, chars.trainer.lr, chars.trainer.lr_schedule, len(chars.data.load().train)) == (
+        10,
+        3e-3,
+        "cosine",
+        2048,
+    )
+    assert sum(p.numel() for p in chars.host.build().parameters()) == 120_704
 
 
 def test_a_builtin_host_scales_every_hidden_width() -> None:

@@ -100,6 +100,17 @@ def test_a_safe_proposal_passes_untouched() -> None:
     assert _review(proposal) is proposal
 
 
+def test_no_germination_after_the_last_epoch() -> None:
+    # The history's last packet is epoch 3: the last of a 4-epoch run, not of a 5-epoch one.
+    vetoed = _review(_germinate(), total_epochs=4)
+    assert vetoed.command_type is CommandType.WAIT and vetoed.risk_rule == "no_epoch_left"
+    assert "epoch 3 is the run's last of 4" in vetoed.reason
+    assert _review(_germinate(), total_epochs=5).seed_operation is SeedOperation.GERMINATE
+    assert _review(_germinate()).seed_operation is SeedOperation.GERMINATE  # length unknown: no opinion
+    cull = _germinate().model_copy(update={"seed_operation": SeedOperation.CULL, "blueprint_id": None})
+    assert _review(cull, total_epochs=4) is cull  # a seed in flight may still be culled (or fossilised)
+
+
 def test_isolation_violation_downgrades_anything_to_culling_the_seed() -> None:
     g3 = GateVerdict(gate=GateId.G3_INTERFACE, passed=False, reason="isolation violated: host gradients differ")
     seeds = (_seed("slot1"), _seed("slot2", SeedStage.TRAINING, last_gate=g3))

@@ -35,6 +35,16 @@ def test_cosine_factor_runs_from_one_to_the_final_factor() -> None:
     assert TrainerConfig().lr_factor(3, None) == 1.0  # constant needs no length
 
 
+def test_cooldown_holds_the_full_rate_then_decays_linearly_to_the_final_factor() -> None:
+    config = TrainerConfig(lr_schedule="cooldown", lr_cooldown_epochs=2, lr_final_factor=0.1)
+    factors = [config.lr_factor(e, 8) for e in range(8)]
+    assert factors[:6] == [1.0] * 6 and math.isclose(factors[6], 0.55) and math.isclose(factors[7], 0.1)
+    with pytest.raises(ValueError, match="needs the run's length"):
+        config.lr_factor(0, None)
+    with pytest.raises(ValueError, match="lr_cooldown_epochs must be >= 1"):
+        TrainerConfig(lr_schedule="cooldown", lr_cooldown_epochs=0)
+
+
 def test_cosine_scales_every_group_and_keeps_a_seeds_lr_scale(compiled_home: EsperSettings) -> None:
     trainer = _cosine_trainer()
     seen = [trainer.train_epoch().packet.learning_rate]

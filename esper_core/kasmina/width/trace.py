@@ -213,10 +213,21 @@ class _Tracer(TorchFunctionMode):
         if self.problem is not None:
             return out
         hits = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and id(t) in self.tracked]
-        if not hits or not isinstance(out, torch.Tensor):
-            return out  # metadata reads (shape, dim, dtype) return no tensor and change nothing
+        if not hits:
+            return out
         where = f"in {self.stack[-1]!r}" if self.stack else "in forward()"
         name = getattr(func, "__name__", str(func))
+        if not isinstance(out, torch.Tensor):
+            if any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+                # split / chunk / unbind: the parts are read apart (a fused q/k/v projection's
+                # thirds feed attention, whose output another layer reads), so no one consumer
+                # could take new units.
+                self.problem = (
+                    f"is split into parts by {name} {where} (a fused projection such as attention's q, k and v), "
+                    "and each part is read on its own; a width seed needs one reader of the whole output. Widen "
+                    "a layer whose output is read whole, such as the MLP's first layer"
+                )
+            return out  # metadata reads (shape, dim, dtype) return no tensor and change nothing
         src, units_dim, positions = self.tracked[id(hits[0])]
         first = args[0] if args else kwargs.get("input")
         if len(hits) > 1 or first is not hits[0]:
