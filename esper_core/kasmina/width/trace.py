@@ -8,7 +8,8 @@ written by hand: one dry forward on the meta device (no memory, no compute) unde
 ``Linear`` or ``Conv`` module reads it. Only ops that act on each unit (channel) alone can be
 extended with new units: activations, dropout, per-channel normalisation, pooling, and a flatten
 of channels-first features. Anything else (a residual add, a concatenation, a reshape that mixes
-units, a reduction, or two readers) is refused, naming the op, before any work starts.
+units, a reduction, a split whose parts are read apart as a fused q/k/v projection's are, or two
+readers) is refused, naming the op, before any work starts.
 
 Shapes: ``L``'s output is (B, C, *S) for a convolution (units on dim 1) or (B, ..., F) for a
 ``Linear`` (units on the last dim).
