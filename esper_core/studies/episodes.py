@@ -62,6 +62,8 @@ class EpisodeResult:
         forks: Decisions forked for a counterfactual reward (``run_episode``'s ``counterfactual``).
         fork_ms: Wall time those forks took (included in ``wall_s``).
         task: The varied task the run trained on (``RunConfig.task``), None for the recipe's own.
+        curve: After each epoch, ``(train_flops so far, validation loss)``: loss against
+            training compute, for comparing a grown network's path with a static one's.
     """
 
     run_id: str
@@ -82,6 +84,7 @@ class EpisodeResult:
     forks: int = 0
     fork_ms: float = 0.0
     task: EpisodeTask | None = None
+    curve: tuple[tuple[int, float], ...] = ()
 
 
 def episode_config(
@@ -170,6 +173,7 @@ def run_episode(
     sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)
     samples = len(session.trainer.data.train)
     train_flops, flops_of = 0, {}
+    curve: list[tuple[int, float]] = []
     try:
         for epoch in range(config.epochs):
             # Measured once per architecture (a germination, a merge or a cull changes it).
@@ -178,6 +182,7 @@ def run_episode(
                 flops_of[structure] = forward_flops(session.trainer.model, sample)
             train_flops += 3 * flops_of[structure] * samples
             session.train_epoch()
+            curve.append((train_flops, session.history[-1].val_loss))
             session.commit(epoch_tag(epoch, "trained"))
             command = session.decide()
             if forks is not None and (outcome := forks.maybe_fork(session, command)) is not None:
@@ -205,6 +210,7 @@ def run_episode(
             forks=0 if forks is None else forks.forks,
             fork_ms=fork_ms,
             task=config.task,
+            curve=tuple(curve),
         )
     finally:
         if tamiyo is None:
