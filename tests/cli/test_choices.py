@@ -11,6 +11,7 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
 from esper_core.karn.profiles import HOST_KINDS
 from esper_core.run.recipes import RECIPES
+from esper_core.studies.depth_growth import PLANS as DEPTH_GROWTH_PLANS
 from esper_core.studies.growth import PLANS as GROWTH_PLANS
 from esper_core.studies.simic_train import PLANS as SIMIC_PLANS
 from esper_core.tezzeret.config import BackendName
@@ -27,6 +28,7 @@ from esper_core.tolaria.precision import AMP_CHOICES
         ("BLUEPRINT_TIERS", tuple(t.value for t in BlueprintTier), "esper_core.contracts.BlueprintTier"),
         ("RECIPES", tuple(sorted(RECIPES)), "sorted(esper_core.run.recipes.RECIPES)"),
         ("GROWTH_PLANS", tuple(sorted(GROWTH_PLANS)), "sorted(esper_core.studies.growth.PLANS)"),
+        ("DEPTH_GROWTH_PLANS", tuple(sorted(DEPTH_GROWTH_PLANS)), "sorted(esper_core.studies.depth_growth.PLANS)"),
         ("SIMIC_PLANS", tuple(sorted(SIMIC_PLANS)), "sorted(esper_core.studies.simic_train.PLANS)"),
     ],
 )
