@@ -255,7 +255,7 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
         raise ValueError(f"unknown arm {arm!r}; this benchmark runs {config.arms}")
     recipe = config.recipe if arm == "static-final" else config.start_recipe
     policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
-    schedule = ()
+    schedule: tuple[ScheduledGermination, ...] = ()
     if arm.startswith("stack-"):
         points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
         schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
