@@ -9,7 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from esper_cli.args import positive, quiet_prefect
-from esper_cli.choices import DEVICES, GROWTH_PLANS, PRECISIONS, RECIPES, SIMIC_PLANS, ZOO_FAMILIES
+from esper_cli.choices import (
+    DEPTH_GROWTH_PLANS,
+    DEVICES,
+    GROWTH_PLANS,
+    PRECISIONS,
+    RECIPES,
+    SIMIC_PLANS,
+    ZOO_FAMILIES,
+)
 from esper_cli.progress import progress
 from esper_core.studies.arms import GROWING_ARMS
 
@@ -214,6 +222,32 @@ def _transfer(args: argparse.Namespace, *, progress: Callable[[str, int, int], N
     )
     policies = None if args.save_baseline is None else Path(args.save_baseline) / "policies"
     result = run(config, policies_dir=policies, progress=progress)
+    if args.save_baseline is not None:
+        save_baseline(result, Path(args.save_baseline))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def _cmd_bench_depth_growth(args: argparse.Namespace) -> int:
+    return _with_bar(_depth_growth, args, "depth-growth")
+
+
+def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
+    """``esper bench depth-growth``: print the table (``--json``: one JSON object)."""
+    from esper_core.studies.depth_growth import DepthGrowthConfig, format_table, run, save_baseline
+
+    result = run(
+        DepthGrowthConfig(
+            recipe=args.recipe,
+            start_recipe=args.start_recipe,
+            plan=args.plan,
+            seeds=args.seeds,
+            epochs=args.epochs,
+            home=args.home,
+            workers=args.workers,
+        ),
+        progress=progress,
+    )
     if args.save_baseline is not None:
         save_baseline(result, Path(args.save_baseline))
     print(json.dumps(result, indent=2) if args.json else format_table(result))
@@ -468,6 +502,43 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write transfer.json, transfer_flops.png and each held-out policy (policies/<family>/) here",
     )
     b_transfer.set_defaults(func=_cmd_bench_transfer)
+    b_depth = bench.add_parser(
+        "depth-growth",
+        help="validation loss against training FLOPs: static final and start networks, stacked depth growth, "
+        "the heuristic deepening (chars-gpt-growth)",
+    )
+    b_depth.add_argument("--recipe", default="chars-gpt-growth", help="final-size recipe (default: %(default)s)")
+    b_depth.add_argument(
+        "--start-recipe",
+        default="chars-gpt-growth-start",
+        help="the same recipe at the start depth (default: %(default)s)",
+    )
+    b_depth.add_argument(
+        "--plan",
+        default="default",
+        choices=DEPTH_GROWTH_PLANS,
+        help="default: 3 paired seeds, the recipe's 8 epochs, stacked after epochs 0 and 4 and after 1 and 5; "
+        "smoke: 1 seed, 6 epochs on 64 training windows (CI)",
+    )
+    b_depth.add_argument("--seeds", type=positive, default=None, help="paired seeds (default: the plan's)")
+    b_depth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
+    b_depth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
+    b_depth.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="local worker processes (one thread each); 0: one run after another here, same numbers "
+        "(default: %(default)s)",
+    )
+    b_depth.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b_depth.add_argument(
+        "--save-baseline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write depth_growth.json and depth_growth.png (loss against FLOPs) here",
+    )
+    b_depth.set_defaults(func=_cmd_bench_depth_growth)
     b_headroom = bench.add_parser(
         "headroom", help="best fixed growth schedule in hindsight vs the heuristic: what a learned policy could gain"
     )

@@ -41,6 +41,9 @@ RECIPES: tuple[str, ...] = (
 GROWTH_PLANS: tuple[str, ...] = ("default", "full", "smoke")
 """``sorted(esper_core.studies.growth.PLANS)``."""
 
+DEPTH_GROWTH_PLANS: tuple[str, ...] = ("default", "smoke")
+"""``sorted(esper_core.studies.depth_growth.PLANS)``."""
+
 SIMIC_PLANS: tuple[str, ...] = (
     "counterfactual",
     "counterfactual-varied",

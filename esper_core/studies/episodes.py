@@ -67,6 +67,8 @@ class EpisodeResult:
         widths: Output units of each layer the recipe lets Tamiyo widen (``ModelSpec.widen``)
             in the final network, units of width seeds still attached included: the shape of
             the static network it is compared with (``esper_core.studies.transfer``).
+        curve: After each epoch, ``(train_flops so far, validation loss)``: loss against
+            training compute, for comparing a grown network's path with a static one's.
     """
 
     run_id: str
@@ -88,6 +90,7 @@ class EpisodeResult:
     fork_ms: float = 0.0
     task: EpisodeTask | None = None
     widths: dict[str, int] = field(default_factory=dict)
+    curve: tuple[tuple[int, float], ...] = ()
 
 
 def episode_config(
@@ -176,6 +179,7 @@ def run_episode(
     sample = session.trainer.data.test.head(1)[0].to(session.trainer.device)
     samples = len(session.trainer.data.train)
     train_flops, flops_of = 0, {}
+    curve: list[tuple[int, float]] = []
     try:
         for epoch in range(config.epochs):
             # Measured once per architecture (a germination, a merge or a cull changes it).
@@ -184,6 +188,7 @@ def run_episode(
                 flops_of[structure] = forward_flops(session.trainer.model, sample)
             train_flops += 3 * flops_of[structure] * samples
             session.train_epoch()
+            curve.append((train_flops, session.history[-1].val_loss))
             session.commit(epoch_tag(epoch, "trained"))
             command = session.decide()
             if forks is not None and (outcome := forks.maybe_fork(session, command)) is not None:
@@ -212,6 +217,7 @@ def run_episode(
             fork_ms=fork_ms,
             task=config.task,
             widths=grown_widths(session.trainer.model, config.host.widen if isinstance(config.host, ModelSpec) else ()),
+            curve=tuple(curve),
         )
     finally:
         if tamiyo is None:

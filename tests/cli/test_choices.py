@@ -11,6 +11,7 @@ from esper_core._capabilities import DEVICE_CHOICES
 from esper_core.contracts import BlueprintTier
 from esper_core.karn.profiles import HOST_KINDS
 from esper_core.run.recipes import RECIPES
+from esper_core.studies.depth_growth import PLANS as DEPTH_GROWTH_PLANS
 from esper_core.studies.growth import PLANS as GROWTH_PLANS
 from esper_core.studies.simic_train import PLANS as SIMIC_PLANS
 from esper_core.tamiyo.config import pinnable_policies
@@ -30,6 +31,7 @@ from esper_core.zoo import FAMILIES
         ("BLUEPRINT_TIERS", tuple(t.value for t in BlueprintTier), "esper_core.contracts.BlueprintTier"),
         ("RECIPES", tuple(sorted(RECIPES)), "sorted(esper_core.run.recipes.RECIPES)"),
         ("GROWTH_PLANS", tuple(sorted(GROWTH_PLANS)), "sorted(esper_core.studies.growth.PLANS)"),
+        ("DEPTH_GROWTH_PLANS", tuple(sorted(DEPTH_GROWTH_PLANS)), "sorted(esper_core.studies.depth_growth.PLANS)"),
         ("SIMIC_PLANS", tuple(sorted(SIMIC_PLANS)), "sorted(esper_core.studies.simic_train.PLANS)"),
         ("SHIPPED_POLICIES", tuple(sorted(SHIPPED)), "tuple(sorted(esper_core.tamiyo.shipped.SHIPPED))"),
         ("PINNABLE_POLICIES", pinnable_policies(), "esper_core.tamiyo.config.pinnable_policies()"),

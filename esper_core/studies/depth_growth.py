@@ -1,0 +1,457 @@
+"""The depth-growth benchmark: validation loss against cumulative training FLOPs, static or stacked.
+
+Does growing a transformer by depth reach the static network's loss with less compute (issue 36)?
+For each evaluation seed, whole runs of one language-model recipe (by default ``chars-gpt-growth``,
+4 blocks, and its ``-start`` variant, 2 blocks), every run on the recipe's schedule family (a
+constant rate with the shared cooldown) and its training tokens, fixed before any arm runs:
+
+- ``static-final``: the final-size network, never grown (the yardstick);
+- ``static-start``: the start-size network, never grown;
+- ``stack-A-B``: the start network deepened by two stacked depth seeds (copies of the last trained
+  block, Adam moments copied: ``depth-stack``) germinated by policy ``scheduled`` after epochs A
+  and B (0-based). One depth seed inserts one block after the stack's last one, and the stack's one
+  depth slot holds one seed at a time, so 2 -> 4 blocks takes two insertions, the second once the
+  first has merged (``DepthGrowthConfig.lifecycle_epochs`` apart);
+- ``controller``: Tamiyo's heuristic on the start network, free to deepen it when and as often as
+  its rules say.
+
+After every epoch a run records its cumulative training FLOPs (the growth benchmark's counter:
+3 x the forward FLOPs of the network it trained, seeds in isolation and culled seeds included,
+x the training samples) and its validation loss (``EpisodeResult.curve``). The report
+(``summarise``) reads, paired by seed: the training FLOPs each arm needed to reach the
+``static-final`` network's final validation loss (linear between epochs; the saving is
+``1 - flops / static-final's``), and each arm's final loss against the ``static-final`` curve at
+the same FLOPs. Intervals are the paired bootstrap (BCa) of ``esper_core.telemetry.paired``.
+
+Evaluation seeds are 0 .. seeds - 1; the recipe's learning rate was chosen on selection seeds
+from 1000 (``bench/chars_lr.py``), which this benchmark refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from torch.utils.data import TensorDataset
+
+from esper_core._capabilities import one_thread
+from esper_core.data import DataSpec, DataSplits
+from esper_core.fanout import FanOut
+from esper_core.kasmina.depth import DEPTH_SLOT_SUFFIX
+from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.recipes import get_recipe
+from esper_core.settings import EsperSettings
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.growth import SPLIT_SEED, fresh_run_id, in_home
+from esper_core.tamiyo.config import ScheduledGermination
+from esper_core.telemetry.paired import paired_difference
+from esper_core.telemetry.plots import figure_png
+
+Progress = Callable[[str, int, int], None]
+"""``progress(what, done, total)``: called after every run."""
+
+FIRST_SELECTION_SEED = 1000
+"""Seeds from here chose the recipe's learning rate (``bench/chars_lr.py``); never evaluated on."""
+STACK_BLUEPRINT = "depth-stack"
+"""A copy of the stack's last trained block, its Adam moments copied (G_stack)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DepthPlan:
+    """How big a depth-growth benchmark is.
+
+    Attributes:
+        seeds: Paired evaluation seeds.
+        epochs: Epochs per run (None: the recipe's).
+        growth_points: The stacked arms: per arm, the epochs (0-based) after which a depth seed
+            is germinated; each arm's insertions must together reach the final depth.
+        train_windows: Training windows kept of the recipe's data, and a quarter as many
+            validation and test windows (None: the recipe's whole data). Only the smoke plan cuts
+            the data, so CI runs every arm in seconds.
+    """
+
+    seeds: int
+    epochs: int | None
+    growth_points: tuple[tuple[int, ...], ...]
+    train_windows: int | None = None
+
+
+PLANS: dict[str, DepthPlan] = {
+    # The recipe's 8 epochs: two stacked insertions 4 epochs apart (a stacked seed's lifecycle
+    # with 1-epoch blending) fit twice: after epochs 0 and 4 (both merged by the end), and after
+    # 1 and 5 (the second seed blended in but not yet merged when the run ends).
+    "default": DepthPlan(seeds=3, epochs=None, growth_points=((0, 4), (1, 5))),
+    # What CI runs: one seed, every arm, six short epochs on a cut of the data.
+    "smoke": DepthPlan(seeds=1, epochs=6, growth_points=((0, 4),), train_windows=64),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class DepthGrowthConfig:
+    """One depth-growth benchmark.
+
+    Attributes:
+        recipe: The final-size network's recipe; its model must be a ``ModelSpec`` whose stack
+            ``stack`` holds the final depth.
+        start_recipe: The same model at the start depth, same data and trainer.
+        stack: The stack of identical blocks the depth seeds deepen (``ModelSpec.deepen``).
+        plan: ``PLANS`` entry; ``seeds`` and ``epochs`` override its own.
+        seeds: Paired evaluation seeds (0 .. seeds - 1), below ``FIRST_SELECTION_SEED``.
+        epochs: Epochs per run.
+        blend_epochs: The lifecycle's alpha ramp for every growing arm (Tamiyo's heuristic
+            rules drive the lifecycle of scheduled seeds too); 1 lets two stacked insertions
+            fit the recipe's 8 epochs.
+        home: ESPER_HOME to use (None: a temporary one).
+        workers: Local worker processes (0: runs one after another in this process).
+    """
+
+    recipe: str = "chars-gpt-growth"
+    start_recipe: str = "chars-gpt-growth-start"
+    stack: str = "blocks"
+    plan: str = "default"
+    seeds: int | None = None
+    epochs: int | None = None
+    blend_epochs: int = 1
+    home: Path | None = None
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.plan not in PLANS:
+            raise ValueError(f"unknown depth-growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
+        if self.seeds is not None and not 1 <= self.seeds <= FIRST_SELECTION_SEED:
+            raise ValueError(
+                f"seeds must be 1 .. {FIRST_SELECTION_SEED} (seeds from {FIRST_SELECTION_SEED} chose the "
+                f"learning rate and are never evaluated on), got {self.seeds}"
+            )
+        if self.epochs is not None and self.epochs < 2:
+            raise ValueError(f"epochs must be >= 2 (a run that grows trains before and after), got {self.epochs}")
+        if self.blend_epochs < 1:
+            raise ValueError(f"blend_epochs must be >= 1, got {self.blend_epochs}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: runs one after another here), got {self.workers}")
+        final, start = get_recipe(self.recipe), get_recipe(self.start_recipe)
+        for name, config in ((self.recipe, final), (self.start_recipe, start)):
+            if not isinstance(config.host, ModelSpec):
+                raise ValueError(f"recipe {name!r} has a built-in host: depth growth needs a ModelSpec with a stack")
+        epochs = self.depth_plan.epochs or final.epochs
+        if start.epochs != final.epochs or start.trainer != final.trainer:
+            raise ValueError(
+                f"{self.start_recipe!r} and {self.recipe!r} must share epochs and trainer (one schedule family "
+                "and one token budget for every arm): make the start recipe the final one at a smaller depth"
+            )
+        gap = self.lifecycle_epochs
+        for points in self.depth_plan.growth_points:
+            if list(points) != sorted(set(points)) or points[-1] > epochs - 2 or points[0] < 0:
+                raise ValueError(
+                    f"growth points {points} must be distinct, ascending epochs from 0 to {epochs - 2} "
+                    "(a seed germinated after the last epoch never trains)"
+                )
+            if any(b - a < gap for a, b in zip(points, points[1:], strict=False)):
+                raise ValueError(
+                    f"growth points {points} are closer than a stacked seed's lifecycle ({gap} epochs with "
+                    f"blend_epochs={self.blend_epochs}): the stack's depth slot holds one seed at a time"
+                )
+
+    @property
+    def depth_plan(self) -> DepthPlan:
+        """The named plan with this config's overrides."""
+        plan = PLANS[self.plan]
+        return dataclasses.replace(
+            plan,
+            seeds=self.seeds if self.seeds is not None else plan.seeds,
+            epochs=self.epochs if self.epochs is not None else plan.epochs,
+        )
+
+    @property
+    def lifecycle_epochs(self) -> int:
+        """Epochs from one stacked seed's germination to the next one's, measured: germinated
+        after epoch e, it trains in isolation (e+1), blends (``blend_epochs``), is judged and
+        merged after e + blend_epochs + 2, and the slot takes the next seed one epoch later."""
+        return self.blend_epochs + 3
+
+    @property
+    def slot(self) -> str:
+        """The stack's depth slot."""
+        return f"{self.stack}{DEPTH_SLOT_SUFFIX}"
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        """Every arm of a seed, in run order."""
+        stacked = tuple("stack-" + "-".join(map(str, p)) for p in self.depth_plan.growth_points)
+        return ("static-final", "static-start", *stacked, "controller")
+
+
+def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Run every arm on every seed; returns the runs' curves and ``summarise``'s headlines."""
+    report = progress or (lambda _what, _done, _total: None)
+    plan = config.depth_plan
+    start = time.perf_counter()
+    with in_home(config.home, prefix="esper-depth-growth-") as home:
+        jobs = [
+            ArmJob(arm=arm, seed=seed, home=str(home), config=config)
+            for seed in range(plan.seeds)
+            for arm in config.arms
+        ]
+        report("training runs", 0, len(jobs))
+        results = FanOut(workers=config.workers).map(
+            arm_run, jobs, progress=lambda done: report("training runs", done, len(jobs))
+        )
+    runs: dict[str, list[EpisodeResult]] = {arm: [] for arm in config.arms}
+    for job, result in zip(jobs, results, strict=True):
+        runs[job.arm].append(result)
+    final = get_recipe(config.recipe)
+    return {
+        "bench": "depth-growth",
+        "plan": config.plan,
+        "recipe": config.recipe,
+        "start_recipe": config.start_recipe,
+        "seeds": list(range(plan.seeds)),
+        "epochs": plan.epochs or final.epochs,
+        "growth_points": [list(p) for p in plan.growth_points],
+        "blend_epochs": config.blend_epochs,
+        "lr": final.trainer.lr,
+        "lr_schedule": final.trainer.lr_schedule,
+        # None: the recipe's whole training data.
+        "train_windows": plan.train_windows,
+        "split_seed": SPLIT_SEED,
+        "workers": config.workers,
+        "wall_s": time.perf_counter() - start,
+        **summarise(runs),
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArmJob:
+    """One run: an arm on a seed (a unit of fan-out)."""
+
+    arm: str
+    seed: int
+    home: str
+    config: DepthGrowthConfig
+
+
+def arm_run(job: ArmJob) -> EpisodeResult:
+    """Train ``job``'s arm on one torch thread (the same numbers here or on a worker)."""
+    with one_thread():
+        settings = EsperSettings(home=Path(job.home))
+        run_id = fresh_run_id(settings, f"depth-{job.arm}-s{job.seed}")
+        return run_episode(arm_config(job.config, arm=job.arm, seed=job.seed), settings=settings, run_id=run_id)
+
+
+def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
+    """The run of ``arm`` on ``seed``."""
+    plan = config.depth_plan
+    if arm not in config.arms:
+        raise ValueError(f"unknown arm {arm!r}; this benchmark runs {config.arms}")
+    recipe = config.recipe if arm == "static-final" else config.start_recipe
+    policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
+    schedule: tuple[ScheduledGermination, ...] = ()
+    if arm.startswith("stack-"):
+        points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
+        schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
+    run_config = episode_config(recipe, seed=seed, policy="none", epochs=plan.epochs, split_seed=SPLIT_SEED)
+    if plan.train_windows is not None:
+        assert isinstance(run_config.data, DataSpec)  # checked for the recipe's host in the config
+        run_config.data = dataclasses.replace(
+            run_config.data, load=functools.partial(first_windows, run_config.data.load, plan.train_windows)
+        )
+    host = run_config.host
+    assert isinstance(host, ModelSpec)
+    if policy != "none":
+        # Depth only: the arms compare ways of deepening, and branch seeds would need compiled
+        # kernels (on chars-gpt they changed nothing: issue 36).
+        host = dataclasses.replace(host, slots=(), deepen=(config.stack,))
+    tamiyo = dataclasses.replace(
+        run_config.tamiyo,
+        policy=policy,
+        schedule=schedule,
+        heuristic=dataclasses.replace(run_config.tamiyo.heuristic, blend_epochs=config.blend_epochs),
+    )
+    # Replaced, not assigned: RunConfig checks the schedule against the host's slots.
+    return dataclasses.replace(run_config, host=host, tamiyo=tamiyo)
+
+
+def first_windows(load: Callable[[], DataSplits], windows: int) -> DataSplits:
+    """``load()``'s first ``windows`` training windows and a quarter as many validation and test ones."""
+    data = load()
+    held = max(1, windows // 4)
+
+    def cut(split: Any, n: int) -> TensorDataset:
+        if not isinstance(split, TensorDataset):
+            raise ValueError(f"train_windows cuts tensor data sets; the recipe's split is a {type(split).__name__}")
+        return TensorDataset(*(t[:n] for t in split.tensors))
+
+    return DataSplits(train=cut(data.train, windows), val=cut(data.val, held), test=cut(data.test, held))
+
+
+def bits(nats: float) -> float:
+    """A loss in nats per token, in bits."""
+    return nats / math.log(2)
+
+
+def flops_to_reach(curve: Sequence[tuple[int, float]], target_bits: float) -> float | None:
+    """Training FLOPs at which ``curve`` (``(flops, loss in nats)`` per epoch) first reaches
+    ``target_bits``, linear between epochs; None if it never does."""
+    previous: tuple[int, float] | None = None
+    for flops, loss in curve:
+        b = bits(loss)
+        if b <= target_bits:
+            if previous is None:
+                return float(flops)
+            (f0, b0) = previous
+            return f0 + (flops - f0) * (b0 - target_bits) / (b0 - b)
+        previous = (flops, b)
+    return None
+
+
+def bits_at(curve: Sequence[tuple[int, float]], flops: float) -> float:
+    """``curve``'s loss in bits at ``flops`` (linear between epochs, clamped at its ends)."""
+    return float(np.interp(flops, [f for f, _ in curve], [bits(loss) for _, loss in curve]))
+
+
+def summarise(runs: dict[str, list[EpisodeResult]]) -> dict[str, Any]:
+    """Per-arm curves, FLOPs to the ``static-final`` network's final loss and loss at equal FLOPs,
+    paired by seed."""
+    static = runs["static-final"]
+    seeds = [r.seed for r in static]
+    for arm, arm_runs in runs.items():
+        if [r.seed for r in arm_runs] != seeds:
+            raise ValueError(f"arm {arm} ran seeds {[r.seed for r in arm_runs]}, expected {seeds}: runs are not paired")
+    targets = [bits(r.curve[-1][1]) for r in static]
+    arms: dict[str, Any] = {}
+    for arm, arm_runs in runs.items():
+        to_target = [flops_to_reach(r.curve, t) for r, t in zip(arm_runs, targets, strict=True)]
+        savings = [None if f is None else 1.0 - f / s.train_flops for f, s in zip(to_target, static, strict=True)]
+        # The static network's loss at the FLOPs this arm trained with: without its cooldown
+        # there, which favours the arm (a static run sized to those FLOPs would cool down too).
+        equal = [bits_at(s.curve, r.train_flops) for r, s in zip(arm_runs, static, strict=True)]
+        final = [bits(r.curve[-1][1]) for r in arm_runs]
+        reached = [s for s in savings if s is not None]
+        arms[arm] = {
+            "final_val_bits_mean": statistics.fmean(final),
+            "train_flops_mean": statistics.fmean(r.train_flops for r in arm_runs),
+            "params_mean": statistics.fmean(r.total_params for r in arm_runs),
+            "reached_target": len(reached),
+            "flops_saving": _interval(reached, [0.0] * len(reached), higher_is_better=True)
+            if len(reached) == len(seeds)
+            else None,
+            "minus_static_at_equal_flops": _interval(final, equal, higher_is_better=False),
+            "runs": [
+                {
+                    "seed": r.seed,
+                    "final_val_bits": f,
+                    "test_bits": bits(r.test_loss),
+                    "train_flops": r.train_flops,
+                    "flops_to_target": t,
+                    "flops_saving": s,
+                    "static_bits_at_equal_flops": e,
+                    "params": r.total_params,
+                    "commands": r.commands,
+                    "wall_s": r.wall_s,
+                    "curve": [{"train_flops": fl, "val_bits": bits(loss)} for fl, loss in r.curve],
+                }
+                for r, f, t, s, e in zip(arm_runs, final, to_target, savings, equal, strict=True)
+            ],
+        }
+    return {"targets_val_bits": targets, "arms": arms}
+
+
+def _interval(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool) -> dict[str, Any]:
+    """The mean of ``a - b`` with its paired-bootstrap 95 % interval (None below two seeds)."""
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    if len(diffs) < 2:
+        return {"mean": statistics.fmean(diffs), "ci95_low": None, "ci95_high": None, "n": len(diffs)}
+    return paired_difference(a, b, higher_is_better=higher_is_better).as_dict()
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The human-readable report of ``run``'s result."""
+    targets = result["targets_val_bits"]
+    lines = [
+        f"depth growth on {result['recipe']} (start {result['start_recipe']}), plan {result['plan']}: "
+        f"{len(result['seeds'])} paired seeds, {result['epochs']} epochs, lr {result['lr']:g} "
+        f"{result['lr_schedule']}; target (static-final's final validation loss) "
+        f"{statistics.fmean(targets):.4f} bits; wall {result['wall_s']:.0f} s",
+        "",
+        "| arm | final val bits | params | training FLOPs | reached target | FLOPs saving to target "
+        "(95 % CI) | minus static at equal FLOPs (95 % CI) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm, s in result["arms"].items():
+        lines.append(
+            f"| {arm} | {s['final_val_bits_mean']:.4f} | {s['params_mean']:.0f} | {s['train_flops_mean']:.3g} | "
+            f"{s['reached_target']}/{len(result['seeds'])} | {_fmt(s['flops_saving'], '%')} | "
+            f"{_fmt(s['minus_static_at_equal_flops'], 'bits')} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(d: dict[str, Any] | None, unit: str) -> str:
+    if d is None:
+        return "not every seed"
+    scale, form = (100.0, "{:+.1f}") if unit == "%" else (1.0, "{:+.4f}")
+    mean = form.format(scale * d["mean"])
+    if d["ci95_low"] is None:
+        return f"{mean} (n={d['n']})"
+    return f"{mean} [{form.format(scale * d['ci95_low'])}, {form.format(scale * d['ci95_high'])}]"
+
+
+_STYLE = {"static-final": "black", "static-start": "tab:gray", "controller": "tab:green"}
+
+
+def curves_png(result: dict[str, Any]) -> bytes:
+    """Validation bits per token against cumulative training FLOPs: every arm's run on every seed,
+    and the target (static-final's final loss, its seeds' mean) as a dashed line."""
+    fig = Figure(figsize=(8.0, 5.5))
+    ax = fig.subplots()
+    stacked = iter(["tab:blue", "tab:orange", "tab:red", "tab:purple"])
+    for arm, s in result["arms"].items():
+        color = _STYLE.get(arm) or next(stacked)
+        for i, r in enumerate(s["runs"]):
+            xs = [p["train_flops"] for p in r["curve"]]
+            ys = [p["val_bits"] for p in r["curve"]]
+            ax.plot(xs, ys, color=color, marker=".", alpha=0.8, label=arm if i == 0 else None)
+    ax.axhline(statistics.fmean(result["targets_val_bits"]), color="black", linestyle="--", linewidth=0.8,
+               label="target: static-final's final loss")  # fmt: skip
+    ax.set_xlabel("cumulative training FLOPs")
+    ax.set_ylabel("validation bits per character")
+    ax.set_title(f"{result['recipe']}: {len(result['seeds'])} seeds, {result['epochs']} epochs")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return figure_png(fig)
+
+
+def save_baseline(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
+    """Write ``depth_growth.json`` and ``depth_growth.png`` into ``directory``; returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = directory / "depth_growth.json", directory / "depth_growth.png"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    png_path.write_bytes(curves_png(result))
+    return json_path, png_path
+
+
+__all__ = [
+    "PLANS",
+    "ArmJob",
+    "DepthGrowthConfig",
+    "DepthPlan",
+    "arm_config",
+    "arm_run",
+    "bits_at",
+    "flops_to_reach",
+    "format_table",
+    "run",
+    "save_baseline",
+    "summarise",
+]

@@ -1,0 +1,85 @@
+"""The depth-growth benchmark (``esper bench depth-growth``): every arm at smoke scale through the
+command line, the curve arithmetic its headlines rest on, and bad input refused before any run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from esper_cli.main import main
+from esper_core.studies.depth_growth import DepthGrowthConfig, arm_config, bits_at, flops_to_reach
+
+LN2 = math.log(2)
+
+
+@pytest.mark.slow
+def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["bench", "depth-growth", "--plan", "smoke", "--json", "--workers", "0"]
+    assert main([*argv, "--home", str(tmp_path / "home"), "--save-baseline", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result["arms"]) == ["static-final", "static-start", "stack-0-4", "controller"]
+    arms = result["arms"]
+    # The stacked arm germinated twice and ends at the final network's size; the static start never grew.
+    (stacked,) = arms["stack-0-4"]["runs"]
+    assert stacked["commands"]["germinate"] == 2 and stacked["params"] == arms["static-final"]["params_mean"]
+    assert arms["static-start"]["runs"][0]["commands"] == {"wait": 6}
+    assert arms["static-start"]["params_mean"] < arms["static-final"]["params_mean"]
+    # A grown network trains small first: it costs less than the static final one.
+    assert arms["static-start"]["train_flops_mean"] < stacked["train_flops"] < arms["static-final"]["train_flops_mean"]
+    for arm in arms.values():
+        (run,) = arm["runs"]
+        flops = [p["train_flops"] for p in run["curve"]]
+        # Cumulative: each epoch adds its FLOPs, the last point is the whole run's.
+        assert len(flops) == 6 and flops[0] > 0 and flops == sorted(set(flops)) and flops[-1] == run["train_flops"]
+    # The static network reaches its own final loss with all its FLOPs: a saving of 0.
+    (static,) = arms["static-final"]["runs"]
+    assert static["flops_saving"] == pytest.approx(0.0, abs=1e-9)
+    assert result["targets_val_bits"] == [static["final_val_bits"]]
+    assert (out / "depth_growth.json").exists()
+    assert (out / "depth_growth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_flops_to_reach_interpolates_between_epochs_and_says_never() -> None:
+    curve = [(100, 3.0 * LN2), (200, 2.0 * LN2), (300, 1.0 * LN2)]
+    assert flops_to_reach(curve, 2.5) == pytest.approx(150.0)
+    assert flops_to_reach(curve, 3.5) == 100.0
+    assert flops_to_reach(curve, 0.5) is None
+    assert bits_at(curve, 250) == pytest.approx(1.5)
+
+
+def test_arms_are_configured_as_the_plan_says() -> None:
+    config = DepthGrowthConfig(plan="smoke")
+    stacked = arm_config(config, arm="stack-0-4", seed=0)
+    assert stacked.tamiyo.policy == "scheduled"
+    assert [(g.epoch, g.slot, g.blueprint) for g in stacked.tamiyo.schedule] == [
+        (0, "blocks+depth", "depth-stack"),
+        (4, "blocks+depth", "depth-stack"),
+    ]
+    assert stacked.host.deepen == ("blocks",) and stacked.host.slots == ()
+    assert stacked.recipe == "chars-gpt-growth-start" and stacked.epochs == 6
+    assert arm_config(config, arm="controller", seed=0).tamiyo.policy == "heuristic"
+    assert arm_config(config, arm="static-final", seed=0).tamiyo.policy == "none"
+    with pytest.raises(ValueError, match="unknown arm 'stack-1-5'"):
+        arm_config(config, arm="stack-1-5", seed=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seeds": 1001}, "seeds from 1000 chose the learning rate"),
+        ({"plan": "huge"}, "unknown depth-growth plan 'huge'"),
+        ({"epochs": 5}, r"growth points \(0, 4\) must be distinct, ascending epochs from 0 to 3"),
+        ({"blend_epochs": 2}, r"closer than a stacked seed's lifecycle \(5 epochs with blend_epochs=2\)"),
+        ({"start_recipe": "chars-gpt"}, "must share epochs and trainer"),
+        ({"recipe": "digits-mlp"}, "has a built-in host"),
+    ],
+)
+def test_bad_options_are_refused_before_any_run(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DepthGrowthConfig(**{"plan": "smoke", **options})  # type: ignore[arg-type]
