@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import statistics
 import time
@@ -54,6 +53,7 @@ from esper_core.settings import EsperSettings
 from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.studies.growth import SPLIT_SEED, fresh_run_id, in_home
 from esper_core.tamiyo.config import ScheduledGermination
+from esper_core.telemetry.baseline import save_result_with_plot
 from esper_core.telemetry.paired import paired_difference
 from esper_core.telemetry.plots import figure_png
 
@@ -434,11 +434,9 @@ def curves_png(result: dict[str, Any]) -> bytes:
 
 def save_baseline(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
     """Write ``depth_growth.json`` and ``depth_growth.png`` into ``directory``; returns both paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = directory / "depth_growth.json", directory / "depth_growth.png"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    png_path.write_bytes(curves_png(result))
-    return json_path, png_path
+    return save_result_with_plot(
+        result, directory, json_name="depth_growth.json", png_name="depth_growth.png", png=curves_png(result)
+    )
 
 
 __all__ = [

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shutil
 import tempfile
 import time
@@ -61,6 +60,7 @@ from esper_core.studies.simic_train import (
     train_ppo,
 )
 from esper_core.tamiyo.config import PeriodicPolicyConfig
+from esper_core.telemetry.baseline import save_result_with_plot
 
 Progress = Callable[[str, int, int], None]
 """``progress(what, done, total)``: called before the policy is trained and after every run."""
@@ -460,11 +460,9 @@ def fresh_run_id(settings: EsperSettings, run_id: str) -> str:
 
 def save_baseline(result: dict[str, Any], directory: Path) -> tuple[Path, Path]:
     """Write ``growth.json`` and ``growth_frontier.png`` into ``directory``; returns both paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = directory / "growth.json", directory / "growth_frontier.png"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    png_path.write_bytes(frontier_png(result))
-    return json_path, png_path
+    return save_result_with_plot(
+        result, directory, json_name="growth.json", png_name="growth_frontier.png", png=frontier_png(result)
+    )
 
 
 __all__ = [

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +57,7 @@ from esper_core.studies.policy_files import save_policy_version
 from esper_core.studies.width_control import at_widths
 from esper_core.studies.zoo_train import ZooTraining, train_zoo_policy, zoo_members
 from esper_core.tamiyo.config import TamiyoGNNConfig
+from esper_core.telemetry.baseline import save_result_with_plot
 from esper_core.telemetry.paired import paired_difference
 from esper_core.telemetry.plots import figure_png
 from esper_core.zoo import Family, ZooMember
@@ -461,11 +461,9 @@ def transfer_png(result: Mapping[str, Any]) -> bytes:
 
 def save_baseline(result: Mapping[str, Any], directory: Path) -> tuple[Path, Path]:
     """Write ``transfer.json`` and ``transfer_flops.png`` into ``directory``; returns both paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = directory / "transfer.json", directory / "transfer_flops.png"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    png_path.write_bytes(transfer_png(result))
-    return json_path, png_path
+    return save_result_with_plot(
+        result, directory, json_name="transfer.json", png_name="transfer_flops.png", png=transfer_png(result)
+    )
 
 
 def format_table(result: Mapping[str, Any]) -> str:

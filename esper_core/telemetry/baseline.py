@@ -120,14 +120,14 @@ def write_baseline(
     return result
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never a part."""
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` so readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # The temporary file must be on the same file system as ``path`` for os.replace to be atomic.
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
@@ -139,6 +139,19 @@ def _atomic_write(path: Path, text: str) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (readers see the old file or the new one, never a part)."""
     _atomic_write(Path(path), text)
+
+
+def save_result_with_plot(
+    result: Mapping[str, Any], directory: Path, *, json_name: str, png_name: str, png: bytes
+) -> tuple[Path, Path]:
+    """Write a benchmark's ``result`` as ``directory/json_name`` and its plot as
+    ``directory/png_name`` (``directory`` made as needed, each file replaced atomically);
+    returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = directory / json_name, directory / png_name
+    _atomic_write(json_path, json.dumps(result, indent=2) + "\n")
+    _atomic_write(png_path, png)
+    return json_path, png_path
 
 
 def load_baseline(path: str | Path) -> dict[str, Any]:
