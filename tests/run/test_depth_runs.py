@@ -19,39 +19,17 @@ from torch import nn
 from esper_core.contracts import SeedOperation
 from esper_core.contracts.enums import SlotKind
 from esper_core.karn.depth import DEPTH_PROFILE
-from esper_core.run.commits import epoch_tag
 from esper_core.run.config import ModelSpec
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from tests.helpers.state import assert_same_state
+from tests.helpers.stepping import run_to_the_end
 
 SCHEDULED = "tests.helpers.user_models:gpt_deepen_scheduled"
 HEURISTIC = "tests.helpers.user_models:gpt_deepen"
 SLOT = "blocks+depth"
-
-
-def _step(session: Run) -> str:
-    """One epoch as the flow runs it: train, commit, decide, apply, commit. Returns the outcome."""
-    epoch = session.epoch
-    session.train_epoch()
-    session.commit(epoch_tag(epoch, "trained"))
-    command = session.decide()
-    outcome = session.apply(command)
-    session.commit(epoch_tag(epoch, "applied"))
-    return f"{command.seed_operation or command.command_type}: {outcome}"
-
-
-def _run(settings: EsperSettings, run_id: str, *, recipe: str = SCHEDULED, stop_after: int | None = None) -> Run:
-    session = Run.start(RunSpec(recipe=recipe, device="cpu", run_id=run_id), settings=settings)
-    while session.epoch < session.config.epochs:
-        _step(session)
-        if stop_after is not None and session.epoch == stop_after + 1:
-            session.close()
-            session = Run.start(RunSpec(recipe=recipe, device="cpu", run_id=run_id), settings=settings)
-            stop_after = None
-    return session
 
 
 def test_the_depth_menu_fits_depth_slots_only_and_needs_no_kernel(esper_home: EsperSettings) -> None:
@@ -74,7 +52,7 @@ def test_the_depth_menu_fits_depth_slots_only_and_needs_no_kernel(esper_home: Es
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # four runs: ~2 min on 2 quiet cores; several when other jobs share them
 def test_a_scheduled_depth_seed_merges_and_a_resumed_run_is_the_same_network(esper_home: EsperSettings) -> None:
-    straight = _run(esper_home, "straight")
+    straight = run_to_the_end(esper_home, "straight", recipe=SCHEDULED)
     try:
         ops = [c.seed_operation for c in straight.commands]
         assert SeedOperation.GERMINATE in ops and SeedOperation.FOSSILIZE in ops, ops
@@ -87,7 +65,7 @@ def test_a_scheduled_depth_seed_merges_and_a_resumed_run_is_the_same_network(esp
         straight.close()
     # Stopped with the seed training in isolation (epoch 1), blending (2) and after its merge (4).
     for stop in (1, 2, 4):
-        resumed = _run(esper_home, f"resumed-{stop}", stop_after=stop)
+        resumed = run_to_the_end(esper_home, f"resumed-{stop}", stop_after=stop, recipe=SCHEDULED)
         try:
             got = resumed.trainer.state_dict()
             for key in ("model", "optimizer"):
@@ -99,7 +77,7 @@ def test_a_scheduled_depth_seed_merges_and_a_resumed_run_is_the_same_network(esp
 
 @pytest.mark.slow
 def test_the_heuristic_inserts_a_block(esper_home: EsperSettings) -> None:
-    session = _run(esper_home, "heuristic", recipe=HEURISTIC)
+    session = run_to_the_end(esper_home, "heuristic", recipe=HEURISTIC)
     try:
         germinated = [c for c in session.commands if c.seed_operation is SeedOperation.GERMINATE]
         assert germinated and all(c.slot_id == SLOT for c in germinated), session.commands
@@ -133,7 +111,7 @@ def test_a_stack_that_cannot_deepen_is_refused_when_the_recipe_is_checked() -> N
 def test_a_deepened_gpt_exports_and_loads_with_torch_alone(esper_home: EsperSettings, tmp_path: Path) -> None:
     from esper_core.run.export import export_run
 
-    session = _run(esper_home, "grown")
+    session = run_to_the_end(esper_home, "grown", recipe=SCHEDULED)
     try:
         x, _ = session.trainer.data.test.head(16)
         session.trainer.model.eval()

@@ -17,38 +17,16 @@ import torch
 
 from esper_core.contracts import SeedOperation
 from esper_core.karn.width import WIDTH_PROFILE
-from esper_core.run.commits import epoch_tag
 from esper_core.run.config import ModelSpec
 from esper_core.run.recipes import get_recipe
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
 from tests.helpers.state import assert_same_state
+from tests.helpers.stepping import flow_epoch, run_to_the_end
 from tests.helpers.user_models import DigitsCNN
 
 SCHEDULED = "tests.helpers.user_models:cnn_widen_scheduled"
-
-
-def _step(session: Run) -> str:
-    """One epoch as the flow runs it: train, commit, decide, apply, commit. Returns the outcome."""
-    epoch = session.epoch
-    session.train_epoch()
-    session.commit(epoch_tag(epoch, "trained"))
-    command = session.decide()
-    outcome = session.apply(command)
-    session.commit(epoch_tag(epoch, "applied"))
-    return f"{command.seed_operation or command.command_type}: {outcome}"
-
-
-def _run(settings: EsperSettings, run_id: str, *, stop_after: int | None = None) -> Run:
-    session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id=run_id), settings=settings)
-    while session.epoch < session.config.epochs:
-        _step(session)
-        if stop_after is not None and session.epoch == stop_after + 1:
-            session.close()
-            session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id=run_id), settings=settings)
-            stop_after = None
-    return session
 
 
 def test_the_width_menu_fits_width_slots_only_and_needs_no_kernel(esper_home: EsperSettings) -> None:
@@ -74,7 +52,7 @@ def test_the_width_menu_fits_width_slots_only_and_needs_no_kernel(esper_home: Es
 
 @pytest.mark.slow
 def test_a_scheduled_width_seed_merges_and_a_resumed_run_is_the_same_network(esper_home: EsperSettings) -> None:
-    straight = _run(esper_home, "straight")
+    straight = run_to_the_end(esper_home, "straight", recipe=SCHEDULED)
     try:
         ops = [c.seed_operation for c in straight.commands]
         assert SeedOperation.GERMINATE in ops and SeedOperation.FOSSILIZE in ops, ops
@@ -91,7 +69,7 @@ def test_a_scheduled_width_seed_merges_and_a_resumed_run_is_the_same_network(esp
         straight.close()
     # Stopped with the seed blending (epoch 2) and after its merge (epoch 4): the same network.
     for stop in (2, 4):
-        resumed = _run(esper_home, f"resumed-{stop}", stop_after=stop)
+        resumed = run_to_the_end(esper_home, f"resumed-{stop}", stop_after=stop, recipe=SCHEDULED)
         try:
             got = resumed.trainer.state_dict()
             for key in ("model", "optimizer"):
@@ -171,7 +149,7 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
     session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="grown"), settings=esper_home)
     try:
         for _ in range(3):
-            _step(session)  # epoch 2: the width seed is blending, so it is not part of the network yet
+            flow_epoch(session)  # epoch 2: the width seed is blending, so it is not part of the network yet
     finally:
         session.close()
     with pytest.raises(ValueError, match=r"features.0\+width.*change the network's output"):
@@ -181,7 +159,7 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
     session = Run.start(RunSpec(recipe=SCHEDULED, device="cpu", run_id="grown"), settings=esper_home)
     try:
         while session.epoch < session.config.epochs:
-            _step(session)
+            flow_epoch(session)
         x, _ = session.trainer.data.test.head(16)
         session.trainer.model.eval()
         with torch.inference_mode():
@@ -228,7 +206,7 @@ def test_the_compiled_step_retraces_at_growth_events_only(esper_home: EsperSetti
     structures = []  # each epoch's seeds, stages and widths as it starts (what the step's graph depends on)
     while session.epoch < session.config.epochs:
         structures.append(session.manager.structure_signature())
-        _step(session)
+        flow_epoch(session)
     assert session.trainer.engine.use_compiled
     packets = [json.loads(line) for line in (session.run_dir / "telemetry.jsonl").read_text().splitlines()]
     traces = [m["value"] for p in packets for m in p["metrics"] if m["name"] == "tolaria.compile.traces"]
