@@ -43,7 +43,7 @@ def morphogenesis(
             among them; a resume may use another number.
         policy: Pin who decides: ``shipped`` (the default shipped policy), a shipped policy's
             name (``esper policy list``), ``heuristic``, ``gnn`` or ``none``; default: the
-            recipe's own (the shipped policy unless the recipe names another).
+            recipe's own (the heuristic unless the recipe names another).
         max_params: Cap growth: the network may hold at most this many parameters
             (``KasminaConfig.max_params``); a germination past it is rejected.
 

@@ -53,7 +53,7 @@ def test_empty_history_raises(service: TamiyoService) -> None:
 
 def test_the_shipped_policy_decides_once_served_and_the_rule_says_why_until_then() -> None:
     torch.manual_seed(0)
-    service = TamiyoService(TamiyoConfig(compile=EAGER))  # the default: the shipped policy
+    service = TamiyoService(TamiyoConfig(policy="shipped", compile=EAGER))
     history, candidates = synthetic_history(num_epochs=2, num_slots=3), synthetic_candidates(3)
     unserved = service.decide(history, candidates, run_id="r")
     assert unserved.policy == "heuristic" and unserved.proposal.issued_by == "heuristic"

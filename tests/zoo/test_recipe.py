@@ -127,7 +127,7 @@ def test_each_width_slot_widens_its_layer_in_place_and_the_model_still_trains(fa
     assert len(width_slots) == len(member.widen)
     for slot in width_slots:
         # What a restore (and, by the same resize, a merge) does: the layer and its consumer at twice the units.
-        slot.kind.restore_architecture(slot, 2 * slot.kind.architecture(slot))
+        slot.kind.restore_architecture(slot, 2 * slot.kind.architecture(slot), None)
     assert sum(p.numel() for p in host.parameters()) > before
     x, y = data.train.head(8)
     config.loss(host(x), y).backward()
