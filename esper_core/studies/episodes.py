@@ -182,6 +182,11 @@ def run_episode(
     curve: list[tuple[int, float]] = []
     try:
         for epoch in range(config.epochs):
+            # The forward this epoch trains: a seed germinated by the last decision is promoted to
+            # TRAINING when the epoch starts, and counted only from then (measured at GERMINATED,
+            # its first epoch of training went uncounted). The trainer's own start_epoch below
+            # finds nothing left to promote.
+            session.manager.start_epoch()
             # Measured once per architecture (a germination, a merge or a cull changes it).
             structure = session.manager.structure_signature()
             if structure not in flops_of:

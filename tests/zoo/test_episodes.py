@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -90,3 +91,16 @@ def test_every_family_grows_each_width_slot_it_declares_in_a_real_episode(
     result = episode(m, esper_home, policy="scheduled", schedule=schedule)
     assert result.commands.get("germinate") == 1 and result.commands.get("fossilize") == 1
     assert result.host_params > sum(p.numel() for p in build_model(m).parameters())
+
+
+def test_a_seed_counts_in_the_training_flops_from_its_first_epoch(esper_home: EsperSettings) -> None:
+    # Germinated after epoch 0 of a 2-epoch run: the seed trains (isolated) in epoch 1 only, and
+    # that epoch's forward runs it. A count taken before the epoch promoted it missed it entirely.
+    m = dataclasses.replace(member("mlp", "gaussians"), epochs=2)
+    (layer,) = m.widen
+    schedule = (ScheduledGermination(epoch=0, slot=f"{layer}+width", blueprint="width-100"),)
+    grown = episode(m, esper_home, policy="scheduled", schedule=schedule)
+    static = episode(m, esper_home, policy="none")
+    assert grown.commands.get("germinate") == 1 and grown.curve[0][0] == static.curve[0][0]
+    # Epoch 1: the host's forward plus the seed's (a width seed: new units and their readers).
+    assert grown.train_flops > static.train_flops
