@@ -8,8 +8,6 @@ and ``gpt_deepen_scheduled`` (a stacked copy of the last block inserted after ep
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from esper_core.run.recipes import get_recipe
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
+from tests.helpers.exported import run_with_torch_alone
 from tests.helpers.state import assert_same_state
 from tests.helpers.stepping import run_to_the_end
 
@@ -123,16 +122,8 @@ def test_a_deepened_gpt_exports_and_loads_with_torch_alone(esper_home: EsperSett
         session.close()
     done = export_run(settings=esper_home, run_id="grown", out=tmp_path / "out")
     assert done.max_abs_diff < 1e-4 and done.parameters == deeper
-    torch.save(x, tmp_path / "x.pt")
-    load = (
-        "import sys, torch\n"
-        f"program = torch.export.load({str(tmp_path / 'out' / 'model.pt2')!r})\n"
-        f"out = program.module()(torch.load({str(tmp_path / 'x.pt')!r}))\n"
-        f"torch.save(out, {str(tmp_path / 'out.pt')!r})\n"
-        "assert not any(m.startswith('esper') for m in sys.modules)\n"
-    )
-    subprocess.run([sys.executable, "-c", load], check=True, cwd=tmp_path)
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-4, atol=1e-5)
+    (out,) = run_with_torch_alone(tmp_path / "out" / "model.pt2", [x], tmp_path)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

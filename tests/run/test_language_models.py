@@ -27,6 +27,7 @@ from esper_core.run.spec import RunSpec, plan_spec
 from esper_core.settings import EsperSettings
 from esper_core.studies.growth import compile_kernels
 from tests.helpers import user_gpt
+from tests.helpers.exported import run_with_torch_alone
 
 REPO = Path(__file__).resolve().parents[2]
 GPT = "tests.helpers.user_gpt:recipe"
@@ -129,16 +130,8 @@ def test_a_grown_gpt_exports_with_its_fossil_and_any_length_up_to_the_context(
     manifest = json.loads((tmp_path / "out" / "export.json").read_text())
     assert manifest["dynamic"]["length"] == "1..12" and manifest["check"]["lengths"] == [1, 6, 12]
     assert done.max_abs_diff < 1e-4
-    torch.save(x, tmp_path / "x.pt")
     # A fresh interpreter with torch and nothing of Esper's, at lengths 1, T/2 and T.
-    load = (
-        "import sys, torch\n"
-        f"program = torch.export.load({str(tmp_path / 'out' / 'model.pt2')!r}).module()\n"
-        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
-        f"torch.save([program(x[:, :n]) for n in (1, 6, 12)], {str(tmp_path / 'out.pt')!r})\n"
-        "assert not any(m.startswith('esper') for m in sys.modules)\n"
-    )
-    subprocess.run([sys.executable, "-c", load], check=True, cwd=tmp_path)
-    for n, got in zip((1, 6, 12), torch.load(tmp_path / "out.pt"), strict=True):
+    outputs = run_with_torch_alone(tmp_path / "out" / "model.pt2", [x[:, :n] for n in (1, 6, 12)], tmp_path)
+    for n, got in zip((1, 6, 12), outputs, strict=True):
         # Causal: the first n positions of the full-length output are the output of the prefix.
         torch.testing.assert_close(got, live[:, :n], rtol=1e-4, atol=1e-5)

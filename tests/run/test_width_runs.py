@@ -8,8 +8,6 @@ The recipes are ``tests/helpers/user_models.py``'s ``cnn_widen`` (widening only,
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from esper_core.run.recipes import get_recipe
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
 from esper_core.settings import EsperSettings
+from tests.helpers.exported import run_with_torch_alone
 from tests.helpers.state import assert_same_state
 from tests.helpers.stepping import flow_epoch, run_to_the_end
 from tests.helpers.user_models import DigitsCNN
@@ -171,18 +170,10 @@ def test_a_grown_network_exports_and_loads_with_torch_alone(esper_home: EsperSet
     done = export_run(settings=esper_home, run_id="grown", out=tmp_path / "out")
     assert done.widths["features.0"] == 12 and done.max_abs_diff < 1e-4
     assert stop is not None and read_stop(esper_home.runs_dir / "grown") == stop
-    torch.save(x, tmp_path / "x.pt")
     # A fresh interpreter that imports torch and nothing of Esper's: the README's three lines.
-    load = (
-        "import sys, torch\n"
-        f"program = torch.export.load({str(tmp_path / 'out' / 'model.pt2')!r})\n"
-        f"out = program.module()(torch.load({str(tmp_path / 'x.pt')!r}))\n"
-        f"torch.save(out, {str(tmp_path / 'out.pt')!r})\n"
-        "assert not any(m.startswith('esper') for m in sys.modules)\n"
-    )
-    subprocess.run([sys.executable, "-c", load], check=True, cwd=tmp_path)
+    (out,) = run_with_torch_alone(tmp_path / "out" / "model.pt2", [x], tmp_path)
     # Another process may use other threads (another reduction order): float32 rounding apart.
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     saved = torch.load(tmp_path / "out" / "state_dict.pt")
     assert saved["widths"]["features.0"] == 12
     assert saved["state_dict"]["features.0.weight"].shape == (12, 1, 3, 3)
