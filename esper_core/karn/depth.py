@@ -16,16 +16,26 @@ DEPTH_PROFILE = "depth"
 """The shape profile every depth slot reports (``SeedState.shape_profile``)."""
 
 DEPTH_MENU: dict[str, str] = {
-    "depth-stack": "a copy of the stack's last block, weights and optimizer moments included (G_stack)",
+    "depth-stack": "a copy of the stack's last block, weights and optimizer moments included",
+    "depth-stack-all": "a copy of every block of the stack, in order, weights and optimizer moments included "
+    "(G_stack: the stack doubles)",
     "depth-fresh": "a freshly initialised block of the stack's own type (its modules' reset_parameters)",
 }
-"""Depth "blueprints": id -> how the inserted block starts. Either is inserted after the stack's
-last block and joins the host through the blend ``h + alpha * (block(h) - h)``, the identity at
-alpha 0, so the network is unchanged when it germinates."""
+"""Depth "blueprints": id -> how the inserted blocks start. They are inserted after the stack's
+last block and join the host through the blend ``h + alpha * (f(h) - h)``, ``f`` the new blocks
+as a chain: the identity at alpha 0, so the network is unchanged when it germinates."""
 
-# A stacked copy starts where training left the block it copies; a fresh block starts far from
-# anything the host has learnt, so ramping it in changes more.
-_RISK = {"depth-stack": 0.2, "depth-fresh": 0.3}
+# A stacked copy starts where training left the block it copies; copying the whole stack changes
+# the function more (every block again, on inputs they were not trained on); a fresh block starts
+# far from anything the host has learnt, so ramping it in changes most.
+_RISK = {"depth-stack": 0.2, "depth-stack-all": 0.25, "depth-fresh": 0.3}
+
+
+_NAMES = {
+    "depth-stack": "insert one block (stack)",
+    "depth-stack-all": "double the stack (stack all)",
+    "depth-fresh": "insert one block (fresh)",
+}
 
 
 def is_depth_blueprint(blueprint_id: str) -> bool:
@@ -42,7 +52,7 @@ def depth_descriptor(blueprint_id: str) -> BlueprintDescriptor:
     check_depth_entry(blueprint_id)
     return BlueprintDescriptor(
         blueprint_id=blueprint_id,
-        name=f"insert one block ({blueprint_id.removeprefix('depth-')})",
+        name=_NAMES[blueprint_id],
         tier=BlueprintTier.SAFE,
         host_kinds=(DEPTH_PROFILE,),
         description=(

@@ -132,6 +132,15 @@ def g1_gradient_health(grad_norm: float, *, config: GateConfig) -> GateVerdict:
     )
 
 
+def g1_waived(kind: str) -> GateVerdict:
+    """G1 for a seed of a kind that does not train in isolation: nothing to check yet."""
+    return GateVerdict(
+        gate=GateId.G1_GRADIENT_HEALTH,
+        passed=True,
+        reason=f"{kind} seeds do not train in isolation: they train, jointly with the host, once they blend",
+    )
+
+
 def g2_stability(with_seed_losses: Sequence[float], *, host_val_loss: float, config: GateConfig) -> GateVerdict:
     """The seed's own (with-seed) validation loss is finite, bounded and not rising."""
     if not with_seed_losses:

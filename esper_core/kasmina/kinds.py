@@ -102,6 +102,10 @@ class SeedKind(Protocol):
     builds them from the host itself, and a run plans no compile for them)."""
     merges: bool
     """Keeping a seed folds it into the host (the slot is free again); False: it stays in its slot."""
+    isolated_training: bool
+    """Its seeds train in isolation while TRAINING: joined with the host's value and the gradient
+    of adding their delta (``SeedSlot.apply_seed``). False: a TRAINING seed is neither run nor
+    trained (G1 is waived) and first trains, jointly with the host, when it blends."""
     menu: tuple[str, ...]
     """What this kind builds from the host, offered to Tamiyo beside Karn's blueprints (empty for
     a compiled kind: Karn's catalogue and the slot's profile say what fits)."""
@@ -168,6 +172,7 @@ class BranchKind:
     name = "branch"
     compiled = True
     merges = False
+    isolated_training = True
     menu: tuple[str, ...] = ()
 
     def describe(self, entry: str) -> BlueprintDescriptor:

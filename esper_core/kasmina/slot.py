@@ -107,6 +107,8 @@ class SeedSlot(nn.Module):
         if self.probe_alpha is not None:
             return self._blend(out, seed(source), self.probe_alpha)
         if self.stage is SeedStage.TRAINING:
+            if not self.kind.isolated_training:
+                return out
             delta = seed(source.detach())
             return out + (delta - delta.detach())
         if self.stage in BLENDED_STAGES:

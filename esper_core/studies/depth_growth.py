@@ -9,9 +9,12 @@ constant rate with the shared cooldown) and its training tokens, fixed before an
 - ``static-start``: the start-size network, never grown;
 - ``stack-A-B``: the start network deepened by two stacked depth seeds (copies of the last trained
   block, Adam moments copied: ``depth-stack``) germinated by policy ``scheduled`` after epochs A
-  and B (0-based). One depth seed inserts one block after the stack's last one, and the stack's one
+  and B (0-based). One such seed inserts one block after the stack's last one, and the stack's one
   depth slot holds one seed at a time, so 2 -> 4 blocks takes two insertions, the second once the
   first has merged (``DepthGrowthConfig.lifecycle_epochs`` apart);
+- ``stack-all-A``: the start network doubled by one seed germinated after epoch A that copies the
+  whole trained stack, in order, with its Adam moments (``depth-stack-all``: G_stack's operator,
+  ``b0 b1`` -> ``b0 b1 b0 b1``);
 - ``controller``: Tamiyo's heuristic on the start network, free to deepen it when and as often as
   its rules say.
 
@@ -63,7 +66,9 @@ Progress = Callable[[str, int, int], None]
 FIRST_SELECTION_SEED = 1000
 """Seeds from here chose the recipe's learning rate (``bench/chars_lr.py``); never evaluated on."""
 STACK_BLUEPRINT = "depth-stack"
-"""A copy of the stack's last trained block, its Adam moments copied (G_stack)."""
+"""A copy of the stack's last trained block, its Adam moments copied."""
+STACK_ALL_BLUEPRINT = "depth-stack-all"
+"""A copy of the whole trained stack, in order, its Adam moments copied (G_stack)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,8 +78,11 @@ class DepthPlan:
     Attributes:
         seeds: Paired evaluation seeds.
         epochs: Epochs per run (None: the recipe's).
-        growth_points: The stacked arms: per arm, the epochs (0-based) after which a depth seed
-            is germinated; each arm's insertions must together reach the final depth.
+        growth_points: The ``stack-*`` arms: per arm, the epochs (0-based) after which a
+            one-block depth seed is germinated; each arm's insertions must together reach the
+            final depth.
+        stack_all_points: The ``stack-all-*`` arms: per arm, the epoch (0-based) after which the
+            whole stack is copied once (the start depth doubled must be the final depth).
         train_windows: Training windows kept of the recipe's data, and a quarter as many
             validation and test windows (None: the recipe's whole data). Only the smoke plan cuts
             the data, so CI runs every arm in seconds.
@@ -83,16 +91,19 @@ class DepthPlan:
     seeds: int
     epochs: int | None
     growth_points: tuple[tuple[int, ...], ...]
+    stack_all_points: tuple[int, ...] = ()
     train_windows: int | None = None
 
 
 PLANS: dict[str, DepthPlan] = {
-    # The recipe's 8 epochs: two stacked insertions 4 epochs apart (a stacked seed's lifecycle
-    # with 1-epoch blending) fit twice: after epochs 0 and 4 (both merged by the end), and after
-    # 1 and 5 (the second seed blended in but not yet merged when the run ends).
-    "default": DepthPlan(seeds=3, epochs=None, growth_points=((0, 4), (1, 5))),
+    # The recipe's 8 epochs. Two one-block insertions 4 epochs apart (a stacked seed's lifecycle
+    # with 1-epoch blending) fit after epochs 0 and 4, both merged by the end (measured on 2 seeds
+    # before the whole-stack operator existed, with 1 and 5 as well: docs/growth-benchmark.md).
+    # The whole stack copied once, early (after epoch 1) or at G_stack's usual point, about
+    # half-way (after epoch 3: isolated in 4, blended in 5, judged in 6, merged for epoch 7).
+    "default": DepthPlan(seeds=3, epochs=None, growth_points=((0, 4),), stack_all_points=(1, 3)),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
-    "smoke": DepthPlan(seeds=1, epochs=6, growth_points=((0, 4),), train_windows=64),
+    "smoke": DepthPlan(seeds=1, epochs=6, growth_points=((0, 4),), stack_all_points=(1,), train_windows=64),
 }
 
 
@@ -150,6 +161,12 @@ class DepthGrowthConfig:
                 "and one token budget for every arm): make the start recipe the final one at a smaller depth"
             )
         gap = self.lifecycle_epochs
+        for point in self.depth_plan.stack_all_points:
+            if not 0 <= point <= epochs - 2:
+                raise ValueError(
+                    f"stack_all_points {point} must be an epoch from 0 to {epochs - 2} "
+                    "(a seed germinated after the last epoch never trains)"
+                )
         for points in self.depth_plan.growth_points:
             if list(points) != sorted(set(points)) or points[-1] > epochs - 2 or points[0] < 0:
                 raise ValueError(
@@ -188,7 +205,8 @@ class DepthGrowthConfig:
     def arms(self) -> tuple[str, ...]:
         """Every arm of a seed, in run order."""
         stacked = tuple("stack-" + "-".join(map(str, p)) for p in self.depth_plan.growth_points)
-        return ("static-final", "static-start", *stacked, "controller")
+        doubled = tuple(f"stack-all-{p}" for p in self.depth_plan.stack_all_points)
+        return ("static-final", "static-start", *stacked, *doubled, "controller")
 
 
 def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[str, Any]:
@@ -218,6 +236,7 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         "seeds": list(range(plan.seeds)),
         "epochs": plan.epochs or final.epochs,
         "growth_points": [list(p) for p in plan.growth_points],
+        "stack_all_points": list(plan.stack_all_points),
         "blend_epochs": config.blend_epochs,
         "lr": final.trainer.lr,
         "lr_schedule": final.trainer.lr_schedule,
@@ -256,7 +275,10 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     recipe = config.recipe if arm == "static-final" else config.start_recipe
     policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
     schedule: tuple[ScheduledGermination, ...] = ()
-    if arm.startswith("stack-"):
+    if arm.startswith("stack-all-"):
+        point = int(arm.removeprefix("stack-all-"))
+        schedule = (ScheduledGermination(epoch=point, slot=config.slot, blueprint=STACK_ALL_BLUEPRINT),)
+    elif arm.startswith("stack-"):
         points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
         schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
     run_config = episode_config(recipe, seed=seed, policy="none", epochs=plan.epochs, split_seed=SPLIT_SEED)

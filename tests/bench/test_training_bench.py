@@ -192,12 +192,12 @@ def test_a_depth_grown_host_benches_a_stacked_block_against_the_deeper_static_ne
     twin = unmerged_twin(trainer, run_config.host)  # type: ignore[arg-type]
     assert twin is not None
     ours, theirs = trainer.model(x), twin(x)
-    assert torch.equal(ours, theirs)  # isolation: the block's delta adds nothing to the value
+    # A depth seed does not train in isolation: it neither runs nor trains, and the twin is the
+    # bare host (no side block to time).
+    assert torch.equal(ours, theirs)
+    assert not any(isinstance(m, DepthSeed) for m in twin.modules())
     next_char_loss(ours, y).backward()
-    next_char_loss(theirs, y).backward()
-    side = next(m for m in twin.modules() if isinstance(m, DepthSeed))
-    for (name, p), q in zip(slot.seed.named_parameters(), side.parameters(), strict=True):
-        assert p.grad is not None and torch.allclose(p.grad, q.grad, atol=1e-6), name
+    assert all(p.grad is None for p in slot.seed.parameters())
     slot.alpha = 1.0
     slot.stage = SeedStage.PROBATIONARY  # the block in at alpha 1, as the twin's deeper stack has it
     deeper = bare_twin(trainer, run_config.host)  # type: ignore[arg-type]

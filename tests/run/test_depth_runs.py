@@ -36,12 +36,13 @@ def test_the_depth_menu_fits_depth_slots_only_and_needs_no_kernel(esper_home: Es
     try:
         plan = session.plan
         assert plan.built_slots == {SLOT: "blocks.1.proj"} and plan.slots == {}
-        assert plan.slot_fits[SLOT] == ("depth-stack", "depth-fresh")
+        assert plan.slot_fits[SLOT] == ("depth-stack", "depth-stack-all", "depth-fresh")
         candidates = session.control.candidates()
-        assert [c.blueprint_id for c in candidates] == ["depth-stack", "depth-fresh"]
+        assert [c.blueprint_id for c in candidates] == ["depth-stack", "depth-stack-all", "depth-fresh"]
         assert all(c.shape_profiles == frozenset({DEPTH_PROFILE}) and c.kind is SlotKind.DEPTH for c in candidates)
         block = sum(p.numel() for p in session.trainer.model.model.blocks[-1].parameters())
-        assert [c.param_cost for c in candidates] == [block, block]
+        blocks = len(session.trainer.model.model.blocks)
+        assert [c.param_cost for c in candidates] == [block, blocks * block, block]
         (state,) = session.manager.export_seed_states()
         assert (state.shape_profile, state.kind, state.layer) == (DEPTH_PROFILE, SlotKind.DEPTH, "blocks.1.proj")
     finally:

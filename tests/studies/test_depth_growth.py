@@ -23,11 +23,18 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     argv = ["bench", "depth-growth", "--plan", "smoke", "--json", "--workers", "0"]
     assert main([*argv, "--home", str(tmp_path / "home"), "--save-baseline", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert list(result["arms"]) == ["static-final", "static-start", "stack-0-4", "controller"]
+    assert list(result["arms"]) == ["static-final", "static-start", "stack-0-4", "stack-all-1", "controller"]
     arms = result["arms"]
-    # The stacked arm germinated twice and ends at the final network's size; the static start never grew.
+    # The stacked arm germinated twice, the whole-stack arm once; each ends at the final network's
+    # size (2 -> 4 blocks) when its seeds merged, and the static start never grew.
     (stacked,) = arms["stack-0-4"]["runs"]
     assert stacked["commands"]["germinate"] == 2 and stacked["params"] == arms["static-final"]["params_mean"]
+    (doubled,) = arms["stack-all-1"]["runs"]
+    assert doubled["commands"]["germinate"] == 1
+    if doubled["commands"].get("fossilize"):
+        assert doubled["params"] == arms["static-final"]["params_mean"]
+    else:
+        assert doubled["params"] == arms["static-start"]["params_mean"] and doubled["commands"]["cull"] == 1
     assert arms["static-start"]["runs"][0]["commands"] == {"wait": 6}
     assert arms["static-start"]["params_mean"] < arms["static-final"]["params_mean"]
     # A grown network trains small first: it costs less than the static final one.
@@ -65,6 +72,8 @@ def test_arms_are_configured_as_the_plan_says() -> None:
     assert stacked.recipe == "chars-gpt-growth-start" and stacked.epochs == 6
     assert arm_config(config, arm="controller", seed=0).tamiyo.policy == "heuristic"
     assert arm_config(config, arm="static-final", seed=0).tamiyo.policy == "none"
+    doubled = arm_config(config, arm="stack-all-1", seed=0)
+    assert [(g.epoch, g.blueprint) for g in doubled.tamiyo.schedule] == [(1, "depth-stack-all")]
     with pytest.raises(ValueError, match="unknown arm 'stack-1-5'"):
         arm_config(config, arm="stack-1-5", seed=0)
 
@@ -76,6 +85,7 @@ def test_arms_are_configured_as_the_plan_says() -> None:
         ({"plan": "huge"}, "unknown depth-growth plan 'huge'"),
         ({"epochs": 5}, r"growth points \(0, 4\) must be distinct, ascending epochs from 0 to 3"),
         ({"blend_epochs": 2}, r"closer than a stacked seed's lifecycle \(5 epochs with blend_epochs=2\)"),
+        ({"epochs": 4, "plan": "default"}, r"stack_all_points 3 must be an epoch from 0 to 2"),
         ({"start_recipe": "chars-gpt"}, "must share epochs and trainer"),
         ({"recipe": "digits-mlp"}, "has a built-in host"),
     ],

@@ -1,11 +1,11 @@
 """Fold a blended depth seed into its stack, and give a stack a recorded depth on restore.
 
-After the merge the stack holds one more block (appended: the seed always sits after the last
-one) and the host is the plain network of the new depth. At alpha 1 the slot computed
-``h + (block(h) - h)``; the merged stack computes ``block(h)``: the same function up to one
+After the merge the stack holds the seed's blocks too (appended in order: the seed always sits
+after the last one) and the host is the plain network of the new depth. At alpha 1 the slot
+computed ``h + (f(h) - h)``; the merged stack computes ``f(h)``: the same function up to one
 floating-point rounding of that sum.
 
-The block's parameters keep their identity and move from the seed's optimizer group into the
+The blocks' parameters keep their identity and move from the seed's optimizer group into the
 host's group that holds the same parameter of the block before it, with the optimizer state the
 seed had (its own Adam moments and step count). A host group keeps its parameters in the order
 ``host.parameters()`` lists them, so an optimizer built afresh for a resumed run and grown by
@@ -27,7 +27,7 @@ def merge_depth_seed(
     seed: DepthSeed,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> int:
-    """Append ``seed.block`` to ``stack``; its parameters join the host's optimizer groups.
+    """Append ``seed.blocks`` to ``stack``; their parameters join the host's optimizer groups.
 
     Args:
         host: The model that holds ``stack`` (its parameter order orders the optimizer groups).
@@ -39,9 +39,10 @@ def merge_depth_seed(
         The stack's new depth.
     """
     source = stack[-1]
-    stack.append(seed.block)
-    if optimizer is not None:
-        _adopt(optimizer, host, seed.block, source)
+    for block in seed.blocks:
+        stack.append(block)
+        if optimizer is not None:
+            _adopt(optimizer, host, block, source)
     return len(stack)
 
 

@@ -1,20 +1,23 @@
-"""A depth seed: one new block for the end of a stack, kept beside it while it is young.
+"""A depth seed: new blocks for the end of a stack, kept beside it while they are young.
 
-The seed computes ``block(h) - h`` from the stack's output ``h``, so the slot's usual residual
-join (``SeedSlot.apply_seed``) gives ``h + alpha * (block(h) - h)``: the identity at alpha 0 and
-the deeper network at alpha 1, whatever the block is. Isolated (TRAINING), the host's output is
-exactly ``h``; blended, the new block ramps in; merged (``merge.py``), the block itself is
-appended to the stack.
+The seed runs its blocks as a chain on the stack's output ``h`` and returns ``f(h) - h``, so the
+slot's usual residual join (``SeedSlot.apply_seed``) gives ``h + alpha * (f(h) - h)``: the
+identity at alpha 0 and the deeper network at alpha 1, whatever the blocks are. Isolated
+(TRAINING), the host's output is exactly ``h``; blended, the new blocks ramp in; merged
+(``merge.py``), the blocks themselves are appended to the stack, in order.
 
-How the block starts (``DEPTH_MENU``): ``depth-stack`` copies the stack's last block (G_stack);
-``depth-fresh`` is the same architecture re-initialised by its modules' ``reset_parameters``
-(PyTorch's defaults, not a model's own init function, which Esper cannot see). Either way the
-network is unchanged when it germinates: the blend starts at alpha 0.
+How the blocks start (``DEPTH_MENU``): ``depth-stack`` is one copy of the stack's last block;
+``depth-stack-all`` copies every block of the stack, in order, so the stack doubles (G_stack's
+operator: ``b0 b1`` becomes ``b0 b1 b0 b1``); ``depth-fresh`` is one block of the same
+architecture re-initialised by its modules' ``reset_parameters`` (PyTorch's defaults, not a
+model's own init function, which Esper cannot see). Either way the network is unchanged when it
+germinates: the blend starts at alpha 0.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -32,18 +35,24 @@ _HOOK_DICTS = (
 
 
 class DepthSeed(nn.Module):
-    """``block(h) - h``: what one more block adds to the stack's output ``h``.
+    """``f(h) - h``, ``f`` the new blocks as a chain: what they add to the stack's output ``h``.
 
     Args:
-        block: The new block (not part of the host until it merges).
+        blocks: The new blocks, in the order they will join the stack (not part of the host
+            until they merge).
     """
 
-    def __init__(self, block: nn.Module) -> None:
+    def __init__(self, blocks: Sequence[nn.Module]) -> None:
         super().__init__()
-        self.block = block
+        if not blocks:
+            raise ValueError("a depth seed holds at least one block")
+        self.blocks = nn.ModuleList(blocks)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.block(h) - h
+        x = h
+        for block in self.blocks:
+            x = block(x)
+        return x - h
 
 
 def blank_copy(source: nn.Module) -> nn.Module:
@@ -64,18 +73,25 @@ def blank_copy(source: nn.Module) -> nn.Module:
     return block
 
 
+def sources(stack: nn.ModuleList | nn.Sequential, entry: str) -> list[nn.Module]:
+    """The stack's blocks a depth-menu ``entry`` starts its new blocks from, one per new block:
+    every block for ``depth-stack-all``, the last one otherwise."""
+    return list(stack) if entry == "depth-stack-all" else [stack[-1]]
+
+
 @torch.no_grad()
-def new_block(source: nn.Module, entry: str) -> nn.Module:
-    """The block a depth-menu ``entry`` inserts after ``source`` (the stack's last block).
+def new_blocks(stack: nn.ModuleList | nn.Sequential, entry: str) -> list[nn.Module]:
+    """The blocks a depth-menu ``entry`` inserts after ``stack``'s last one, in order.
 
     Args:
-        source: The stack's last block.
-        entry: ``depth-stack`` (a copy of ``source``) or ``depth-fresh`` (re-initialised).
+        stack: The stack's blocks now.
+        entry: ``depth-stack`` (a copy of the last block), ``depth-stack-all`` (a copy of every
+            block) or ``depth-fresh`` (the last block's architecture, re-initialised).
     """
-    block = blank_copy(source)
+    blocks = [blank_copy(source) for source in sources(stack, entry)]
     if entry == "depth-fresh":
-        for module in block.modules():
+        for module in blocks[0].modules():
             reset = getattr(module, "reset_parameters", None)
             if callable(reset):
                 reset()
-    return block
+    return blocks

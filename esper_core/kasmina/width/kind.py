@@ -40,6 +40,7 @@ class WidthKind:
     """Also the blueprint id a width seed reports: it is built from the host, not from Karn."""
     compiled = False
     merges = True
+    isolated_training = True
     menu = tuple(WIDTH_MENU)
 
     def describe(self, entry: str) -> BlueprintDescriptor:
