@@ -9,6 +9,8 @@ import multiprocessing
 import threading
 import time
 
+import pytest
+
 from esper_core.tolaria import deadlines
 from esper_core.tolaria.deadlines import call_with_deadline
 from tests.helpers.waiting import wait_for
@@ -26,7 +28,10 @@ def test_call_with_deadline_returns_value_timeout_or_error() -> None:
     assert isinstance(broken.error, ZeroDivisionError) and not broken.timed_out
 
 
-def test_calls_reuse_a_worker_and_an_overrun_call_holds_only_its_own() -> None:
+def test_calls_reuse_a_worker_and_an_overrun_call_holds_only_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pool of its own: workers that earlier tests in this process left idle would serve these
+    # calls too, and the count of idle workers below would not say which.
+    monkeypatch.setattr(deadlines, "_WORKERS", deadlines._Workers())
     first = call_with_deadline(threading.get_ident, 10_000).value
     assert call_with_deadline(threading.get_ident, 10_000).value == first
     assert first != threading.get_ident()
