@@ -234,20 +234,29 @@ def _cmd_bench_depth_growth(args: argparse.Namespace) -> int:
 
 def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
     """``esper bench depth-growth``: print the table (``--json``: one JSON object)."""
-    from esper_core.studies.depth_growth import DepthGrowthConfig, format_table, run, save_baseline
-
-    result = run(
-        DepthGrowthConfig(
-            recipe=args.recipe,
-            start_recipe=args.start_recipe,
-            plan=args.plan,
-            seeds=args.seeds,
-            epochs=args.epochs,
-            home=args.home,
-            workers=args.workers,
-        ),
-        progress=progress,
+    from esper_core.studies.depth_growth import (
+        DepthGrowthConfig,
+        format_table,
+        merge_results,
+        read_result,
+        run,
+        save_baseline,
     )
+
+    config = DepthGrowthConfig(
+        recipe=args.recipe,
+        start_recipe=args.start_recipe,
+        plan=args.plan,
+        seeds=args.seeds,
+        epochs=args.epochs,
+        home=args.home,
+        workers=args.workers,
+    )
+    # Read and checked before any run: a wrong file is refused in a second, not after an hour.
+    earlier = read_result(args.merge_with, config) if args.merge_with is not None else None
+    result = run(config, progress=progress)
+    if earlier is not None:
+        result = merge_results(earlier, result)
     if args.save_baseline is not None:
         save_baseline(result, Path(args.save_baseline))
     print(json.dumps(result, indent=2) if args.json else format_table(result))
@@ -517,8 +526,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--plan",
         default="default",
         choices=DEPTH_GROWTH_PLANS,
-        help="default: 3 paired seeds, the recipe's 8 epochs, stacked after epochs 0 and 4 and after 1 and 5; "
-        "smoke: 1 seed, 6 epochs on 64 training windows (CI)",
+        help="default: 3 paired seeds, the recipe's 8 epochs, one block stacked after epochs 0 and 4, the whole "
+        "stack copied after epoch 1 or 3, the heuristic; budgets: the final network alone at 4, 6 and 8 epochs "
+        "(its frontier); smoke: 1 seed, 6 epochs on 64 training windows (CI)",
     )
     b_depth.add_argument("--seeds", type=positive, default=None, help="paired seeds (default: the plan's)")
     b_depth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
@@ -537,6 +547,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="write depth_growth.json and depth_growth.png (loss against FLOPs) here",
+    )
+    b_depth.add_argument(
+        "--merge-with",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="an earlier depth_growth.json of the same recipe and seeds (e.g. the default plan's) to report "
+        "together with this run (e.g. --plan budgets): its static-final runs must match this run's",
     )
     b_depth.set_defaults(func=_cmd_bench_depth_growth)
     b_headroom = bench.add_parser(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import statistics
 import time
@@ -83,6 +84,11 @@ class DepthPlan:
             final depth.
         stack_all_points: The ``stack-all-*`` arms: per arm, the epoch (0-based) after which the
             whole stack is copied once (the start depth doubled must be the final depth).
+        static_budgets: The ``static-final-<E>ep`` arms: the final-size network trained for E
+            epochs on the recipe's schedule, its cooldown in its own last epochs, so the static
+            network has a point at each smaller budget (its frontier of loss against FLOPs).
+        growing: Run the start network's arms (``static-start``, the stacked ones, ``controller``);
+            False runs the final-size network alone (``static-final`` and its budgets).
         train_windows: Training windows kept of the recipe's data, and a quarter as many
             validation and test windows (None: the recipe's whole data). Only the smoke plan cuts
             the data, so CI runs every arm in seconds.
@@ -92,6 +98,8 @@ class DepthPlan:
     epochs: int | None
     growth_points: tuple[tuple[int, ...], ...]
     stack_all_points: tuple[int, ...] = ()
+    static_budgets: tuple[int, ...] = ()
+    growing: bool = True
     train_windows: int | None = None
 
 
@@ -102,8 +110,14 @@ PLANS: dict[str, DepthPlan] = {
     # The whole stack copied once, early (after epoch 1) or at G_stack's usual point, about
     # half-way (after epoch 3: isolated in 4, blended in 5, judged in 6, merged for epoch 7).
     "default": DepthPlan(seeds=3, epochs=None, growth_points=((0, 4),), stack_all_points=(1, 3)),
+    # The static network's frontier: the final-size network at smaller budgets, each with its own
+    # cooldown, to compare a grown network with the static one trained on the same FLOPs (the
+    # grown arms' totals lie between 5 and 7 epochs of the final network).
+    "budgets": DepthPlan(seeds=3, epochs=None, growth_points=(), static_budgets=(4, 6), growing=False),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
-    "smoke": DepthPlan(seeds=1, epochs=6, growth_points=((0, 4),), stack_all_points=(1,), train_windows=64),
+    "smoke": DepthPlan(
+        seeds=1, epochs=6, growth_points=((0, 4),), stack_all_points=(1,), static_budgets=(3,), train_windows=64
+    ),
 }
 
 
@@ -161,6 +175,13 @@ class DepthGrowthConfig:
                 "and one token budget for every arm): make the start recipe the final one at a smaller depth"
             )
         gap = self.lifecycle_epochs
+        cooldown = final.trainer.lr_cooldown_epochs if final.trainer.lr_schedule == "cooldown" else 0
+        for budget in self.depth_plan.static_budgets:
+            if not cooldown < budget < epochs:
+                raise ValueError(
+                    f"static budget {budget} epochs must lie between the cooldown ({cooldown} epochs) and the "
+                    f"run's {epochs} epochs, exclusive: it is a smaller static run with its own cooldown"
+                )
         for point in self.depth_plan.stack_all_points:
             if not 0 <= point <= epochs - 2:
                 raise ValueError(
@@ -204,9 +225,13 @@ class DepthGrowthConfig:
     @property
     def arms(self) -> tuple[str, ...]:
         """Every arm of a seed, in run order."""
-        stacked = tuple("stack-" + "-".join(map(str, p)) for p in self.depth_plan.growth_points)
-        doubled = tuple(f"stack-all-{p}" for p in self.depth_plan.stack_all_points)
-        return ("static-final", "static-start", *stacked, *doubled, "controller")
+        plan = self.depth_plan
+        budgets = tuple(f"static-final-{e}ep" for e in plan.static_budgets)
+        if not plan.growing:
+            return ("static-final", *budgets)
+        stacked = tuple("stack-" + "-".join(map(str, p)) for p in plan.growth_points)
+        doubled = tuple(f"stack-all-{p}" for p in plan.stack_all_points)
+        return ("static-final", "static-start", *budgets, *stacked, *doubled, "controller")
 
 
 def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[str, Any]:
@@ -237,6 +262,7 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         "epochs": plan.epochs or final.epochs,
         "growth_points": [list(p) for p in plan.growth_points],
         "stack_all_points": list(plan.stack_all_points),
+        "static_budgets": list(plan.static_budgets),
         "blend_epochs": config.blend_epochs,
         "lr": final.trainer.lr,
         "lr_schedule": final.trainer.lr_schedule,
@@ -272,8 +298,9 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     plan = config.depth_plan
     if arm not in config.arms:
         raise ValueError(f"unknown arm {arm!r}; this benchmark runs {config.arms}")
-    recipe = config.recipe if arm == "static-final" else config.start_recipe
+    recipe = config.recipe if arm.startswith("static-final") else config.start_recipe
     policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
+    epochs = int(arm.removeprefix("static-final-").removesuffix("ep")) if arm.endswith("ep") else plan.epochs
     schedule: tuple[ScheduledGermination, ...] = ()
     if arm.startswith("stack-all-"):
         point = int(arm.removeprefix("stack-all-"))
@@ -281,7 +308,7 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     elif arm.startswith("stack-"):
         points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
         schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
-    run_config = episode_config(recipe, seed=seed, policy="none", epochs=plan.epochs, split_seed=SPLIT_SEED)
+    run_config = episode_config(recipe, seed=seed, policy="none", epochs=epochs, split_seed=SPLIT_SEED)
     if plan.train_windows is not None:
         assert isinstance(run_config.data, DataSpec)  # checked for the recipe's host in the config
         run_config.data = dataclasses.replace(
@@ -385,7 +412,95 @@ def summarise(runs: dict[str, list[EpisodeResult]]) -> dict[str, Any]:
                 for r, f, t, s, e in zip(arm_runs, final, to_target, savings, equal, strict=True)
             ],
         }
-    return {"targets_val_bits": targets, "arms": arms}
+    return {"targets_val_bits": targets, "arms": arms, "static_frontier": static_frontier(arms)}
+
+
+def static_frontier(arms: dict[str, Any]) -> dict[str, Any]:
+    """Each arm's final validation loss minus the static network's trained on the same FLOPs.
+
+    Per seed, the static frontier is the final ``(training FLOPs, validation bits)`` of every
+    final-size static run (``static-final`` and its ``static-final-<E>ep`` budgets, each with its
+    own cooldown), linear between them; an arm whose FLOPs fall outside the frontier's range on
+    some seed gets no comparison (None). Empty when no budget arm ran.
+    """
+    static = [a for a in arms if a == "static-final" or (a.startswith("static-final-") and a.endswith("ep"))]
+    if len(static) < 2:
+        return {}
+    out: dict[str, Any] = {}
+    for arm, summary in arms.items():
+        if arm in static:
+            continue
+        diffs: list[float] = []
+        finals: list[float] = []
+        for run in summary["runs"]:
+            points = sorted(
+                (r["train_flops"], r["final_val_bits"])
+                for a in static
+                for r in arms[a]["runs"]
+                if r["seed"] == run["seed"]
+            )
+            if not points[0][0] <= run["train_flops"] <= points[-1][0]:
+                break
+            frontier = float(np.interp(run["train_flops"], [f for f, _ in points], [b for _, b in points]))
+            finals.append(run["final_val_bits"])
+            diffs.append(frontier)
+        else:
+            out[arm] = _interval(finals, diffs, higher_is_better=False)
+            continue
+        out[arm] = None
+    return out
+
+
+def read_result(path: Path, config: DepthGrowthConfig) -> dict[str, Any]:
+    """An earlier result to merge with a run of ``config``, checked before that run starts.
+
+    Raises:
+        ValueError: the file is missing or not a depth-growth result, or is of another recipe,
+            start recipe or seeds than ``config`` would run.
+    """
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read {path} as a depth-growth result ({error}); pass a depth_growth.json") from None
+    if (
+        not isinstance(result, dict)
+        or result.get("bench") != "depth-growth"
+        or "static-final" not in result.get("arms", {})
+    ):
+        raise ValueError(f"{path} is not a depth-growth result (depth_growth.json of esper bench depth-growth)")
+    seeds = list(range(config.depth_plan.seeds))
+    mine = {"recipe": config.recipe, "start_recipe": config.start_recipe, "seeds": seeds}
+    for key, value in mine.items():
+        if result.get(key) != value:
+            raise ValueError(
+                f"{path} has {key} {result.get(key)!r} and this run would have {value!r}: merge results of one "
+                "recipe on the same seeds (set --recipe / --start-recipe / --seeds to match)"
+            )
+    return result
+
+
+def merge_results(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two results of one benchmark (say the default plan and the ``budgets`` plan) as one.
+
+    Raises:
+        ValueError: they differ in recipe, seeds, epochs or schedule, or their ``static-final``
+            runs differ (the runs are deterministic: the same seed must give the same numbers).
+    """
+    for key in ("recipe", "start_recipe", "seeds", "epochs", "lr", "lr_schedule", "train_windows", "split_seed"):
+        if first.get(key) != second.get(key):
+            raise ValueError(
+                f"results differ in {key}: {first.get(key)!r} vs {second.get(key)!r}; merge one benchmark's"
+            )
+    a, b = first["arms"]["static-final"]["runs"], second["arms"]["static-final"]["runs"]
+    if [r["final_val_bits"] for r in a] != [r["final_val_bits"] for r in b]:
+        raise ValueError(
+            "the two results' static-final runs differ: they were not trained by the same code on the same seeds"
+        )
+    arms = {**first["arms"], **{k: v for k, v in second["arms"].items() if k not in first["arms"]}}
+    merged = {**first, "arms": arms, "static_frontier": static_frontier(arms)}
+    merged["static_budgets"] = sorted({*first.get("static_budgets", []), *second.get("static_budgets", [])})
+    merged["wall_s"] = first["wall_s"] + second["wall_s"]
+    return merged
 
 
 def _interval(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool) -> dict[str, Any]:
@@ -406,21 +521,24 @@ def format_table(result: dict[str, Any]) -> str:
         f"{statistics.fmean(targets):.4f} bits; wall {result['wall_s']:.0f} s",
         "",
         "| arm | final val bits | params | training FLOPs | reached target | FLOPs saving to target "
-        "(95 % CI) | minus static at equal FLOPs (95 % CI) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "(95 % CI) | minus static-final's curve at equal FLOPs (95 % CI) | minus the static frontier at "
+        "equal FLOPs (95 % CI) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    frontier = result.get("static_frontier", {})
     for arm, s in result["arms"].items():
+        versus = "static run" if arm not in frontier else _fmt(frontier[arm], "bits", missing="outside its FLOPs")
         lines.append(
             f"| {arm} | {s['final_val_bits_mean']:.4f} | {s['params_mean']:.0f} | {s['train_flops_mean']:.3g} | "
             f"{s['reached_target']}/{len(result['seeds'])} | {_fmt(s['flops_saving'], '%')} | "
-            f"{_fmt(s['minus_static_at_equal_flops'], 'bits')} |"
+            f"{_fmt(s['minus_static_at_equal_flops'], 'bits')} | {versus if frontier else 'no budget arms'} |"
         )
     return "\n".join(lines)
 
 
-def _fmt(d: dict[str, Any] | None, unit: str) -> str:
+def _fmt(d: dict[str, Any] | None, unit: str, *, missing: str = "not every seed") -> str:
     if d is None:
-        return "not every seed"
+        return missing
     scale, form = (100.0, "{:+.1f}") if unit == "%" else (1.0, "{:+.4f}")
     mean = form.format(scale * d["mean"])
     if d["ci95_low"] is None:
@@ -471,7 +589,10 @@ __all__ = [
     "bits_at",
     "flops_to_reach",
     "format_table",
+    "merge_results",
+    "read_result",
     "run",
     "save_baseline",
+    "static_frontier",
     "summarise",
 ]

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from esper_cli.main import main
-from esper_core.studies.depth_growth import DepthGrowthConfig, arm_config, bits_at, flops_to_reach
+from esper_core.studies.depth_growth import (
+    DepthGrowthConfig,
+    arm_config,
+    bits_at,
+    flops_to_reach,
+    merge_results,
+    static_frontier,
+)
 
 LN2 = math.log(2)
 
@@ -23,7 +30,14 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     argv = ["bench", "depth-growth", "--plan", "smoke", "--json", "--workers", "0"]
     assert main([*argv, "--home", str(tmp_path / "home"), "--save-baseline", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert list(result["arms"]) == ["static-final", "static-start", "stack-0-4", "stack-all-1", "controller"]
+    assert list(result["arms"]) == [
+        "static-final",
+        "static-start",
+        "static-final-3ep",
+        "stack-0-4",
+        "stack-all-1",
+        "controller",
+    ]
     arms = result["arms"]
     # The stacked arm germinated twice, the whole-stack arm once; each ends at the final network's
     # size (2 -> 4 blocks) when its seeds merged, and the static start never grew.
@@ -39,11 +53,17 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     assert arms["static-start"]["params_mean"] < arms["static-final"]["params_mean"]
     # A grown network trains small first: it costs less than the static final one.
     assert arms["static-start"]["train_flops_mean"] < stacked["train_flops"] < arms["static-final"]["train_flops_mean"]
-    for arm in arms.values():
+    for name, arm in arms.items():
         (run,) = arm["runs"]
         flops = [p["train_flops"] for p in run["curve"]]
         # Cumulative: each epoch adds its FLOPs, the last point is the whole run's.
-        assert len(flops) == 6 and flops[0] > 0 and flops == sorted(set(flops)) and flops[-1] == run["train_flops"]
+        assert len(flops) == (3 if name == "static-final-3ep" else 6)
+        assert flops[0] > 0 and flops == sorted(set(flops)) and flops[-1] == run["train_flops"]
+    # The smaller static budget costs half the FLOPs, and every growing arm is compared with the
+    # static frontier (3 and 6 epochs of the final network) where its FLOPs fall inside it.
+    (budget,) = arms["static-final-3ep"]["runs"]
+    assert budget["train_flops"] * 2 == arms["static-final"]["runs"][0]["train_flops"]
+    assert set(result["static_frontier"]) == {"static-start", "stack-0-4", "stack-all-1", "controller"}
     # The static network reaches its own final loss with all its FLOPs: a saving of 0.
     (static,) = arms["static-final"]["runs"]
     assert static["flops_saving"] == pytest.approx(0.0, abs=1e-9)
@@ -93,3 +113,64 @@ def test_arms_are_configured_as_the_plan_says() -> None:
 def test_bad_options_are_refused_before_any_run(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DepthGrowthConfig(**{"plan": "smoke", **options})  # type: ignore[arg-type]
+
+
+def _arm(runs: list[tuple[int, float, float]]) -> dict[str, object]:
+    """An arm's summary as ``summarise`` writes it: ``(seed, train_flops, final_val_bits)`` per run."""
+    return {"runs": [{"seed": sd, "train_flops": f, "final_val_bits": b} for sd, f, b in runs]}
+
+
+def test_the_static_frontier_interpolates_each_seeds_budgets_and_leaves_out_flops_beyond_them() -> None:
+    arms = {
+        "static-final": _arm([(0, 800.0, 2.0), (1, 800.0, 2.2)]),
+        "static-final-4ep": _arm([(0, 400.0, 3.0), (1, 400.0, 3.2)]),
+        "grown": _arm([(0, 600.0, 2.3), (1, 500.0, 2.8)]),
+        "small": _arm([(0, 300.0, 3.5), (1, 300.0, 3.6)]),
+    }
+    frontier = static_frontier(arms)
+    # Seed 0: frontier at 600 is 2.5, seed 1 at 500 is 2.95: the grown arm is 0.2 and 0.15 below it.
+    assert frontier["grown"]["mean"] == pytest.approx(-0.175)
+    assert frontier["small"] is None  # 300 FLOPs: below every static budget, no comparison
+    assert "static-final-4ep" not in frontier and "static-final" not in frontier
+    assert static_frontier({"static-final": arms["static-final"], "grown": arms["grown"]}) == {}
+
+
+def test_merging_results_keeps_both_arms_and_refuses_results_of_other_runs() -> None:
+    base = {"recipe": "r", "start_recipe": "s", "seeds": [0, 1], "epochs": 8, "lr": 3e-3, "wall_s": 10.0}
+    first = {**base, "arms": {"static-final": _arm([(0, 800.0, 2.0), (1, 800.0, 2.2)]), "grown": _arm(
+        [(0, 600.0, 2.3), (1, 500.0, 2.8)])}}  # fmt: skip
+    second = {**base, "static_budgets": [4], "arms": {"static-final": first["arms"]["static-final"],
+              "static-final-4ep": _arm([(0, 400.0, 3.0), (1, 400.0, 3.2)])}}  # fmt: skip
+    merged = merge_results(first, second)
+    assert list(merged["arms"]) == ["static-final", "grown", "static-final-4ep"]
+    assert merged["static_frontier"]["grown"]["mean"] == pytest.approx(-0.175) and merged["wall_s"] == 20.0
+    with pytest.raises(ValueError, match="results differ in seeds"):
+        merge_results(first, {**second, "seeds": [0]})
+    other = {**second, "arms": {**second["arms"], "static-final": _arm([(0, 800.0, 2.0), (1, 800.0, 2.3)])}}
+    with pytest.raises(ValueError, match="static-final runs differ"):
+        merge_results(first, other)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read .* as a depth-growth result"),
+        ("not json", "cannot read .* as a depth-growth result"),
+        ('{"bench": "growth"}', "is not a depth-growth result"),
+        ('{"bench": "depth-growth", "recipe": "chars-gpt-growth", "start_recipe": "chars-gpt-growth-start", '
+         '"seeds": [0, 1, 2], "arms": {"static-final": {}}}', r"has seeds \[0, 1, 2\] and this run would have \[0\]"),
+    ],
+)  # fmt: skip
+def test_a_bad_merge_with_file_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
+) -> None:
+    path = tmp_path / "depth_growth.json"
+    if content is not None:
+        path.write_text(content)
+    home = tmp_path / "home"
+    argv = ["bench", "depth-growth", "--plan", "smoke", "--home", str(home), "--merge-with", str(path)]
+    assert main(argv) == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert not (home / "runs").exists()  # nothing ran
