@@ -50,7 +50,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 @_unknown_run
 def _cmd_show(args: argparse.Namespace) -> int:
     from esper_core.run.inventory import run_info, set_aside, verify_run
-    from esper_core.run.spec import SPEC_FILE
+    from esper_core.run.spec_file import SPEC_FILE
 
     runs_dir = _runs_dir()
     info = run_info(runs_dir, args.run_id)

@@ -18,7 +18,7 @@ from typing import Any
 
 from esper_core.benchmarks.registry import BASELINE_SERIES, SERIES_ORDER, BenchCase, SweepConfig, Workload, get_workload
 from esper_core.telemetry import latency_stats, load_baseline, write_baseline
-from esper_core.telemetry.baseline import atomic_write_text
+from esper_core.telemetry.atomic import atomic_write_text
 
 INDEX = "sweep.json"
 FIGURES = ("p50_ms", "p95_ms", "max_ms", "ratio_p50", "ratio_p95")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from esper_core.run.commits import CHECKPOINTS_DIR, epochs_applied, tag_order
-from esper_core.run.spec import SPEC_FILE, RunSpec
+from esper_core.run.spec_file import SPEC_FILE, read_spec_file
 from esper_core.run.stops import StopRecord, read_stop
 from esper_core.tolaria.checkpoint import DAMAGED_DIR, CheckpointCheck, CheckpointStore
 
@@ -47,11 +47,15 @@ def run_info(runs_dir: Path, run_id: str) -> RunInfo:
         UnknownRunError: no run of that id under ``runs_dir``.
     """
     run_dir = _run_dir(runs_dir, run_id)
-    spec = RunSpec.load(run_dir)
-    epochs = spec.epochs
+    saved = read_spec_file(run_dir)
+    epochs: int | None = saved.get("total_epochs", saved.get("epochs"))
     if epochs is None:
+        # A run.json written before it recorded ``total_epochs``, without an epochs override: only
+        # its recipe knows, and resolving it imports the run layer (torch among it).
+        from esper_core.run.spec import RunSpec
+
         try:
-            epochs = spec.config().epochs
+            epochs = RunSpec.load(run_dir).config().epochs
         except ValueError:  # a user's recipe not importable here: the count is unknown, not an error
             epochs = None
     checkpoints = run_dir / CHECKPOINTS_DIR
@@ -67,7 +71,7 @@ def run_info(runs_dir: Path, run_id: str) -> RunInfo:
         status = "not started"
     return RunInfo(
         run_id=run_id,
-        recipe=spec.recipe,
+        recipe=saved["recipe"],
         epochs=epochs,
         epochs_done=done,
         last_commit=latest,

@@ -43,7 +43,8 @@ from esper_core.run.config import RunConfig
 from esper_core.run.outage import open_registry
 from esper_core.run.plan import check_recipe
 from esper_core.run.session import Run, RunHandle
-from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, check_parallel
+from esper_core.run.spec import PlannedRun, RunSpec, check_parallel
+from esper_core.run.spec_file import SPEC_FILE
 from esper_core.run.steps import decide_and_apply
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import TelemetrySink

@@ -48,7 +48,8 @@ from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
-from esper_core.run.spec import SPEC_FILE, PlannedRun, RunSpec, resolve
+from esper_core.run.spec import PlannedRun, RunSpec, resolve
+from esper_core.run.spec_file import SPEC_FILE
 from esper_core.run.state import RunRecord, RunState, Unsent
 from esper_core.run.stops import clear_stop
 from esper_core.settings import EsperSettings

@@ -19,7 +19,7 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import torch
 from pydantic import Field
@@ -33,6 +33,7 @@ from esper_core.run.build import load_run_data
 from esper_core.run.config import RunConfig
 from esper_core.run.plan import RunPlan, plan_compile_jobs, plan_run, recipe_feature_shape
 from esper_core.run.recipes import get_recipe
+from esper_core.run.spec_file import SPEC_FILE, SPEC_VERSION, read_spec_file
 from esper_core.tamiyo.config import pinnable_policies, policy_record, with_policy
 from esper_core.tezzeret.config import Backend
 
@@ -45,14 +46,6 @@ Seed = Annotated[int, Field(ge=0, description="Random seed (0 or more)")]
 """A random seed as a flow parameter (``RunSpec.seed``): NumPy's generators take none below 0."""
 MaxParams = Annotated[int, Field(ge=1, description="Most parameters the grown network may hold")]
 """A growth cap as a flow parameter (``RunSpec.max_params``)."""
-
-SPEC_FILE = "run.json"
-"""A run folder's record of what the run was started with (``RunSpec.save``)."""
-SPEC_VERSION = 3
-"""``run.json``'s format: 3 adds ``policy`` and ``max_params`` (and the resolved ``decides``,
-not read back), so an older Esper refuses to resume a run it would decide differently; 2 is
-``RunSpec``'s own fields before them; 1 (no version key, before 2026-11-27) held recipe,
-epochs, device and seed as a hand-built dict. Both still load."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,6 +130,8 @@ class RunSpec:
         fields = {"version": SPEC_VERSION, "run_id": run_dir.name, "recipe": self.recipe, "epochs": self.epochs}
         fields |= {"device": self.device, "seed": self.seed, "nproc": self.nproc}
         fields |= {"policy": self.policy, "max_params": self.max_params}
+        # Resolved, not read back: what `esper runs list` shows without loading the recipe.
+        fields["total_epochs"] = config.epochs
         # Who decided, resolved: a run records the shipped policy's name and pinned digest (the
         # summary adds the registry version it was served as). Not read back: the fields above are.
         fields["decides"] = policy_record(config.tamiyo, served=None)
@@ -149,15 +144,7 @@ class RunSpec:
         Raises:
             ValueError: no ``run.json`` there, a newer format, or fields a spec refuses.
         """
-        path = run_dir / SPEC_FILE
-        if not path.exists():
-            raise ValueError(f"no run {run_dir.name!r} under {run_dir.parent}; list runs with `ls {run_dir.parent}`")
-        saved: dict[str, Any] = json.loads(path.read_text())
-        version = saved.pop("version", 1)
-        if version > SPEC_VERSION:
-            raise ValueError(
-                f"{path} is run.json version {version}, newer than this Esper reads ({SPEC_VERSION}): upgrade Esper"
-            )
+        saved = read_spec_file(run_dir)
         return cls(
             **{
                 k: saved[k]

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from esper_core.run.commits import CHECKPOINTS_DIR, epochs_applied
-from esper_core.telemetry.baseline import atomic_write_text
+from esper_core.telemetry.atomic import atomic_write_text
 from esper_core.tolaria.checkpoint import CheckpointStore
 
 STOP_FILE = "stopped.json"

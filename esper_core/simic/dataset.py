@@ -266,7 +266,7 @@ def _sample(record: DecisionRecord, reward: float, outcome: Outcome | None, *, o
     if not legal or (blueprint >= 0 and not bool(masks.fits[slot, blueprint])):
         return None
     return Sample(
-        graph=graph.data,
+        graph=graph.hetero_data(),
         masks=masks,
         action=action,
         slot=slot,

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import softmax as segment_softmax
 
 from esper_core.contracts import CommandType, GateId, SeedOperation, SeedStage, SystemStatePacket
 from esper_core.tamiyo.candidates import BlueprintCandidate
@@ -231,6 +230,10 @@ def _entropy(lp: Tensor, mask: Tensor) -> Tensor:
 def _segment_choice_lp(scores: Tensor, mask: Tensor, batch: Tensor, chosen: Tensor, g: int) -> tuple[Tensor, Tensor]:
     """Within each graph, the log-softmax of ``scores`` over masked nodes read at ``chosen``, and
     its entropy; both (G,), 0 for graphs that chose nothing here (``chosen`` < 0)."""
+    # Imported here: only Simic's training reaches this (a run's decisions use ``choose``), and
+    # importing torch-geometric costs every run seconds.
+    from torch_geometric.utils import softmax as segment_softmax
+
     out = scores.new_zeros(g)
     if scores.numel() == 0:
         return out, out

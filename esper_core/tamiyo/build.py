@@ -156,8 +156,8 @@ class PreparedPolicy:
 
     def inputs(self, graph: TamiyoGraph) -> tuple[XDict, EdgeDict]:
         """The graph's ``(x_dict, edge_index_dict)`` on the policy's device (pinned copies on CUDA)."""
-        x_dict = {nt: host_to_device(x, self.device) for nt, x in graph.data.x_dict.items()}
-        edge_index_dict = {et: host_to_device(ei, self.device) for et, ei in graph.data.edge_index_dict.items()}
+        x_dict = {nt: host_to_device(x, self.device) for nt, x in graph.x_dict.items()}
+        edge_index_dict = {et: host_to_device(ei, self.device) for et, ei in graph.edge_index_dict.items()}
         return x_dict, edge_index_dict
 
     def __call__(self, x_dict: XDict, edge_index_dict: EdgeDict) -> PolicyOutput:

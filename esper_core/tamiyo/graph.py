@@ -46,14 +46,16 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
-from torch_geometric.data import HeteroData
 
 from esper_core.contracts import BlueprintTier, LayerState, SeedStage, SeedState, SystemStatePacket
 from esper_core.contracts.enums import LayerKind, SlotKind
 from esper_core.tamiyo.candidates import BlueprintCandidate
+
+if TYPE_CHECKING:
+    from torch_geometric.data import HeteroData
 
 NodeType = str
 EdgeType = tuple[str, str, str]
@@ -176,19 +178,44 @@ _V = TypeVar("_V", LayerKind, SlotKind)
 class TamiyoGraph:
     """The policy's input graph plus the ids needed to map node scores back to commands.
 
+    The graph is kept as plain tensor dicts, which is all the policy reads: a run builds one every
+    epoch (its policy, or the GNN's shadow scoring under the heuristic), and torch-geometric's
+    ``HeteroData`` would cost every run its import (seconds). ``hetero_data()`` builds one for what
+    batches graphs (Simic's dataset).
+
     Attributes:
-        data: The hetero graph; ``data.x_dict`` / ``data.edge_index_dict`` feed the policy.
+        x_dict: Node features per node type, in ``NODE_TYPES`` order;
+            ``(num_nodes, FEATURE_DIMS[node_type])`` float32 each.
+        edge_index_dict: ``(2, E)`` int64 edge indices for every edge type in ``EDGE_TYPES``
+            (each forward relation followed by its reverse).
         slot_ids: Slot id of each ``slot`` node, in node order.
         blueprint_ids: Blueprint id of each ``blueprint`` node, in node order.
         coverage: Share of feature entries that were observed rather than defaulted to 0.
         missing: ``<node type>.<feature>`` names with at least one unobserved entry, sorted.
     """
 
-    data: HeteroData
+    x_dict: dict[NodeType, torch.Tensor]
+    edge_index_dict: dict[EdgeType, torch.Tensor]
     slot_ids: tuple[str, ...]
     blueprint_ids: tuple[str, ...]
     coverage: float
     missing: tuple[str, ...] = ()
+
+    def hetero_data(self) -> HeteroData:
+        """The graph as a torch-geometric ``HeteroData`` holding these same tensors.
+
+        Returns:
+            A new ``HeteroData`` on each call (its node and edge stores refer back to it, so keep
+            it while they are read).
+        """
+        from torch_geometric.data import HeteroData
+
+        data = HeteroData()
+        for node_type, x in self.x_dict.items():
+            data[node_type].x = x
+        for edge_type, edge_index in self.edge_index_dict.items():
+            data[edge_type].edge_index = edge_index
+        return data
 
     def inputs(self, device: torch.device) -> tuple[dict[NodeType, torch.Tensor], dict[EdgeType, torch.Tensor]]:
         """The policy's ``(x_dict, edge_index_dict)`` on ``device``.
@@ -200,8 +227,8 @@ class TamiyoGraph:
             Node features per node type and edge indices per edge type.
         """
         # non_blocking only overlaps anything for pinned host memory; it is harmless otherwise.
-        x_dict = {nt: x.to(device, non_blocking=True) for nt, x in self.data.x_dict.items()}
-        edge_index_dict = {et: ei.to(device, non_blocking=True) for et, ei in self.data.edge_index_dict.items()}
+        x_dict = {nt: x.to(device, non_blocking=True) for nt, x in self.x_dict.items()}
+        edge_index_dict = {et: ei.to(device, non_blocking=True) for et, ei in self.edge_index_dict.items()}
         return x_dict, edge_index_dict
 
 
@@ -245,20 +272,23 @@ def build_graph(
         "slot": [_slot_row(seed, current.val_loss, current.host_params) for seed in current.seeds],
         "blueprint": [_blueprint_row(c, current, host_flops) for c in candidates],
     }
-    data = HeteroData()
+    x_dict: dict[NodeType, torch.Tensor] = {}
     observed = total = 0
     missing: set[str] = set()
     for node_type, node_rows in rows.items():
         x, unobserved = _tensorise(node_rows, FEATURE_DIMS[node_type])
-        data[node_type].x = x  # (num_nodes, FEATURE_DIMS[node_type])
+        x_dict[node_type] = x  # (num_nodes, FEATURE_DIMS[node_type])
         observed += x.numel() - len(unobserved)
         total += x.numel()
         names = FEATURE_NAMES[node_type]
         missing.update(f"{node_type}.{names[col]}" for col in unobserved)
-    for edge_type, (src, dst) in _edges(current, candidates).items():
-        data[edge_type].edge_index = torch.tensor([src, dst], dtype=torch.long)  # (2, E)
+    edge_index_dict = {
+        edge_type: torch.tensor([src, dst], dtype=torch.long)  # (2, E)
+        for edge_type, (src, dst) in _edges(current, candidates).items()
+    }
     return TamiyoGraph(
-        data=data,
+        x_dict=x_dict,
+        edge_index_dict=edge_index_dict,
         slot_ids=tuple(s.slot_id for s in current.seeds),
         blueprint_ids=tuple(c.blueprint_id for c in candidates),
         coverage=observed / total,

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 from pydantic import ValidationError
 
 from esper_core.contracts import LatencyStats, TelemetryEvent, TelemetryPacket
+from esper_core.telemetry.atomic import atomic_write
 from esper_core.telemetry.environment import capture_environment
 from esper_core.telemetry.stats import latency_stats
 
@@ -114,31 +113,10 @@ def write_baseline(
             f"baseline {name!r} is not JSON-serialisable ({e}); pass plain numbers, strings, "
             "lists and dicts in workload and extra"
         ) from e
-    _atomic_write(Path(path), text)
+    atomic_write(Path(path), text)
     # Return what a reader will see (tuples become lists, and so on).
     result: dict[str, Any] = json.loads(text)
     return result
-
-
-def _atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` so readers see the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The temporary file must be on the same file system as ``path`` for os.replace to be atomic.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (readers see the old file or the new one, never a part)."""
-    _atomic_write(Path(path), text)
 
 
 def save_result_with_plot(
@@ -149,8 +127,8 @@ def save_result_with_plot(
     returns both paths."""
     directory.mkdir(parents=True, exist_ok=True)
     json_path, png_path = directory / json_name, directory / png_name
-    _atomic_write(json_path, json.dumps(result, indent=2) + "\n")
-    _atomic_write(png_path, png)
+    atomic_write(json_path, json.dumps(result, indent=2) + "\n")
+    atomic_write(png_path, png)
     return json_path, png_path
 
 

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 log = logging.getLogger(__name__)
 
 DAMAGED_DIR = "damaged"
@@ -165,6 +163,8 @@ class CheckpointStore:
         Raises:
             CheckpointWriteError: the files could not be written (a full disk, say).
         """
+        import torch  # see _unpickle
+
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
@@ -293,6 +293,10 @@ class CheckpointStore:
 
 
 def _unpickle(data: bytes) -> dict[str, Any]:
+    # torch is imported where a checkpoint is (de)serialised, not with the module: reading LATEST
+    # and checking digests (`esper runs list|show|verify`) must not pay seconds for it.
+    import torch
+
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 

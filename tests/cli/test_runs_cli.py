@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from esper_cli.main import main
 from esper_core.run import Run, RunSpec, finish_run, grow_epoch
 from esper_core.run.commits import epoch_tag
+from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from tests.helpers.checkpoints import flip
 
@@ -38,6 +40,31 @@ def test_runs_list_shows_each_runs_progress(two_runs: EsperSettings, capsys: pyt
     assert main(["runs", "list"]) == 0
     out = capsys.readouterr().out
     assert "seed-reference" in out and "1/2" in out and "2/2" in out
+
+
+def test_runs_list_reads_the_recipes_epoch_count_from_run_json_or_else_the_recipe(
+    esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that leaves its epochs to its recipe: ``run.json`` records the count resolved
+    (``total_epochs``); a folder written before it did is resolved from its recipe."""
+    run = Run.start(RunSpec(recipe="seed-reference", device="cpu", run_id="new"), settings=esper_home)
+    try:
+        grow_epoch(run, 0)
+    finally:
+        run.close()
+    epochs = get_recipe("seed-reference").epochs
+    saved = json.loads((esper_home.runs_dir / "new" / "run.json").read_text())
+    assert saved["epochs"] is None and saved["total_epochs"] == epochs
+    old = esper_home.runs_dir / "old"
+    shutil.copytree(esper_home.runs_dir / "new", old)
+    del saved["total_epochs"]
+    (old / "run.json").write_text(json.dumps(saved | {"run_id": "old"}))
+    assert main(["runs", "list", "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {run_id: (r["epochs_done"], r["epochs"]) for run_id, r in rows.items()} == {
+        "new": (1, epochs),
+        "old": (1, epochs),
+    }
 
 
 def test_runs_list_on_an_empty_home(esper_home: EsperSettings, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,8 @@ import textwrap
 import pytest
 
 from esper_cli.main import build_parser
+from esper_core.run import Run, RunSpec, grow_epoch
+from esper_core.settings import EsperSettings
 
 HEAVY = ("torch", "torch_geometric", "prefect", "sqlalchemy")
 """Packages no parse-only command may import."""
@@ -95,9 +97,16 @@ def test_parsing_imports_no_heavy_package(argvs: list[list[str]]) -> None:
     )
 
 
-def test_commands_that_read_runs_import_no_policy_graph_or_flow_library(esper_home: object) -> None:
+def test_commands_that_read_runs_import_no_policy_graph_or_flow_library(esper_home: EsperSettings) -> None:
     """``runs list`` and ``export`` read run folders: torch-geometric (Tamiyo's graphs) and Prefect
-    have no part in them. ``export`` goes through the whole run layer short of a session: the
+    have no part in them, and ``runs list`` reads only files (``run.json``, ``LATEST``), so not
+    torch either; the run it lists leaves its epoch count to its recipe, which ``run.json``
+    records resolved. ``export`` goes through the whole run layer short of a session: the
     import of its module is what is checked, with a run id that is not there."""
+    run = Run.start(RunSpec(recipe="seed-reference", device="cpu", run_id="listed"), settings=esper_home)
+    try:
+        grow_epoch(run, 0)
+    finally:
+        run.close()
     loaded = _heavy_imports([["runs", "list"], ["export", "no-such-run"]])
-    assert loaded == {"runs list": ["torch"], "export no-such-run": ["sqlalchemy", "torch"]}
+    assert loaded == {"runs list": [], "export no-such-run": ["sqlalchemy", "torch"]}

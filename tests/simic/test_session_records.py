@@ -136,6 +136,6 @@ def test_tamiyo_reads_the_new_inputs_on_a_real_run(compiled_home: EsperSettings)
     )
     new = ("train_accuracy", "train_val_accuracy_gap", "log1p_remaining_param_budget", "log1p_activation_grad_norm")
     assert not [m for m in graph.missing if m.split(".")[1] in new + ("log1p_flops_per_sample", "linear_share")]
-    row = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    row = dict(zip(GLOBAL_FEATURES, graph.x_dict["global"][0].tolist(), strict=True))
     assert row["train_val_accuracy_gap"] == pytest.approx(current.train_accuracy - current.val_accuracy, abs=1e-6)
     session.close()

@@ -82,7 +82,7 @@ def test_choices_are_always_legal_and_sampling_is_reproducible() -> None:
 
 
 def _batch_choices(graph_list, masks_list, chosen: list[Choice]) -> tuple[Batch, BatchChoices]:
-    batch = Batch.from_data_list([g.data for g in graph_list])
+    batch = Batch.from_data_list([g.hetero_data() for g in graph_list])
     slot_ptr, bp_ptr = batch["slot"].ptr.tolist(), batch["blueprint"].ptr.tolist()
     return batch, BatchChoices(
         action=torch.tensor([c.action for c in chosen]),
@@ -141,7 +141,7 @@ def test_every_head_that_acts_keeps_its_entropy() -> None:
         p = torch.softmax(logits[mask], dim=-1)
         return -(p * p.log()).sum()
 
-    n_slots, n_bp = graph.data["slot"].num_nodes, graph.data["blueprint"].num_nodes
+    n_slots, n_bp = graph.x_dict["slot"].shape[0], graph.x_dict["blueprint"].shape[0]
     type_h = h(out.action_logits[1], masks.action)
     expected = (
         type_h

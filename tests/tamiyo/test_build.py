@@ -367,7 +367,7 @@ def test_inputs_are_neither_pinned_nor_copied_on_cpu() -> None:
     graph = build_graph(synthetic_history(), synthetic_candidates())
     policy = PreparedPolicy(_model(), device=CPU, compile_config=None, dtype=None)
     x_dict, _ = policy.inputs(graph)
-    assert x_dict["global"] is graph.data["global"].x
+    assert x_dict["global"] is graph.x_dict["global"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned non_blocking copies")

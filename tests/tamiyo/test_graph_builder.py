@@ -62,15 +62,15 @@ def _candidate(blueprint_id: str, profiles: set[str]) -> BlueprintCandidate:
 
 
 def _edge_pairs(graph: TamiyoGraph, edge_type: tuple[str, str, str]) -> set[tuple[int, int]]:
-    src, dst = graph.data[edge_type].edge_index.tolist()
+    src, dst = graph.edge_index_dict[edge_type].tolist()
     return set(zip(src, dst, strict=True))
 
 
 def test_node_counts_and_feature_dims(graph: TamiyoGraph) -> None:
-    counts = {nt: graph.data[nt].x.shape[0] for nt in NODE_TYPES}
+    counts = {nt: graph.x_dict[nt].shape[0] for nt in NODE_TYPES}
     assert counts == {"global": 1, "layer": 3, "slot": 2, "blueprint": 3}
     for nt in NODE_TYPES:
-        x = graph.data[nt].x
+        x = graph.x_dict[nt]
         assert x.dtype == torch.float32
         assert x.shape[1] == FEATURE_DIMS[nt]
         assert torch.isfinite(x).all()
@@ -80,7 +80,7 @@ def test_node_counts_and_feature_dims(graph: TamiyoGraph) -> None:
 
 
 def test_slot_features_encode_stage_and_gate(graph: TamiyoGraph) -> None:
-    x_slot = graph.data["slot"].x
+    x_slot = graph.x_dict["slot"]
     col = {name: i for i, name in enumerate(SLOT_FEATURES)}
     assert x_slot[0, col["stage_dormant"]] == 1.0 and x_slot[1, col["stage_training"]] == 1.0
     assert x_slot[:, col["gate_none"]].tolist() == [1.0, 1.0]
@@ -90,18 +90,28 @@ def test_slot_features_encode_stage_and_gate(graph: TamiyoGraph) -> None:
 
 
 def test_every_edge_type_present_and_well_formed(graph: TamiyoGraph) -> None:
-    assert set(graph.data.edge_types) == set(EDGE_TYPES)
+    assert set(graph.edge_index_dict) == set(EDGE_TYPES)
     for src_type, rel, dst_type in EDGE_TYPES:
-        edge_index = graph.data[src_type, rel, dst_type].edge_index
+        edge_index = graph.edge_index_dict[src_type, rel, dst_type]
         assert edge_index.dtype == torch.int64
         assert edge_index.dim() == 2 and edge_index.shape[0] == 2
         if edge_index.numel():
-            assert edge_index[0].min() >= 0 and edge_index[0].max() < graph.data[src_type].num_nodes
-            assert edge_index[1].min() >= 0 and edge_index[1].max() < graph.data[dst_type].num_nodes
+            assert edge_index[0].min() >= 0 and edge_index[0].max() < graph.x_dict[src_type].shape[0]
+            assert edge_index[1].min() >= 0 and edge_index[1].max() < graph.x_dict[dst_type].shape[0]
     # Every node type receives messages, and each reverse relation mirrors its forward one.
     assert {dst for _, _, dst in EDGE_TYPES} == set(NODE_TYPES)
     for fwd, rev in zip(FORWARD_EDGE_TYPES, REVERSE_EDGE_TYPES, strict=True):
         assert _edge_pairs(graph, rev) == {(d, s) for s, d in _edge_pairs(graph, fwd)}
+
+
+def test_hetero_data_holds_the_same_tensors_in_the_same_order(graph: TamiyoGraph) -> None:
+    """Simic batches ``hetero_data()`` where a run's policy read the plain dicts: the same inputs."""
+    data = graph.hetero_data()
+    assert list(data.x_dict) == list(graph.x_dict) == list(NODE_TYPES)
+    assert list(data.edge_index_dict) == list(graph.edge_index_dict)
+    assert all(data.x_dict[nt] is x for nt, x in graph.x_dict.items())
+    assert all(data.edge_index_dict[et] is ei for et, ei in graph.edge_index_dict.items())
+    assert {nt: data[nt].num_nodes for nt in NODE_TYPES} == {"global": 1, "layer": 3, "slot": 2, "blueprint": 3}
 
 
 def test_edges_follow_the_host_structure(graph: TamiyoGraph) -> None:
@@ -126,10 +136,10 @@ def test_empty_history_raises() -> None:
 
 def test_no_slots_no_blueprints_keeps_every_edge_type() -> None:
     graph = build_graph(synthetic_history(num_slots=0), [])
-    assert graph.data["slot"].x.shape == (0, FEATURE_DIMS["slot"])
-    assert graph.data["blueprint"].x.shape == (0, FEATURE_DIMS["blueprint"])
-    assert set(graph.data.edge_types) == set(EDGE_TYPES)
-    assert graph.data["blueprint", "fits", "slot"].edge_index.shape == (2, 0)
+    assert graph.x_dict["slot"].shape == (0, FEATURE_DIMS["slot"])
+    assert graph.x_dict["blueprint"].shape == (0, FEATURE_DIMS["blueprint"])
+    assert set(graph.edge_index_dict) == set(EDGE_TYPES)
+    assert graph.edge_index_dict["blueprint", "fits", "slot"].shape == (2, 0)
 
 
 def _packet(seeds: tuple[SeedState, ...], val_loss: float = 1.0) -> SystemStatePacket:
@@ -180,11 +190,11 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
         "slot.val_loss_with_seed_delta",
         "slot.val_loss_without_seed_delta",
     )
-    total = sum(observed.data[nt].x.numel() for nt in NODE_TYPES)
+    total = sum(observed.x_dict[nt].numel() for nt in NODE_TYPES)
     assert defaulted.coverage == pytest.approx((total - 4) / total)
     col = SLOT_FEATURES.index("val_loss_with_seed_delta")
-    assert observed.data["slot"].x[0, col].item() == pytest.approx(-0.1)
-    assert defaulted.data["slot"].x[0, col].item() == 0.0
+    assert observed.x_dict["slot"][0, col].item() == pytest.approx(-0.1)
+    assert defaulted.x_dict["slot"][0, col].item() == 0.0
     # A single packet of a run of unknown length and budget has no trends (5 entries), no
     # progress and no remaining or used budget.
     single = build_graph([_packet((seed,))], [])
@@ -195,7 +205,7 @@ def test_missing_metrics_count_against_coverage_and_default_to_zero() -> None:
 def test_global_features_cover_trends_gap_seed_share_and_progress() -> None:
     history = synthetic_history(num_epochs=4, num_layers=3, num_slots=2)  # slot1 TRAINING
     graph = build_graph(history, synthetic_candidates(2), total_epochs=9)
-    row = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    row = dict(zip(GLOBAL_FEATURES, graph.x_dict["global"][0].tolist(), strict=True))
     current = history[-1]
     assert row["progress"] == pytest.approx(current.epoch / 8)
     assert row["generalisation_gap"] == pytest.approx(current.val_loss - current.train_loss)
@@ -203,7 +213,7 @@ def test_global_features_cover_trends_gap_seed_share_and_progress() -> None:
     assert row["train_loss_slope"] < 0 and row["val_accuracy_volatility"] > 0
     seed_params = sum(s.param_count for s in current.seeds if s.stage.is_active)
     assert row["seed_param_share"] == pytest.approx(seed_params / current.host_params)
-    bp = dict(zip(BLUEPRINT_FEATURES, graph.data["blueprint"].x[1].tolist(), strict=True))
+    bp = dict(zip(BLUEPRINT_FEATURES, graph.x_dict["blueprint"][1].tolist(), strict=True))
     assert bp["param_cost_share"] == pytest.approx(2000 / current.host_params)
 
 
@@ -218,9 +228,9 @@ def test_non_finite_and_huge_values_are_bounded() -> None:
     )
     graph = build_graph([_packet((seed,), val_loss=1e30)], [])
     for nt in NODE_TYPES:
-        x = graph.data[nt].x
+        x = graph.x_dict[nt]
         assert torch.isfinite(x).all() and (x.abs() <= FEATURE_CLIP).all()
-    assert graph.data["global"].x[0, 1].item() == FEATURE_CLIP  # val_loss clipped
+    assert graph.x_dict["global"][0, 1].item() == FEATURE_CLIP  # val_loss clipped
     assert graph.coverage < 1.0
 
 
@@ -232,20 +242,20 @@ def test_new_inputs_read_under_fitting_budget_bottleneck_and_capacity() -> None:
     new |= {"log1p_flops_per_sample", "linear_share"}
     assert not [m for m in graph.missing if m.split(".")[1] in new]
     current = history[-1]
-    row = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    row = dict(zip(GLOBAL_FEATURES, graph.x_dict["global"][0].tolist(), strict=True))
     assert row["train_accuracy"] == pytest.approx(current.train_accuracy)
     assert row["train_val_accuracy_gap"] == pytest.approx(current.train_accuracy - current.val_accuracy)
     seed_params = sum(s.param_count for s in current.seeds if s.stage.is_active)
     assert row["log1p_remaining_param_budget"] == pytest.approx(math.log1p(5000 - seed_params))
-    slot = graph.data["slot"].x[:, SLOT_FEATURES.index("log1p_activation_grad_norm")].tolist()
+    slot = graph.x_dict["slot"][:, SLOT_FEATURES.index("log1p_activation_grad_norm")].tolist()
     assert slot == pytest.approx([math.log1p(s.activation_grad_norm) for s in current.seeds])
-    bp = [dict(zip(BLUEPRINT_FEATURES, x, strict=True)) for x in graph.data["blueprint"].x.tolist()]
+    bp = [dict(zip(BLUEPRINT_FEATURES, x, strict=True)) for x in graph.x_dict["blueprint"].tolist()]
     assert [b["log1p_flops_per_sample"] for b in bp] == pytest.approx([math.log1p(2000), math.log1p(4000)])
     assert [b["linear_share"] for b in bp] == [0.0, 1.0]
     # Over budget: the remaining budget goes negative instead of saturating at zero.
     over = build_graph(history, candidates, param_budget=0)
     col = GLOBAL_FEATURES.index("log1p_remaining_param_budget")
-    assert over.data["global"].x[0, col].item() == pytest.approx(-math.log1p(seed_params))
+    assert over.x_dict["global"][0, col].item() == pytest.approx(-math.log1p(seed_params))
 
 
 def test_capacity_only_counts_the_profiles_the_candidate_has_an_artifact_for() -> None:
@@ -253,7 +263,7 @@ def test_capacity_only_counts_the_profiles_the_candidate_has_an_artifact_for() -
     wider = CandidateCapacity(profile="w999", parameters=1, flops_per_sample=10**9, linear=True)
     stale = dataclasses.replace(candidate, capacity=(*candidate.capacity, wider))
     history = synthetic_history(num_epochs=1)
-    row = build_graph(history, [stale]).data["blueprint"].x[0]
+    row = build_graph(history, [stale]).x_dict["blueprint"][0]
     assert row[BLUEPRINT_FEATURES.index("linear_share")].item() == 0.0
     assert row[BLUEPRINT_FEATURES.index("log1p_flops_per_sample")].item() == pytest.approx(math.log1p(2000))
 
@@ -329,9 +339,9 @@ def test_two_states_differing_only_in_wall_clock_time_build_bit_identical_graphs
     idle = build_graph(history, candidates, total_epochs=10, param_budget=5000)
     busy = build_graph(busy_history, busy_candidates, total_epochs=10, param_budget=5000)
     for nt in NODE_TYPES:
-        assert torch.equal(idle.data[nt].x, busy.data[nt].x), nt
+        assert torch.equal(idle.x_dict[nt], busy.x_dict[nt]), nt
     for et in EDGE_TYPES:
-        assert torch.equal(idle.data[et].edge_index, busy.data[et].edge_index), et
+        assert torch.equal(idle.edge_index_dict[et], busy.edge_index_dict[et]), et
     assert (idle.coverage, idle.missing) == (busy.coverage, busy.missing)
 
 
@@ -353,7 +363,7 @@ def test_layer_names_do_not_reach_the_policy() -> None:
     a = build_graph(history, synthetic_candidates(2))
     b = build_graph([renamed(p) for p in history], synthetic_candidates(2))
     for nt in NODE_TYPES:
-        assert torch.equal(a.data[nt].x, b.data[nt].x), nt
+        assert torch.equal(a.x_dict[nt], b.x_dict[nt]), nt
     assert _edge_pairs(a, ("layer", "hosts", "slot")) == _edge_pairs(b, ("layer", "hosts", "slot"))
 
 
@@ -362,7 +372,7 @@ def test_layers_read_kind_fans_and_shares_of_the_host() -> None:
     conv = packet.layers[1].model_copy(update={"kind": LayerKind.CONV2D, "fan_in": 16 * 9, "fan_out": 32 * 9})
     packet = packet.model_copy(update={"layers": (packet.layers[0], conv, packet.layers[2])})
     graph = build_graph([packet], [])
-    rows = [dict(zip(LAYER_FEATURES, x, strict=True)) for x in graph.data["layer"].x.tolist()]
+    rows = [dict(zip(LAYER_FEATURES, x, strict=True)) for x in graph.x_dict["layer"].tolist()]
     assert [r["kind_conv2d"] for r in rows] == [0.0, 1.0, 0.0]
     assert [r["kind_linear"] for r in rows] == [1.0, 0.0, 1.0]
     assert rows[1]["log_fan_in"] == pytest.approx(math.log(16 * 9))
@@ -373,7 +383,7 @@ def test_layers_read_kind_fans_and_shares_of_the_host() -> None:
     assert [r["param_share"] for r in rows] == pytest.approx([p / packet.host_params for p in params])
     widths = [math.log(layer.width) for layer in packet.layers]
     assert [r["log_width_rel"] for r in rows] == pytest.approx([w - sum(widths) / 3 for w in widths])
-    g = dict(zip(GLOBAL_FEATURES, graph.data["global"].x[0].tolist(), strict=True))
+    g = dict(zip(GLOBAL_FEATURES, graph.x_dict["global"][0].tolist(), strict=True))
     assert g["log1p_host_flops_per_sample"] == pytest.approx(math.log1p(sum(flops)), rel=1e-6)
     # A host twice as wide everywhere: the scale-free features do not move.
     doubled = packet.model_copy(
@@ -391,7 +401,7 @@ def test_layers_read_kind_fans_and_shares_of_the_host() -> None:
             ),
         }
     )
-    rows2 = [dict(zip(LAYER_FEATURES, x, strict=True)) for x in build_graph([doubled], []).data["layer"].x.tolist()]
+    rows2 = [dict(zip(LAYER_FEATURES, x, strict=True)) for x in build_graph([doubled], []).x_dict["layer"].tolist()]
     for name in ("log_width_rel", "param_share", "flops_share", "relative_depth"):
         assert [r[name] for r in rows2] == pytest.approx([r[name] for r in rows]), name
 
@@ -403,9 +413,9 @@ def test_slots_and_blueprints_carry_their_kind_depth_included() -> None:
     packet = packet.model_copy(update={"seeds": (depth_slot, packet.seeds[1])})
     depth = dataclasses.replace(_candidate("depth-block", {"depth"}), kind=SlotKind.DEPTH)
     graph = build_graph([packet], [*synthetic_candidates(1), depth])
-    slots = [dict(zip(SLOT_FEATURES, x, strict=True)) for x in graph.data["slot"].x.tolist()]
+    slots = [dict(zip(SLOT_FEATURES, x, strict=True)) for x in graph.x_dict["slot"].tolist()]
     assert [(r["kind_branch"], r["kind_width"], r["kind_depth"]) for r in slots] == [(0, 0, 1), (1, 0, 0)]
-    bps = [dict(zip(BLUEPRINT_FEATURES, x, strict=True)) for x in graph.data["blueprint"].x.tolist()]
+    bps = [dict(zip(BLUEPRINT_FEATURES, x, strict=True)) for x in graph.x_dict["blueprint"].tolist()]
     assert [(r["kind_branch"], r["kind_depth"]) for r in bps] == [(1, 0), (0, 1)]
     assert bps[1]["fit_share"] == 0.5
     # The action space already holds it: germinating the depth slot with the depth block is legal.
@@ -417,5 +427,5 @@ def test_blueprint_flops_are_read_against_the_hosts() -> None:
     history = synthetic_history(num_epochs=1, num_layers=3, num_slots=1)
     graph = build_graph(history, synthetic_candidates(1))
     host = sum(layer.flops_per_sample or 0 for layer in history[-1].layers)
-    row = dict(zip(BLUEPRINT_FEATURES, graph.data["blueprint"].x[0].tolist(), strict=True))
+    row = dict(zip(BLUEPRINT_FEATURES, graph.x_dict["blueprint"][0].tolist(), strict=True))
     assert row["flops_share"] == pytest.approx(2000 / host)

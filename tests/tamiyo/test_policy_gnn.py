@@ -175,8 +175,8 @@ def test_fused_layers_compute_what_pyg_heteroconv_sage_computes() -> None:
     hidden = 8
     graph = _small_graph()
     torch.manual_seed(0)
-    h = {nt: torch.randn(graph.data[nt].num_nodes, hidden) for nt in graph.data.node_types}
-    edge_index_dict = graph.data.edge_index_dict
+    h = {nt: torch.randn(graph.x_dict[nt].shape[0], hidden) for nt in graph.x_dict}
+    edge_index_dict = graph.edge_index_dict
     for last in (False, True):
         ours = HeteroSAGELayer(hidden, last=last)
         pyg = pyg_layer(ours, hidden)
