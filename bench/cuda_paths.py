@@ -24,7 +24,7 @@ import torch
 
 from bench._output import save_json
 from esper_core.benchmarks.common import BenchConfig
-from esper_core.benchmarks.training import headline, run, save_baseline
+from esper_core.benchmarks.training import headline, run, save_baseline, score_line
 
 RECIPES = ("seed-reference", "digits-mlp", "mnist1d-mlp", "mnist1d-cnn", "mnist1d-cnn-width")
 PATHS: dict[str, dict[str, Any]] = {
@@ -74,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(
             f"{row['recipe']:<18} {row['path']:<8} {row['chosen_path']:<20} train x{row['ratio_p50']:.2f} "
-            f"epoch x{row['epoch_ratio_p50']:.2f}  acc eager {row['accuracy_esper']:.3f} "
-            f"chosen {row['accuracy_chosen']:.3f} bare {row['accuracy_bare']:.3f}"
+            f"epoch x{row['epoch_ratio_p50']:.2f}  {score_line(row)}"
         )
         for fallback in row["fallbacks"]:
             print(f"{'':<27} fell back: {fallback[:300]}")

@@ -24,7 +24,7 @@ from esper_core.studies.arms import GROWING_ARMS
 
 def _cmd_bench_training(args: argparse.Namespace) -> int:
     from esper_core.benchmarks.common import BenchConfig
-    from esper_core.benchmarks.training import headline, run, save_baseline
+    from esper_core.benchmarks.training import headline, run, save_baseline, score_line
 
     config = BenchConfig(
         epochs=args.epochs,
@@ -77,10 +77,7 @@ def _cmd_bench_training(args: argparse.Namespace) -> int:
         f"{result['epoch_esper_p50_ms']:.3f} ms, bare p50 {result['epoch_bare_p50_ms']:.3f} ms, "
         f"ratio p50 {result['epoch_ratio_p50']:.2f}  p95 {result['epoch_ratio_p95']:.2f}"
     )
-    print(
-        f"  test accuracy esper eager {result['accuracy_esper']:.4f}  chosen {result['accuracy_chosen']:.4f}  "
-        f"bare {result['accuracy_bare']:.4f}"
-    )
+    print(f"  {score_line(result)}")
     return 0
 
 

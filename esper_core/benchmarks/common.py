@@ -22,7 +22,7 @@ from esper_core.kasmina.loader import LoadedKernel, load_kernel
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.plan import slot_blueprints
 from esper_core.tezzeret.compiler import compile_blueprint
-from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.loop import EvalResult, Trainer
 from esper_core.tolaria.modes import eval_mode
 from esper_core.tolaria.precision import AMP_CHOICES
 from esper_core.tolaria.slotgrads import classifies
@@ -253,16 +253,19 @@ class BareLoop:
         self.model.train()
         return (time.perf_counter() - start) * 1e3
 
-    def accuracy(self, split: AnySplit) -> float:
-        """Accuracy on ``split`` under inference mode, as ``Trainer.evaluate`` counts it: argmax
-        hits for class targets, 0 otherwise (a language model's next-token loss, say)."""
+    def evaluate(self, split: AnySplit) -> EvalResult:
+        """Mean loss and accuracy on ``split`` under inference mode, as ``Trainer.evaluate``
+        counts them: argmax hits for class targets, 0 accuracy otherwise (a language model's
+        next-token loss, say)."""
+        loss_sum = torch.zeros((), device=self.device)
         correct = 0
         with eval_mode(self.model), torch.inference_mode():
             for x, y in _eval_batches(split, self.val_batch_size, self.device):
                 logits = self.model(x)
+                loss_sum += self.loss_fn(logits, y).float() * y.shape[0]
                 if classifies(logits, y):
                     correct += int((logits.argmax(dim=1) == y).sum())
-        return correct / len(split)
+        return EvalResult(loss=loss_sum.item() / len(split), accuracy=correct / len(split))
 
 
 def _eval_batches(split: AnySplit, size: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

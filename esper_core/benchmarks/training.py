@@ -20,7 +20,8 @@ host that grows in width only. Reported per path, p50/p95 over the timed epochs:
 - ``epoch``: the whole epoch (training, validation, gates, growth signals, the state packet)
   against the bare loop's epoch plus one validation pass, i.e. what a run pays per epoch.
 
-Ratios are to bare; accuracy on the test split closes the report.
+Ratios are to bare; the score on the test split closes the report: accuracy for class targets,
+bits per token for a language model's token targets (``esper_core.run.scores``), as a run says it.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import get_recipe
+from esper_core.run.scores import bits, token_targets
 from esper_core.telemetry import latency_stats, write_baseline
-from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.loop import EvalResult, Trainer
 
 # Keeps the benchmark seed in TRAINING, so every timed epoch does the same work.
 _HOLD_TRAINING = 10**6
@@ -163,6 +165,13 @@ def _report(
     stats = {name: latency_stats(values) for name, values in train.items()}
     epoch_stats = {name: latency_stats(values) for name, values in whole.items()}
     test = eager.data.test
+    # Accuracy is 0 and means nothing for token targets: their loss is the score, in bits.
+    tokens = token_targets(eager.data)
+    metric = "bits_per_token" if tokens else "accuracy"
+
+    def score(result: EvalResult) -> float:
+        return bits(result.loss) if tokens else result.accuracy
+
     unmerged = {}
     if UNMERGED in stats:
         unmerged = {
@@ -171,7 +180,7 @@ def _report(
             "ratio_unmerged_p50": stats["esper_chosen"].p50_ms / stats[UNMERGED].p50_ms,
             "ratio_unmerged_p95": stats["esper_chosen"].p95_ms / stats[UNMERGED].p95_ms,
             "epoch_ratio_unmerged_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats[UNMERGED].p50_ms,
-            "accuracy_bare_unmerged": loops[UNMERGED].accuracy(test),
+            f"{metric}_bare_unmerged": score(loops[UNMERGED].evaluate(test)),
         }
     return {
         "workload": recipe,
@@ -205,16 +214,25 @@ def _report(
         "epoch_ratio_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats["bare"].p50_ms,
         "epoch_ratio_p95": epoch_stats["esper_chosen"].p95_ms / epoch_stats["bare"].p95_ms,
         "epoch_ratio_default_optimizer_p50": epoch_stats["esper_chosen"].p50_ms / epoch_stats["bare_default"].p50_ms,
-        "accuracy_esper": eager.evaluate(test).accuracy,
+        "metric": metric,
+        f"{metric}_esper": score(eager.evaluate(test)),
         # The chosen path trained its own copy: a graph or compiled step that computed something
         # else than the eager one shows here.
-        "accuracy_chosen": chosen.evaluate(test).accuracy,
-        "accuracy_bare": loops["bare"].accuracy(test),
-        "accuracy_bare_default": loops["bare_default"].accuracy(test),
+        f"{metric}_chosen": score(chosen.evaluate(test)),
+        f"{metric}_bare": score(loops["bare"].evaluate(test)),
+        f"{metric}_bare_default": score(loops["bare_default"].evaluate(test)),
         **unmerged,
         "budget_ms": eager.config.latency_budget_ms,
         "samples_ms": {**train, **{f"epoch_{name}": values for name, values in whole.items()}},
     }
+
+
+def score_line(result: dict[str, Any]) -> str:
+    """The report's closing line: each path's test score, named by ``result["metric"]``."""
+    metric = result["metric"]
+    name, digits = ("bits per token", 3) if metric == "bits_per_token" else ("accuracy", 4)
+    paths = (("esper eager", "esper"), ("chosen", "chosen"), ("bare", "bare"))
+    return f"test {name} " + "  ".join(f"{label} {result[f'{metric}_{key}']:.{digits}f}" for label, key in paths)
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from esper_core.benchmarks.common import BareLoop, BenchConfig, bare_twin, germinate_one, unmerged_twin
-from esper_core.benchmarks.training import _timed_epochs, _trainer, run
+from esper_core.benchmarks.training import _timed_epochs, _trainer, run, score_line
 from esper_core.contracts import SeedStage
 from esper_core.kasmina.width import WidthSeed
 from tests.helpers.runif import requires_cuda
@@ -17,6 +17,7 @@ from tests.helpers.runif import requires_cuda
 
 def test_bare_twin_matches_the_host_and_trains_the_same_without_seeds() -> None:
     result = run("digits-mlp", BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0))
+    assert result["metric"] == "accuracy" and score_line(result).startswith("test accuracy esper eager 0.")
     assert result["accuracy_esper"] == result["accuracy_bare"]
     # PyTorch's default optimizer computes the same update in another order: close, not equal.
     assert result["accuracy_bare_default"] == pytest.approx(result["accuracy_bare"], abs=0.02)
@@ -204,3 +205,20 @@ def test_a_depth_grown_host_benches_a_stacked_block_against_the_deeper_static_ne
     assert len(deeper.get_submodule("blocks")) == 3
     with torch.inference_mode():
         assert torch.allclose(deeper(x), trainer.model(x), atol=1e-5)
+
+
+def test_a_language_model_is_scored_in_bits_per_token_as_its_run_reports_it() -> None:
+    # Accuracy (argmax hits of (B, classes) logits) reads 0 for a sequence of token targets; a
+    # run reports its loss in bits per token there (esper_core.run.scores), and so does the bench.
+    result = run(DEPTH_RECIPE, BenchConfig(epochs=5, warmup_batches=0, compile="off", seeds=0, min_timed_s=0))
+    assert result["metric"] == "bits_per_token"
+    assert not [key for key in result if key.startswith("accuracy")]
+    paths = ("esper", "chosen", "bare", "bare_default")
+    scores = {path: result[f"bits_per_token_{path}"] for path in paths}
+    assert 0 < scores["esper"] < 4  # below the 4 bits of a uniform guess over the 16 symbols
+    assert scores["chosen"] == scores["bare"] == scores["esper"]
+    assert scores["bare_default"] == pytest.approx(scores["bare"], abs=0.05)
+    assert score_line(result) == (
+        f"test bits per token esper eager {scores['esper']:.3f}  chosen {scores['chosen']:.3f}  "
+        f"bare {scores['bare']:.3f}"
+    )
