@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import statistics
@@ -213,8 +214,9 @@ class DepthGrowthConfig:
     @property
     def lifecycle_epochs(self) -> int:
         """Epochs from one stacked seed's germination to the next one's, measured: germinated
-        after epoch e, it trains in isolation (e+1), blends (``blend_epochs``), is judged and
-        merged after e + blend_epochs + 2, and the slot takes the next seed one epoch later."""
+        after epoch e, it waits out its TRAINING epoch unapplied (e+1; depth seeds do not train in
+        isolation), blends (``blend_epochs``), is judged and merged after e + blend_epochs + 2,
+        and the slot takes the next seed one epoch later."""
         return self.blend_epochs + 3
 
     @property
@@ -554,13 +556,16 @@ def curves_png(result: dict[str, Any]) -> bytes:
     and the target (static-final's final loss, its seeds' mean) as a dashed line."""
     fig = Figure(figsize=(8.0, 5.5))
     ax = fig.subplots()
-    stacked = iter(["tab:blue", "tab:orange", "tab:red", "tab:purple"])
+    # As many growing arms as a plan names: colours cycle rather than run out.
+    growing = itertools.cycle(["tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink"])
     for arm, s in result["arms"].items():
-        color = _STYLE.get(arm) or next(stacked)
+        budget = arm.startswith("static-final-")  # the static network at a smaller budget: grey, dashed
+        color = _STYLE.get(arm) or ("tab:gray" if budget else next(growing))
         for i, r in enumerate(s["runs"]):
             xs = [p["train_flops"] for p in r["curve"]]
             ys = [p["val_bits"] for p in r["curve"]]
-            ax.plot(xs, ys, color=color, marker=".", alpha=0.8, label=arm if i == 0 else None)
+            ax.plot(xs, ys, color=color, linestyle="--" if budget else "-", marker=".", alpha=0.8,
+                    label=arm if i == 0 else None)  # fmt: skip
     ax.axhline(statistics.fmean(result["targets_val_bits"]), color="black", linestyle="--", linewidth=0.8,
                label="target: static-final's final loss")  # fmt: skip
     ax.set_xlabel("cumulative training FLOPs")

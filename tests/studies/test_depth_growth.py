@@ -14,6 +14,7 @@ from esper_core.studies.depth_growth import (
     DepthGrowthConfig,
     arm_config,
     bits_at,
+    curves_png,
     flops_to_reach,
     merge_results,
     static_frontier,
@@ -174,3 +175,11 @@ def test_a_bad_merge_with_file_is_refused_before_any_run(
 
     assert re.search(message, capsys.readouterr().err)
     assert not (home / "runs").exists()  # nothing ran
+
+
+def test_the_plot_draws_as_many_arms_as_a_merged_result_holds() -> None:
+    curve = [{"train_flops": 1.0, "val_bits": 3.0}, {"train_flops": 2.0, "val_bits": 2.5}]
+    arms = {f"stack-all-{i}": {"runs": [{"curve": curve}]} for i in range(9)}
+    arms |= {a: {"runs": [{"curve": curve}]} for a in ("static-final", "static-final-4ep", "controller")}
+    png = curves_png({"arms": arms, "targets_val_bits": [2.5], "recipe": "r", "seeds": [0], "epochs": 2})
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
