@@ -115,6 +115,9 @@ PLANS: dict[str, DepthPlan] = {
     # cooldown, to compare a grown network with the static one trained on the same FLOPs (the
     # grown arms' totals lie between 5 and 7 epochs of the final network).
     "budgets": DepthPlan(seeds=3, epochs=None, growth_points=(), static_budgets=(4, 6), growing=False),
+    # Where depth starts to pay for a static network: the start and final networks and the
+    # heuristic at twice the recipe's epochs (28.5 characters per final parameter), no stacking.
+    "crossover": DepthPlan(seeds=3, epochs=16, growth_points=()),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
         seeds=1, epochs=6, growth_points=((0, 4),), stack_all_points=(1,), static_budgets=(3,), train_windows=64
