@@ -14,7 +14,6 @@ from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.depth import DepthSeed
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
-from esper_core.kasmina.seed_lr import IsolationLRConfig
 from esper_core.models.chars_gpt import CharGPT, next_char_loss
 
 SLOT = "blocks+depth"
@@ -98,27 +97,6 @@ def test_a_stacked_seed_is_a_copy_of_the_last_block_with_its_adam_moments() -> N
     deeper.blocks.append(copy.deepcopy(deeper.blocks[-1]))
     with run.manager.probe(SLOT, 1.0):
         torch.testing.assert_close(run.out(), deeper(run.x).detach(), rtol=1e-5, atol=1e-6)
-
-
-def test_a_stacked_block_warms_up_its_learning_rate_in_isolation() -> None:
-    run = Run(KasminaConfig(min_training_epochs=2, isolation_lr=IsolationLRConfig(warmup_epochs=1)))
-    run.germinate()
-    group = run.opt.param_groups[1]
-    assert group["slot_id"] == SLOT and group["lr"] == pytest.approx(1e-2)
-    run.manager.start_epoch()  # isolation epoch 0 of 2, warming up: half the rate
-    assert group["lr"] == pytest.approx(0.5e-2)
-    run.manager.end_epoch(  # one isolation epoch done (its gates' verdicts do not matter here)
-        EpochObservation(
-            val_loss=1.0,
-            seed_grad_norms={},
-            probe_losses={},
-            isolation_probe=lambda _sid: 0.0,
-            sample_input=lambda _sid: run.x,
-        )
-    )
-    assert run.slot.stage is SeedStage.TRAINING
-    run.manager.start_epoch()  # warmed up
-    assert group["lr"] == pytest.approx(1e-2)
 
 
 @pytest.mark.parametrize("entry", ["depth-stack", "depth-stack-all", "depth-fresh"])

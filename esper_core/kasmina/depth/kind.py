@@ -5,7 +5,7 @@ A depth seed goes through the same lifecycle as a branch or width seed. Germinat
 blocks from the stack's own (copies of the last block or of every block, or the last block's
 architecture re-initialised; no kernel from the registry) and, for copies, gives each a copy of
 its source block's optimizer moments, so it trains on as the block it copies would have. The
-blocks join the host after the last one as ``h + alpha * (f(h) - h)``: isolated while TRAINING
+blocks join the host after the last one as ``h + alpha * (f(h) - h)``: held out while TRAINING
 (the host's output and gradients are exactly the host's), ramped in while BLENDING, gone without
 a trace when culled. Keeping the seed appends its blocks to the stack and frees the slot to
 deepen the stack again.
@@ -19,10 +19,10 @@ and 1): a stacked copy of the last block, probed at alpha 1 after one isolated e
 4.7-5.5 nats against the host's 2.0-2.4, while an untrained copy of the last block costs
 +0.01-0.06 bits and of the whole stack +0.04-0.22 bits after epochs 1-4 (``bench/stack_probe.py``,
 selection seed 1000). The copies are trained blocks already; they train on, jointly with the host
-and on their real loss, from the first blending step. The slot owns the
-stack's depth, which a checkpoint records so that a restore deepens the host before loading its
-weights. While training, the seed runs in the seed manager's own parameter group with
-``KasminaConfig.isolation_lr``'s factor and warm-up, as every seed does.
+and on their real loss, from the first blending step, in the seed manager's own parameter group
+(``KasminaConfig.isolation_lr`` shapes a rate only in TRAINING, where a depth seed has no
+gradient). The slot owns the stack's depth, which a checkpoint records so that a restore deepens
+the host before loading its weights.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The seed runs its blocks as a chain on the stack's output ``h`` and returns ``f(h) - h``, so the
 slot's usual residual join (``SeedSlot.apply_seed``) gives ``h + alpha * (f(h) - h)``: the
-identity at alpha 0 and the deeper network at alpha 1, whatever the blocks are. Isolated
-(TRAINING), the host's output is exactly ``h``; blended, the new blocks ramp in; merged
+identity at alpha 0 and the deeper network at alpha 1, whatever the blocks are. In TRAINING the
+seed is not run and the host's output is exactly ``h``; blended, the new blocks ramp in; merged
 (``merge.py``), the blocks themselves are appended to the stack, in order.
 
 How the blocks start (``DEPTH_MENU``): ``depth-stack`` is one copy of the stack's last block;
