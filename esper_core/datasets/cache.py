@@ -9,7 +9,8 @@ winning is harmless; a lock would only save the duplicate build, a few seconds o
 
 from __future__ import annotations
 
-import io
+import os
+import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
@@ -17,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from esper_core.telemetry.atomic import atomic_write
 
 Arrays = dict[str, np.ndarray]
 
@@ -67,10 +66,19 @@ def load_or_build(
 
 def write_atomic(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """Write ``arrays`` as an uncompressed ``.npz`` at ``path`` so readers never see a part."""
-    buffer = io.BytesIO()
-    # The stub types **kwds as also filling allow_pickle (a bool); the names are array names.
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    atomic_write(path, buffer.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory as ``path``: os.replace is atomic only within one file system.
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # The stub types **kwds as also filling allow_pickle (a bool); the names are array names.
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
 
 
 def _read(path: Path) -> Arrays:
