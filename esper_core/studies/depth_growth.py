@@ -90,6 +90,9 @@ class DepthPlan:
             network has a point at each smaller budget (its frontier of loss against FLOPs).
         growing: Run the start network's arms (``static-start``, the stacked ones, ``controller``);
             False runs the final-size network alone (``static-final`` and its budgets).
+        controls: Run ``static-start`` and ``controller`` beside the stacked arms; False runs
+            ``static-final`` and the stacked arms alone, for merging (``--merge-with``) with an
+            earlier result of the same epochs that has them.
         train_windows: Training windows kept of the recipe's data, and a quarter as many
             validation and test windows (None: the recipe's whole data). Only the smoke plan cuts
             the data, so CI runs every arm in seconds.
@@ -101,6 +104,7 @@ class DepthPlan:
     stack_all_points: tuple[int, ...] = ()
     static_budgets: tuple[int, ...] = ()
     growing: bool = True
+    controls: bool = True
     train_windows: int | None = None
 
 
@@ -118,6 +122,13 @@ PLANS: dict[str, DepthPlan] = {
     # Where depth starts to pay for a static network: the start and final networks and the
     # heuristic at twice the recipe's epochs (28.5 characters per final parameter), no stacking.
     "crossover": DepthPlan(seeds=3, epochs=16, growth_points=()),
+    # Stacking at those 16 epochs, to merge with "crossover" (its static-final runs are rerun,
+    # and the merge checks they agree): one block after epochs 0 and 4 (the best stacked arm at 8
+    # epochs), and the whole stack copied once at a quarter (after epoch 4) or half-way (after
+    # epoch 8, G_stack's usual point; the primary arm, chosen before any of these ran).
+    "crossover-stacked": DepthPlan(
+        seeds=3, epochs=16, growth_points=((0, 4),), stack_all_points=(4, 8), controls=False
+    ),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
         seeds=1, epochs=6, growth_points=((0, 4),), stack_all_points=(1,), static_budgets=(3,), train_windows=64
@@ -236,6 +247,8 @@ class DepthGrowthConfig:
             return ("static-final", *budgets)
         stacked = tuple("stack-" + "-".join(map(str, p)) for p in plan.growth_points)
         doubled = tuple(f"stack-all-{p}" for p in plan.stack_all_points)
+        if not plan.controls:
+            return ("static-final", *budgets, *stacked, *doubled)
         return ("static-final", "static-start", *budgets, *stacked, *doubled, "controller")
 
 

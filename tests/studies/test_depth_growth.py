@@ -99,6 +99,13 @@ def test_arms_are_configured_as_the_plan_says() -> None:
         arm_config(config, arm="stack-1-5", seed=0)
 
 
+def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alone() -> None:
+    # Its static-final runs are what a merge with the plan that ran the controls checks.
+    config = DepthGrowthConfig(plan="crossover-stacked")
+    assert config.arms == ("static-final", "stack-0-4", "stack-all-4", "stack-all-8")
+    assert arm_config(config, arm="stack-all-8", seed=0).epochs == 16
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
