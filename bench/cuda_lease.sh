@@ -1,38 +1,63 @@
 #!/usr/bin/env bash
 # What a GPU lease runs, in one call on the GPU machine, from the repository root:
 #
-#   OUT=/some/dir bash bench/cuda_lease.sh [SECONDS_FOR_TESTS]
+#   OUT=/some/dir bash bench/cuda_lease.sh [SECONDS_FOR_ALL]
 #
+# Every step has its own share of the time (SECONDS_FOR_ALL, default 480, leaves a 10-minute
+# call room for the machine's start and the transfers), is stopped with SIGINT when it runs out
+# (pytest and Python still print what they have), and writes under $OUT as it goes: what
+# finished comes back even if the call runs out. In order of what a lease has never measured:
 # 1. Wheels in .whl/ (if any) install into /tmp/site: the packages the machine's image lacks,
-#    downloaded beforehand for its Python (README, "On a GPU").
-# 2. The CUDA-relevant tests run with their log in $OUT/pytest.log. They are stopped with SIGINT
-#    at the time limit, so pytest still prints the names of the failures so far (a plain kill
-#    lost them on the 2026-11-27 lease).
-# 3. `bench.cuda_paths` measures every CUDA path; its baselines go to $OUT/cuda_paths.tar.gz.
-# Each step writes under $OUT as it goes: what finished comes back even if the call runs out.
+#    downloaded beforehand for its Python (docs/gpu.md, "Running a lease").
+# 2. `bench.cuda_growth`: a width seed's and a stacked block's lifecycle under CUDA graphs (one
+#    capture per structure change), eager beside graphed.
+# 3. The CUDA-relevant tests, their log in $OUT/pytest.log.
+# 4. The first-epoch timeline of `esper -v run` on CUDA with fresh homes (Prefect's temporary
+#    server included).
+# 5. `bench.cuda_paths`: every CUDA path of the recipes, growing ones first, until time runs out;
+#    its baselines go to $OUT/cuda_paths.tar.gz.
 set -u
 : "${OUT:?set OUT to the folder whose files come back}"
 export PYTHONUNBUFFERED=1
-tests_s=${1:-150}
+total_s=${1:-480}
 start=$(date +%s)
 say() { echo "[$(($(date +%s) - start)) s] $*"; }
+left() { echo $((total_s - ($(date +%s) - start))); }
+# At most $1 seconds for the next step, never past the end of the whole.
+share() { local l; l=$(left); echo $(($1 < l ? $1 : (l > 5 ? l : 5))); }
 
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         >"$OUT/install.log" 2>&1 || { say "wheel install failed (install.log)"; exit 1; }
     export PYTHONPATH="/tmp/site:$PWD"
+else
+    export PYTHONPATH="$PWD"
 fi
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
+say "installed"
+
+say "cuda_growth"
+timeout -s INT "$(share 150)" python3 -m bench.cuda_growth --out "$OUT" >"$OUT/cuda_growth.log" 2>&1
+echo "cuda_growth rc=$?" >>"$OUT/cuda_growth.log"
+grep -E "captures|rc=|Error" "$OUT/cuda_growth.log" | grep -v "^    epoch" | head -20
 
 say "tests"
-timeout -s INT "$tests_s" python3 -m pytest -q -n 14 -p no:cacheprovider --timeout 110 -rfE --tb=line \
+timeout -s INT "$(share 120)" python3 -m pytest -q -n 14 -p no:cacheprovider --timeout 100 -rfE --tb=line \
     tests/tolaria tests/tamiyo tests/kasmina tests/bench/test_training_bench.py tests/bench/test_cuda_paths.py \
-    >"$OUT/pytest.log" 2>&1
+    tests/bench/test_cuda_growth.py >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" >>"$OUT/pytest.log"
 grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$OUT/pytest.log"
 
+say "first epoch"
+export ESPER_HOME=/tmp/esper-home PREFECT_HOME=/tmp/prefect-home
+timeout -s INT "$(share 90)" python3 -m esper_cli -v run --recipe mnist1d-cnn --device cuda --epochs 3 \
+    >"$OUT/first_epoch.log" 2>&1
+echo "esper run rc=$?" >>"$OUT/first_epoch.log"
+grep -E "^  [a-zA-Z]|rc=|Error" "$OUT/first_epoch.log" | head -20
+unset ESPER_HOME PREFECT_HOME
+
 say "cuda_paths"
-python3 -m bench.cuda_paths --out /tmp/cuda_paths --epochs 5 >"$OUT/cuda_paths.log" 2>&1
+timeout -s INT "$(share 600)" python3 -m bench.cuda_paths --out /tmp/cuda_paths --epochs 5 >"$OUT/cuda_paths.log" 2>&1
 echo "cuda_paths rc=$?" >>"$OUT/cuda_paths.log"
 grep -E "train x|FAILED|fell back|rc=" "$OUT/cuda_paths.log"
 tar czf "$OUT/cuda_paths.tar.gz" -C /tmp cuda_paths

@@ -26,7 +26,16 @@ from bench._output import save_json
 from esper_core.benchmarks.common import BenchConfig
 from esper_core.benchmarks.training import headline, run, save_baseline, score_line
 
-RECIPES = ("seed-reference", "digits-mlp", "mnist1d-mlp", "mnist1d-cnn", "mnist1d-cnn-width")
+# The growing recipes first: a lease's time limit may stop the run part-way.
+RECIPES = (
+    "mnist1d-cnn-width",
+    "mnist1d-mlp-width",
+    "mnist1d-cnn",
+    "chars-gpt-growth",
+    "seed-reference",
+    "digits-mlp",
+    "mnist1d-mlp",
+)
 PATHS: dict[str, dict[str, Any]] = {
     "eager": {"compile": "off"},
     "graphs": {"compile": "off", "cuda_graphs": True},
@@ -52,6 +61,20 @@ def measure(recipe: str, path: str, *, epochs: int, out: Path) -> dict[str, Any]
     return headline(result)
 
 
+def print_row(row: dict[str, Any]) -> None:
+    """One case's line of the table (and its fallbacks), as soon as it is measured."""
+    if "error" in row:
+        print(f"{row['recipe']:<18} {row['path']:<8} FAILED: {row['error'][:200]}", flush=True)
+        return
+    print(
+        f"{row['recipe']:<18} {row['path']:<8} {row['chosen_path']:<20} train x{row['ratio_p50']:.2f} "
+        f"epoch x{row['epoch_ratio_p50']:.2f}  {score_line(row)}",
+        flush=True,
+    )
+    for fallback in row["fallbacks"]:
+        print(f"{'':<27} fell back: {fallback[:300]}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the baselines and summary.json")
@@ -63,21 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for recipe, path in cases(tuple(args.recipes)):
         try:
-            rows.append({"recipe": recipe, "path": path, **measure(recipe, path, epochs=args.epochs, out=args.out)})
+            row = {"recipe": recipe, "path": path, **measure(recipe, path, epochs=args.epochs, out=args.out)}
         except Exception as e:  # noqa: BLE001 - one failing case must not cost the lease's other numbers
-            rows.append({"recipe": recipe, "path": path, "error": "".join(traceback.format_exception_only(e)).strip()})
+            row = {"recipe": recipe, "path": path, "error": "".join(traceback.format_exception_only(e)).strip()}
             traceback.print_exc()
-    save_json({"bench": "cuda_paths", "device": torch.cuda.get_device_name(), "rows": rows}, args.out / "summary.json")
-    for row in rows:
-        if "error" in row:
-            print(f"{row['recipe']:<18} {row['path']:<8} FAILED: {row['error'][:200]}")
-            continue
-        print(
-            f"{row['recipe']:<18} {row['path']:<8} {row['chosen_path']:<20} train x{row['ratio_p50']:.2f} "
-            f"epoch x{row['epoch_ratio_p50']:.2f}  {score_line(row)}"
+        rows.append(row)
+        # Saved and printed after every case: a lease's time limit stops the run part-way.
+        save_json(
+            {"bench": "cuda_paths", "device": torch.cuda.get_device_name(), "rows": rows}, args.out / "summary.json"
         )
-        for fallback in row["fallbacks"]:
-            print(f"{'':<27} fell back: {fallback[:300]}")
+        print_row(row)
     return 1 if any("error" in row for row in rows) else 0
 
 

@@ -125,6 +125,11 @@ _ENTRIES: tuple[TelemetryName, ...] = (
     _n("tolaria.graph.replay_ms", _G, "CUDA graph replay time per step", "ms"),
     _n("tolaria.graph.stage_copy_ms", _G, "Copy of a batch into the graph's static buffers", "ms"),
     _n("tolaria.graph.replays_total", _C, "CUDA graph replays"),
+    _n(
+        "tolaria.graph.captures_total",
+        _C,
+        "CUDA graph captures (the first, then one per change of the model's structure)",
+    ),
     _n("tolaria.data.h2d_copy_ms", _G, "Host-to-device batch copies of the last epoch (GPU prefetch stream)", "ms"),
     _n(
         "tolaria.compile.traces",

@@ -77,6 +77,8 @@ class GraphRunner:
         # holds by then.
         self._grads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.capture_ms = 0.0
+        # Captures since the last epoch's metrics: one per structure change, never one per epoch.
+        self.captures = 0
         self.stage_copy_ms = 0.0
         self.replays = 0
         # Replay time from CUDA events, read once per epoch (no host sync per step).
@@ -122,6 +124,7 @@ class GraphRunner:
         self._graph = graph
         self.shape = (tuple(x.shape), tuple(y.shape))
         self.capture_ms = (time.perf_counter() - start) * 1e3
+        self.captures += 1
         assert self._static_loss is not None
         return self._static_loss.clone()
 

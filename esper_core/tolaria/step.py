@@ -501,9 +501,11 @@ class StepEngine:
                 MetricPoint(name="tolaria.graph.replay_ms", value=graphs.drain_replay_ms(), unit="ms"),
                 MetricPoint(name="tolaria.graph.stage_copy_ms", value=graphs.stage_copy_ms, unit="ms"),
                 MetricPoint(name="tolaria.graph.replays_total", value=float(graphs.replays)),
+                MetricPoint(name="tolaria.graph.captures_total", value=float(graphs.captures)),
             ]
             graphs.stage_copy_ms = 0.0
             graphs.replays = 0
+            graphs.captures = 0
         events, self._events = self._events, []
         return metrics, events
 
