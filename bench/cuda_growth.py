@@ -72,7 +72,8 @@ def train(config: RunConfig, *, home: Path) -> list[dict[str, Any]]:
             start = time.perf_counter()
             packet = session.train_epoch()
             wall_ms = (time.perf_counter() - start) * 1e3
-            metrics = {m.name: m.value for m in session.record.outbox[-1].metrics}
+            packet_out = session.record.outbox[-1]
+            metrics = {m.name: m.value for m in packet_out.metrics}
             rows.append(
                 {
                     "epoch": epoch,
@@ -83,6 +84,12 @@ def train(config: RunConfig, *, home: Path) -> list[dict[str, Any]]:
                     "train_ms": session.timings["train_ms"][-1],
                     "wall_ms": wall_ms,
                     "val_loss": packet.val_loss,
+                    # Why a seed moved or was culled, and any graph fallback: what a lease must see.
+                    "events": [
+                        f"{e.name}: {e.message}"[:300]
+                        for e in packet_out.events
+                        if e.name.startswith(("kasmina.gate", "kasmina.seed", "tolaria.graph"))
+                    ],
                 }
             )
             previous = structure
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"changed {row['structure_changed']} {row['stages']} train {row['train_ms']:.0f} ms",
                     flush=True,
                 )
+                for event in row["events"]:
+                    print(f"        {event}", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     save_json(
         {"bench": "cuda_growth", "device": device, "quick": args.quick, "cases": results}, args.out / "cuda_growth.json"

@@ -129,7 +129,9 @@ def _bare_user_model(trainer: Trainer, host: GrowableModel, spec: ModelSpec) -> 
     """The user's model built afresh (no slot hooks) with the host's weights and every live seed
     as plain PyTorch, merged where its kind merges (``SeedManager.copy_seeds_into``): an active
     width seed widens its layer, so the twin is the static network at the widened size."""
-    model = spec.build()
+    # On the trainer's device before the seeds are merged in (a width merge concatenates the
+    # seed's weights onto the layer's: on the 2026-11-28 lease a CPU-built twin failed there).
+    model = spec.build().to(trainer.device)
     model.load_state_dict(host.model.state_dict())
     trainer.manager.copy_seeds_into(model, merged=True)
     return model
@@ -154,7 +156,7 @@ def unmerged_twin(trainer: Trainer, spec: ModelSpec | None) -> nn.Module | None:
     merging = [s for s in trainer.manager.slots.values() if s.seed is not None and s.kind.merges]
     if not merging or spec is None or not isinstance(trainer.model, GrowableModel):
         return None
-    model = spec.build()
+    model = spec.build().to(trainer.device)
     model.load_state_dict(trainer.model.model.state_dict())
     trainer.manager.copy_seeds_into(model, merged=False)
     return model

@@ -5,7 +5,8 @@ read from the running interpreter's ``stdlib`` directory, so every machine with 
 has the same bytes (about 3 MB for CPython 3.11). The split is by file, so no function or class
 straddles two splits: ``VAL_FILES`` and ``TEST_FILES`` are held out whole, the rest is training
 text. A file the interpreter lacks is refused by name (the list avoids modules that newer
-Pythons removed).
+Pythons removed); a module that became a package is read from its ``__init__.py`` (``zipfile``
+in 3.12), so each Python version has its own corpus bytes (and cache key), 3.11's unchanged.
 
 Characters are ASCII bytes (vocabulary 128); the few non-ASCII bytes (in comments and docstrings)
 become NUL (0), which source code never contains. Samples are windows of ``context`` characters
@@ -104,13 +105,22 @@ def read_corpus(files: Sequence[str], *, root: Path | None = None) -> bytes:
         ValueError: A file this interpreter's standard library lacks (named, with the directory).
     """
     root = root or stdlib_dir()
-    missing = [f for f in files if not (root / f).is_file()]
+    paths = {f: _module_source(root, f) for f in files}
+    missing = [f for f, path in paths.items() if path is None]
     if missing:
         raise ValueError(
             f"the standard library at {root} lacks {missing}: the character corpus is built from this "
-            "Python's own sources; run with CPython 3.11 or 3.12, which ship every file of the list"
+            "Python's own sources; run with CPython 3.11 or 3.12, which ship every module of the list"
         )
-    return b"".join((root / f).read_bytes() for f in files)
+    return b"".join(path.read_bytes() for path in paths.values() if path is not None)
+
+
+def _module_source(root: Path, file: str) -> Path | None:
+    """``file`` under ``root``, or the ``__init__.py`` of the package it became, or None."""
+    for path in (root / file, root / file.removesuffix(".py") / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
 
 
 def encode(text: bytes) -> np.ndarray:

@@ -22,6 +22,12 @@ import torch
 StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _SHARED_POOL: tuple[int, int] | None = None
+# The latest graph captured into the shared pool, held for the process's life. PyTorch frees a
+# graph pool's bookkeeping when the last graph captured into it is destroyed, and a capture into
+# its handle after that trips the allocator's internal assert ``use_count > 0``: on the 2026-11-28
+# lease every re-capture after a growth event, and every trainer after the first in a process,
+# fell back to eager on it. Holding one graph keeps the pool open.
+_POOL_KEEPER: torch.cuda.CUDAGraph | None = None
 _WARMUP_ITERS = 3  # side-stream iterations before capture, as the CUDA Graphs docs prescribe
 
 
@@ -118,6 +124,9 @@ class GraphRunner:
         pool = shared_pool() if self.reuse_pool else None
         with _generator_restored_on_failure(), torch.cuda.graph(graph, pool=pool):
             self._static_loss = self.step_fn(self._static_x, self._static_y)
+        if self.reuse_pool:
+            global _POOL_KEEPER
+            _POOL_KEEPER = graph
         graph.replay()  # the capture itself does not execute: run this batch's step once
         self._grads = [(p, p.grad) for p in self.parameters() if p.grad is not None]
         torch.cuda.synchronize()

@@ -155,6 +155,14 @@ def test_the_unmerged_twin_computes_what_esper_computes_while_a_width_seed_train
     assert result["ratio_unmerged_p50"] > 0 and len(result["samples_ms"]["bare_unmerged"]) == result["epochs"]
 
 
+@requires_cuda("a width seed merged into the bare twin on the trainer's device")
+def test_a_width_seed_benches_on_cuda_against_twins_built_on_cuda() -> None:
+    trainer, run_config = _trainer(WIDTH_RECIPE, BenchConfig(epochs=5, seeds=0, device="cuda"), compile="off")
+    germinate_one(trainer, run_config)
+    for twin in (bare_twin(trainer, run_config.host), unmerged_twin(trainer, run_config.host)):  # type: ignore[arg-type]
+        assert twin is not None and {p.device.type for p in twin.parameters()} == {"cuda"}
+
+
 def test_a_host_with_no_fitting_blueprint_is_refused_with_the_fix() -> None:
     trainer, run_config = _trainer("digits-mlp", BenchConfig(epochs=5, seeds=0), compile="off")
     for slot in trainer.manager.slots.values():

@@ -56,3 +56,11 @@ def test_non_ascii_bytes_become_nul_and_bad_configs_and_missing_files_are_refuse
         CharCorpusConfig(context=1)
     with pytest.raises(ValueError, match=r"lacks \['os.py', 'nope.py'\]"):
         read_corpus(("os.py", "nope.py"), root=tmp_path)
+
+
+def test_a_module_that_became_a_package_is_read_from_its_init(tmp_path: Path) -> None:
+    # zipfile.py is zipfile/__init__.py from CPython 3.12 on (the 2026-11-28 GPU image's Python).
+    (tmp_path / "zipfile").mkdir()
+    (tmp_path / "zipfile" / "__init__.py").write_bytes(b"package")
+    (tmp_path / "os.py").write_bytes(b"module ")
+    assert read_corpus(("os.py", "zipfile.py"), root=tmp_path) == b"module package"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from pathlib import Path
 
@@ -279,6 +280,45 @@ def test_a_failed_capture_trains_eagerly_and_leaves_the_cuda_generator_usable() 
     torch.nn.init.kaiming_uniform_(torch.empty(4, 4, device="cuda"))
     assert torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5).sum() > 0
     assert engine.run(x, y).isfinite()
+
+
+@requires_cuda("re-captures into the process's shared graph pool after its graphs were dropped")
+def test_the_shared_pool_takes_new_captures_after_every_earlier_graph_is_gone() -> None:
+    def engine() -> tuple[StepEngine, torch.nn.Linear]:
+        model = torch.nn.Linear(4, 2, device="cuda")
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss.detach()
+
+        config = StepEngineConfig(compile="off", enable_graphs=True, enable_graph_pool_reuse=True)
+        built = StepEngine(
+            step,
+            zero_grad=lambda: model.zero_grad(set_to_none=True),
+            parameters=model.parameters,
+            config=config,
+            device=torch.device("cuda"),
+            workload="shared-pool",
+        )
+        return built, model
+
+    x, y = torch.randn(8, 4, device="cuda"), torch.randn(8, 2, device="cuda")
+    first, _ = engine()
+    first.run(x, y)
+    assert first.graphs is not None and first.graphs.captured
+    # A growth event: the structure changes, the graph is dropped and the step captured again.
+    first.start_epoch(("grown",))
+    first.run(x, y)
+    del first
+    gc.collect()
+    # A second trainer in the same process (the training bench's next path or recipe).
+    second, model = engine()
+    second.run(x, y)
+    metrics, events = second.end_epoch()
+    assert second.graphs is not None and second.graphs.captured, [e.message for e in events]
+    assert next(m.value for m in metrics if m.name == "tolaria.graph.captures_total") == 1
+    assert model.weight.grad is not None and torch.isfinite(second.run(x, y))
 
 
 @requires_cuda("bf16/fp16 autocast and GradScaler")
