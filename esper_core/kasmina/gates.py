@@ -29,13 +29,17 @@ class GateConfig:
     max_loss_ratio: float = 2.0
     """G2: the with-seed validation loss may be at most this multiple of the host's. The with-seed
     loss is probed at the alpha the seed's blend would start at (``SeedManager.probe_plan``)."""
-    isolation_atol: float = 0.0
-    """G3: largest host-gradient difference tolerated between seed present and absent."""
+    isolation_rtol: float = 1e-5
+    """G3: largest host-gradient difference tolerated between seed present and absent, relative
+    to the largest host gradient. Not zero: on CUDA two identical backward passes differ in the
+    last bits (atomic accumulation order), and on the 2026-11-28 H200 lease an exact test culled
+    every width seed at ~1e-7 relative (3e-8 absolute); a seed that leaks into the host's
+    gradients moves them by orders of magnitude more. On a CPU both passes agree to the bit."""
     impact_tolerance: float = 0.0
     """G4: with the seed, validation loss may exceed the loss without it by this fraction."""
 
     def __post_init__(self) -> None:
-        if self.min_grad_norm < 0 or self.isolation_atol < 0 or self.impact_tolerance < 0:
+        if self.min_grad_norm < 0 or self.isolation_rtol < 0 or self.impact_tolerance < 0:
             raise ValueError("gate tolerances must be >= 0")
         if self.max_loss_rise < 0:
             raise ValueError(f"max_loss_rise must be >= 0, got {self.max_loss_rise}")
@@ -177,11 +181,12 @@ def g3_interface(
     output_shape: tuple[int, ...],
     input_dtype: torch.dtype,
     output_dtype: torch.dtype,
-    isolation_max_diff: float,
+    isolation_rel_diff: float,
     config: GateConfig,
 ) -> GateVerdict:
-    """Output shape and dtype match the slot's input, and isolation held while TRAINING."""
-    measured = {"isolation_max_diff": isolation_max_diff}
+    """Output shape and dtype match the slot's input, and isolation held while TRAINING (the host's
+    gradients with the seed present and absent agree within ``isolation_rtol``)."""
+    measured = {"isolation_rel_diff": isolation_rel_diff}
     if output_shape != input_shape or output_dtype != input_dtype:
         return GateVerdict(
             gate=GateId.G3_INTERFACE,
@@ -189,11 +194,14 @@ def g3_interface(
             reason=f"seed maps {tuple(input_shape)} {input_dtype} to {tuple(output_shape)} {output_dtype}",
             measured=measured,
         )
-    if not isolation_max_diff <= config.isolation_atol:
+    if not isolation_rel_diff <= config.isolation_rtol:
         return GateVerdict(
             gate=GateId.G3_INTERFACE,
             passed=False,
-            reason=f"isolation violated: host gradients differ by {isolation_max_diff:.3g} with the seed present",
+            reason=(
+                f"isolation violated: host gradients differ by {isolation_rel_diff:.3g} of their largest with the "
+                f"seed present (isolation_rtol={config.isolation_rtol:g})"
+            ),
             measured=measured,
         )
     return GateVerdict(gate=GateId.G3_INTERFACE, passed=True, reason="shapes match, isolation holds", measured=measured)

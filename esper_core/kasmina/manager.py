@@ -49,7 +49,8 @@ class EpochObservation:
     ``probe_losses`` maps a slot to the validation loss with its seed forced in (at the alpha its
     blend would start at) for TRAINING seeds, or forced out (alpha 0) for blended seeds; ``seed_grad_norms`` holds each
     trainable seed's epoch gradient norm (RMS over steps); ``isolation_probe`` returns the
-    largest host-gradient difference between the seed present and absent for one slot.
+    largest host-gradient difference between the seed present and absent for one slot, relative
+    to the largest host gradient.
     """
 
     val_loss: float
@@ -345,7 +346,7 @@ class SeedManager:
             output_shape=tuple(y.shape),
             input_dtype=x.dtype,
             output_dtype=y.dtype,
-            isolation_max_diff=obs.isolation_probe(sid),
+            isolation_rel_diff=obs.isolation_probe(sid),
             config=self.config.gates,
         )
         if verdict.passed:

@@ -22,20 +22,24 @@ import torch
 StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _SHARED_POOL: tuple[int, int] | None = None
-# The latest graph captured into the shared pool, held for the process's life. PyTorch frees a
-# graph pool's bookkeeping when the last graph captured into it is destroyed, and a capture into
-# its handle after that trips the allocator's internal assert ``use_count > 0``: on the 2026-11-28
-# lease every re-capture after a growth event, and every trainer after the first in a process,
-# fell back to eager on it. Holding one graph keeps the pool open.
+# A one-node graph captured into the shared pool when it is made, held for the process's life.
+# PyTorch closes a graph pool when the last graph captured into it is destroyed (a failed capture
+# counts), and a capture into its handle after that trips the allocator's internal assert
+# ``use_count > 0``: on the 2026-11-28 lease every re-capture after a growth event, and every
+# trainer after the first in a process, fell back to eager on it.
 _POOL_KEEPER: torch.cuda.CUDAGraph | None = None
 _WARMUP_ITERS = 3  # side-stream iterations before capture, as the CUDA Graphs docs prescribe
 
 
 def shared_pool() -> tuple[int, int]:
-    """The process-wide graph memory pool handle (created on first use)."""
-    global _SHARED_POOL
+    """The process-wide graph memory pool handle, created (and kept open) on first use."""
+    global _SHARED_POOL, _POOL_KEEPER
     if _SHARED_POOL is None:
-        _SHARED_POOL = torch.cuda.graph_pool_handle()
+        handle = torch.cuda.graph_pool_handle()
+        keeper = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(keeper, pool=handle):
+            torch.zeros(1, device="cuda")  # one node: an empty capture is warned about
+        _SHARED_POOL, _POOL_KEEPER = handle, keeper
     return _SHARED_POOL
 
 
@@ -124,9 +128,6 @@ class GraphRunner:
         pool = shared_pool() if self.reuse_pool else None
         with _generator_restored_on_failure(), torch.cuda.graph(graph, pool=pool):
             self._static_loss = self.step_fn(self._static_x, self._static_y)
-        if self.reuse_pool:
-            global _POOL_KEEPER
-            _POOL_KEEPER = graph
         graph.replay()  # the capture itself does not execute: run this batch's step once
         self._grads = [(p, p.grad) for p in self.parameters() if p.grad is not None]
         torch.cuda.synchronize()

@@ -416,7 +416,8 @@ class Trainer:
             return self.evaluate(self.data.val).loss
 
     def isolation_probe(self, slot_id: str) -> float:
-        """Largest difference of host gradients with the TRAINING seed present vs absent (G3)."""
+        """Largest difference of host gradients with the TRAINING seed present vs absent, relative
+        to the largest host gradient (G3): scale-free, so one tolerance serves every model."""
         x, y = self._probe_batch
         params = self.model.host_parameters()
 
@@ -431,7 +432,9 @@ class Trainer:
         with_seed = host_grads()
         with self.manager.without_seed(slot_id):
             without = host_grads()
-        return max((a - b).abs().max().item() for a, b in zip(with_seed, without, strict=True))
+        diff = max((a - b).abs().max().item() for a, b in zip(with_seed, without, strict=True))
+        scale = max(b.abs().max().item() for b in without)
+        return diff / scale if scale > 0 else diff
 
     def activation_grad_norms(self) -> dict[str, float | None]:
         """The bottleneck signal of each slot that can act, on the probe batch (``slotgrads``
