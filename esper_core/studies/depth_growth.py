@@ -126,6 +126,9 @@ PLANS: dict[str, DepthPlan] = {
     # and the merge checks they agree): one block after epochs 0 and 4 (the best stacked arm at 8
     # epochs), and the whole stack copied once at a quarter (after epoch 4) or half-way (after
     # epoch 8, G_stack's usual point; the primary arm, chosen before any of these ran).
+    # The static frontier at those 16 epochs: the final network alone at 8 and 12 epochs, each with
+    # its own cooldown (the grown arms trained 5.4-6.8e12 FLOPs, 11-14 epochs of the final network).
+    "crossover-budgets": DepthPlan(seeds=3, epochs=16, growth_points=(), static_budgets=(8, 12), growing=False),
     "crossover-stacked": DepthPlan(
         seeds=3, epochs=16, growth_points=((0, 4),), stack_all_points=(4, 8), controls=False
     ),

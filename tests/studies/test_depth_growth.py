@@ -104,6 +104,9 @@ def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alo
     config = DepthGrowthConfig(plan="crossover-stacked")
     assert config.arms == ("static-final", "stack-0-4", "stack-all-4", "stack-all-8")
     assert arm_config(config, arm="stack-all-8", seed=0).epochs == 16
+    budgets = DepthGrowthConfig(plan="crossover-budgets")
+    assert budgets.arms == ("static-final", "static-final-8ep", "static-final-12ep")
+    assert arm_config(budgets, arm="static-final-12ep", seed=0).epochs == 12
 
 
 @pytest.mark.parametrize(
