@@ -41,7 +41,14 @@ RECIPES: tuple[str, ...] = (
 GROWTH_PLANS: tuple[str, ...] = ("default", "full", "smoke")
 """``sorted(esper_core.studies.growth.PLANS)``."""
 
-DEPTH_GROWTH_PLANS: tuple[str, ...] = ("budgets", "crossover", "crossover-budgets", "crossover-stacked", "default", "smoke")
+DEPTH_GROWTH_PLANS: tuple[str, ...] = (
+    "budgets",
+    "crossover",
+    "crossover-budgets",
+    "crossover-stacked",
+    "default",
+    "smoke",
+)
 """``sorted(esper_core.studies.depth_growth.PLANS)``."""
 
 SIMIC_PLANS: tuple[str, ...] = (
