@@ -233,8 +233,8 @@ def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int
     """``esper bench depth-growth``: print the table (``--json``: one JSON object)."""
     from esper_core.studies.depth_growth import (
         DepthGrowthConfig,
+        combine,
         format_table,
-        merge_results,
         read_result,
         run,
         save_baseline,
@@ -245,6 +245,7 @@ def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int
         start_recipe=args.start_recipe,
         plan=args.plan,
         seeds=args.seeds,
+        first_seed=args.first_seed,
         epochs=args.epochs,
         home=args.home,
         workers=args.workers,
@@ -253,7 +254,7 @@ def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int
     earlier = read_result(args.merge_with, config) if args.merge_with is not None else None
     result = run(config, progress=progress)
     if earlier is not None:
-        result = merge_results(earlier, result)
+        result = combine(earlier, result)
     if args.save_baseline is not None:
         save_baseline(result, Path(args.save_baseline))
     print(json.dumps(result, indent=2) if args.json else format_table(result))
@@ -529,6 +530,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "epochs on 64 training windows (CI)",
     )
     b_depth.add_argument("--seeds", type=positive, default=None, help="paired seeds (default: the plan's)")
+    b_depth.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first paired seed (default: %(default)s); from 1000 on, a selection run, reported apart",
+    )
     b_depth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
     b_depth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_depth.add_argument(
@@ -551,8 +558,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         metavar="JSON",
-        help="an earlier depth_growth.json of the same recipe and seeds (e.g. the default plan's) to report "
-        "together with this run (e.g. --plan budgets): its static-final runs must match this run's",
+        help="an earlier depth_growth.json of the same recipe to report together with this run: on the same "
+        "seeds, other arms (e.g. the default plan's with --plan budgets; their static-final runs must match), or "
+        "the same plan on disjoint seeds (--first-seed past its seeds: more seeds)",
     )
     b_depth.set_defaults(func=_cmd_bench_depth_growth)
     b_headroom = bench.add_parser(

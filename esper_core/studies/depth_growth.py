@@ -149,7 +149,11 @@ class DepthGrowthConfig:
         start_recipe: The same model at the start depth, same data and trainer.
         stack: The stack of identical blocks the depth seeds deepen (``ModelSpec.deepen``).
         plan: ``PLANS`` entry; ``seeds`` and ``epochs`` override its own.
-        seeds: Paired evaluation seeds (0 .. seeds - 1), below ``FIRST_SELECTION_SEED``.
+        seeds: How many paired seeds: ``first_seed`` .. ``first_seed + seeds - 1``.
+        first_seed: The first of them. Evaluation seeds stay below ``FIRST_SELECTION_SEED``; from
+            it on, the run is a selection run (``"selection": true`` in its result), to choose an
+            arm or a schedule on seeds the evaluation never uses. A run on further evaluation
+            seeds extends an earlier result of the same plan (``extend_seeds``).
         epochs: Epochs per run.
         blend_epochs: The lifecycle's alpha ramp for every growing arm (Tamiyo's heuristic
             rules drive the lifecycle of scheduled seeds too); 1 lets two stacked insertions
@@ -163,6 +167,7 @@ class DepthGrowthConfig:
     stack: str = "blocks"
     plan: str = "default"
     seeds: int | None = None
+    first_seed: int = 0
     epochs: int | None = None
     blend_epochs: int = 1
     home: Path | None = None
@@ -171,10 +176,14 @@ class DepthGrowthConfig:
     def __post_init__(self) -> None:
         if self.plan not in PLANS:
             raise ValueError(f"unknown depth-growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
-        if self.seeds is not None and not 1 <= self.seeds <= FIRST_SELECTION_SEED:
+        if self.seeds is not None and self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        last = self.first_seed + self.depth_plan.seeds - 1
+        if self.first_seed < 0 or (self.first_seed < FIRST_SELECTION_SEED <= last):
             raise ValueError(
-                f"seeds must be 1 .. {FIRST_SELECTION_SEED} (seeds from {FIRST_SELECTION_SEED} chose the "
-                f"learning rate and are never evaluated on), got {self.seeds}"
+                f"seeds {self.first_seed} .. {last} mix evaluation seeds (below {FIRST_SELECTION_SEED}) and "
+                f"selection seeds (from {FIRST_SELECTION_SEED}, which choose and are never evaluated on): "
+                f"set --first-seed and --seeds to stay on one side"
             )
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"epochs must be >= 2 (a run that grows trains before and after), got {self.epochs}")
@@ -229,6 +238,16 @@ class DepthGrowthConfig:
         )
 
     @property
+    def seed_list(self) -> list[int]:
+        """The paired seeds this run trains every arm on."""
+        return list(range(self.first_seed, self.first_seed + self.depth_plan.seeds))
+
+    @property
+    def selection(self) -> bool:
+        """True for a run on selection seeds (reported apart, never as an evaluation)."""
+        return self.first_seed >= FIRST_SELECTION_SEED
+
+    @property
     def lifecycle_epochs(self) -> int:
         """Epochs from one stacked seed's germination to the next one's, measured: germinated
         after epoch e, it waits out its TRAINING epoch unapplied (e+1; depth seeds do not train in
@@ -263,7 +282,7 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
     with in_home(config.home, prefix="esper-depth-growth-") as home:
         jobs = [
             ArmJob(arm=arm, seed=seed, home=str(home), config=config)
-            for seed in range(plan.seeds)
+            for seed in config.seed_list
             for arm in config.arms
         ]
         report("training runs", 0, len(jobs))
@@ -279,7 +298,8 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         "plan": config.plan,
         "recipe": config.recipe,
         "start_recipe": config.start_recipe,
-        "seeds": list(range(plan.seeds)),
+        "seeds": config.seed_list,
+        "selection": config.selection,
         "epochs": plan.epochs or final.epochs,
         "growth_points": [list(p) for p in plan.growth_points],
         "stack_all_points": list(plan.stack_all_points),
@@ -405,35 +425,44 @@ def summarise(runs: dict[str, list[EpisodeResult]]) -> dict[str, Any]:
         # The static network's loss at the FLOPs this arm trained with: without its cooldown
         # there, which favours the arm (a static run sized to those FLOPs would cool down too).
         equal = [bits_at(s.curve, r.train_flops) for r, s in zip(arm_runs, static, strict=True)]
-        final = [bits(r.curve[-1][1]) for r in arm_runs]
-        reached = [s for s in savings if s is not None]
-        arms[arm] = {
-            "final_val_bits_mean": statistics.fmean(final),
-            "train_flops_mean": statistics.fmean(r.train_flops for r in arm_runs),
-            "params_mean": statistics.fmean(r.total_params for r in arm_runs),
-            "reached_target": len(reached),
-            "flops_saving": _interval(reached, [0.0] * len(reached), higher_is_better=True)
-            if len(reached) == len(seeds)
-            else None,
-            "minus_static_at_equal_flops": _interval(final, equal, higher_is_better=False),
-            "runs": [
+        arms[arm] = arm_summary(
+            [
                 {
                     "seed": r.seed,
-                    "final_val_bits": f,
+                    "final_val_bits": bits(r.curve[-1][1]),
                     "test_bits": bits(r.test_loss),
                     "train_flops": r.train_flops,
                     "flops_to_target": t,
-                    "flops_saving": s,
+                    "flops_saving": sv,
                     "static_bits_at_equal_flops": e,
                     "params": r.total_params,
                     "commands": r.commands,
                     "wall_s": r.wall_s,
                     "curve": [{"train_flops": fl, "val_bits": bits(loss)} for fl, loss in r.curve],
                 }
-                for r, f, t, s, e in zip(arm_runs, final, to_target, savings, equal, strict=True)
-            ],
-        }
+                for r, t, sv, e in zip(arm_runs, to_target, savings, equal, strict=True)
+            ]
+        )
     return {"targets_val_bits": targets, "arms": arms, "static_frontier": static_frontier(arms)}
+
+
+def arm_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """An arm's headlines from its runs (``summarise``'s per-run entries, one per paired seed)."""
+    final = [r["final_val_bits"] for r in runs]
+    reached = [r["flops_saving"] for r in runs if r["flops_saving"] is not None]
+    return {
+        "final_val_bits_mean": statistics.fmean(final),
+        "train_flops_mean": statistics.fmean(r["train_flops"] for r in runs),
+        "params_mean": statistics.fmean(r["params"] for r in runs),
+        "reached_target": len(reached),
+        "flops_saving": _interval(reached, [0.0] * len(reached), higher_is_better=True)
+        if len(reached) == len(runs)
+        else None,
+        "minus_static_at_equal_flops": _interval(
+            final, [r["static_bits_at_equal_flops"] for r in runs], higher_is_better=False
+        ),
+        "runs": runs,
+    }
 
 
 def static_frontier(arms: dict[str, Any]) -> dict[str, Any]:
@@ -473,11 +502,14 @@ def static_frontier(arms: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_result(path: Path, config: DepthGrowthConfig) -> dict[str, Any]:
-    """An earlier result to merge with a run of ``config``, checked before that run starts.
+    """An earlier result to combine with a run of ``config`` (``combine``), checked before that
+    run starts: of the same recipes, on the same seeds (other arms: ``merge_results``) or on
+    seeds disjoint from them on the same side of ``FIRST_SELECTION_SEED`` (more seeds of the same
+    arms: ``extend_seeds``).
 
     Raises:
         ValueError: the file is missing or not a depth-growth result, or is of another recipe,
-            start recipe or seeds than ``config`` would run.
+            start recipe or seeds than ``config`` could be combined with.
     """
     try:
         result = json.loads(path.read_text())
@@ -489,15 +521,57 @@ def read_result(path: Path, config: DepthGrowthConfig) -> dict[str, Any]:
         or "static-final" not in result.get("arms", {})
     ):
         raise ValueError(f"{path} is not a depth-growth result (depth_growth.json of esper bench depth-growth)")
-    seeds = list(range(config.depth_plan.seeds))
-    mine = {"recipe": config.recipe, "start_recipe": config.start_recipe, "seeds": seeds}
-    for key, value in mine.items():
+    for key, value in {"recipe": config.recipe, "start_recipe": config.start_recipe}.items():
         if result.get(key) != value:
             raise ValueError(
-                f"{path} has {key} {result.get(key)!r} and this run would have {value!r}: merge results of one "
-                "recipe on the same seeds (set --recipe / --start-recipe / --seeds to match)"
+                f"{path} has {key} {result.get(key)!r} and this run would have {value!r}: combine results of one "
+                "recipe (set --recipe / --start-recipe to match)"
+            )
+    seeds, theirs = config.seed_list, result.get("seeds", [])
+    if theirs != seeds:
+        if set(theirs) & set(seeds) or bool(result.get("selection")) != config.selection:
+            raise ValueError(
+                f"{path} has seeds {theirs} and this run would have {seeds}: combine results on the same seeds "
+                "(other arms) or on disjoint seeds of the same kind (more seeds: --first-seed past theirs)"
+            )
+        if list(result["arms"]) != list(config.arms):
+            raise ValueError(
+                f"{path} has arms {list(result['arms'])} and this run on other seeds would have {list(config.arms)}: "
+                "more seeds extend the same arms (run the same --plan)"
             )
     return result
+
+
+def combine(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """``earlier`` and ``later`` as one result: other arms on the same seeds (``merge_results``),
+    or the same arms on further seeds (``extend_seeds``)."""
+    if earlier["seeds"] == later["seeds"]:
+        return merge_results(earlier, later)
+    return extend_seeds(earlier, later)
+
+
+def extend_seeds(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """The same arms on ``first``'s seeds and then ``second``'s, summarised over all of them.
+
+    Raises:
+        ValueError: they differ in recipe, epochs, schedule or arms, or share a seed.
+    """
+    for key in ("recipe", "start_recipe", "epochs", "lr", "lr_schedule", "train_windows", "split_seed", "plan"):
+        if first.get(key) != second.get(key):
+            raise ValueError(f"results differ in {key}: {first.get(key)!r} vs {second.get(key)!r}; extend one plan's")
+    if list(first["arms"]) != list(second["arms"]):
+        raise ValueError(f"results have arms {list(first['arms'])} and {list(second['arms'])}: extend the same arms")
+    if set(first["seeds"]) & set(second["seeds"]):
+        raise ValueError(f"results share seeds ({first['seeds']} and {second['seeds']}): extend with new seeds only")
+    arms = {arm: arm_summary([*first["arms"][arm]["runs"], *second["arms"][arm]["runs"]]) for arm in first["arms"]}
+    return {
+        **first,
+        "seeds": [*first["seeds"], *second["seeds"]],
+        "targets_val_bits": [*first["targets_val_bits"], *second["targets_val_bits"]],
+        "arms": arms,
+        "static_frontier": static_frontier(arms),
+        "wall_s": first["wall_s"] + second["wall_s"],
+    }
 
 
 def merge_results(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -537,7 +611,8 @@ def format_table(result: dict[str, Any]) -> str:
     targets = result["targets_val_bits"]
     lines = [
         f"depth growth on {result['recipe']} (start {result['start_recipe']}), plan {result['plan']}: "
-        f"{len(result['seeds'])} paired seeds, {result['epochs']} epochs, lr {result['lr']:g} "
+        f"{len(result['seeds'])} paired {'SELECTION ' if result.get('selection') else ''}seeds "
+        f"{result['seeds'][0]}..{result['seeds'][-1]}, {result['epochs']} epochs, lr {result['lr']:g} "
         f"{result['lr_schedule']}; target (static-final's final validation loss) "
         f"{statistics.fmean(targets):.4f} bits; wall {result['wall_s']:.0f} s",
         "",

@@ -13,10 +13,14 @@ from esper_cli.main import main
 from esper_core.studies.depth_growth import (
     DepthGrowthConfig,
     arm_config,
+    arm_summary,
     bits_at,
+    combine,
     curves_png,
+    extend_seeds,
     flops_to_reach,
     merge_results,
+    read_result,
     static_frontier,
 )
 
@@ -112,7 +116,9 @@ def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alo
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"seeds": 1001}, "seeds from 1000 chose the learning rate"),
+        ({"seeds": 1001}, r"seeds 0 \.\. 1000 mix evaluation seeds"),
+        ({"first_seed": 998, "seeds": 3}, r"seeds 998 \.\. 1000 mix evaluation seeds"),
+        ({"first_seed": -1}, "mix evaluation seeds"),
         ({"plan": "huge"}, "unknown depth-growth plan 'huge'"),
         ({"epochs": 5}, r"growth points \(0, 4\) must be distinct, ascending epochs from 0 to 3"),
         ({"blend_epochs": 2}, r"closer than a stacked seed's lifecycle \(5 epochs with blend_epochs=2\)"),
@@ -160,6 +166,54 @@ def test_merging_results_keeps_both_arms_and_refuses_results_of_other_runs() -> 
     other = {**second, "arms": {**second["arms"], "static-final": _arm([(0, 800.0, 2.0), (1, 800.0, 2.3)])}}
     with pytest.raises(ValueError, match="static-final runs differ"):
         merge_results(first, other)
+
+
+def _result(seeds: list[int], saving: float) -> dict[str, object]:
+    """A result of two arms on ``seeds`` whose grown arm saved ``saving`` of the FLOPs on each."""
+
+    def runs(bits: float, flops_saving: float | None) -> list[dict[str, object]]:
+        return [
+            {"seed": sd, "final_val_bits": bits, "train_flops": 800.0, "params": 10, "flops_saving": flops_saving,
+             "static_bits_at_equal_flops": bits + 0.1, "curve": []}
+            for sd in seeds
+        ]  # fmt: skip
+
+    arms = {
+        "static-final": arm_summary(runs(2.0, 0.0)),
+        "static-start": arm_summary(runs(2.1, None)),
+        "controller": arm_summary(runs(1.9, saving)),
+    }
+    return {"bench": "depth-growth", "recipe": "chars-gpt-growth", "start_recipe": "chars-gpt-growth-start",
+            "plan": "crossover", "epochs": 16, "lr": 3e-3, "seeds": seeds, "targets_val_bits": [2.0] * len(seeds),
+            "arms": arms, "wall_s": 5.0}  # fmt: skip
+
+
+def test_more_seeds_extend_the_same_arms_and_are_summarised_over_all_of_them() -> None:
+    extended = extend_seeds(_result([0, 1], 0.2), _result([2, 3, 4], 0.3))
+    assert extended["seeds"] == [0, 1, 2, 3, 4] and extended["wall_s"] == 10.0
+    controller = extended["arms"]["controller"]
+    assert [r["seed"] for r in controller["runs"]] == [0, 1, 2, 3, 4] and controller["reached_target"] == 5
+    assert controller["flops_saving"]["mean"] == pytest.approx(0.26) and controller["flops_saving"]["n"] == 5
+    assert combine(_result([0, 1], 0.2), _result([2], 0.3))["seeds"] == [0, 1, 2]
+    with pytest.raises(ValueError, match="share seeds"):
+        extend_seeds(_result([0, 1], 0.2), _result([1, 2], 0.3))
+    other = _result([2], 0.3)
+    other["arms"] = {"static-final": other["arms"]["static-final"]}  # type: ignore[index]
+    with pytest.raises(ValueError, match="extend the same arms"):
+        extend_seeds(_result([0, 1], 0.2), other)
+
+
+def test_selection_seeds_are_a_run_of_their_own_and_never_extend_an_evaluation(tmp_path: Path) -> None:
+    selection = DepthGrowthConfig(plan="crossover", first_seed=1000, seeds=2)
+    assert selection.selection and selection.seed_list == [1000, 1001]
+    assert not DepthGrowthConfig(plan="crossover", first_seed=3, seeds=5).selection
+    path = tmp_path / "depth_growth.json"
+    path.write_text(json.dumps(_result([0, 1, 2], 0.2)))
+    with pytest.raises(ValueError, match="disjoint seeds of the same kind"):
+        read_result(path, selection)
+    with pytest.raises(ValueError, match="more seeds extend the same arms"):
+        read_result(path, DepthGrowthConfig(plan="crossover-stacked", first_seed=3))
+    assert read_result(path, DepthGrowthConfig(plan="crossover", first_seed=3, seeds=5))["seeds"] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
