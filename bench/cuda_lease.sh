@@ -37,12 +37,12 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 say "installed"
 
 say "cuda_growth"
-timeout -s INT "$(share 150)" python3 -m bench.cuda_growth --out "$OUT" >"$OUT/cuda_growth.log" 2>&1
+timeout -k 10 -s INT "$(share 150)" python3 -m bench.cuda_growth --out "$OUT" >"$OUT/cuda_growth.log" 2>&1
 echo "cuda_growth rc=$?" >>"$OUT/cuda_growth.log"
 grep -E "captures|rc=|Error" "$OUT/cuda_growth.log" | grep -v "^    epoch" | head -20
 
 say "tests"
-timeout -s INT "$(share 120)" python3 -m pytest -q -n 14 -p no:cacheprovider --timeout 100 -rfE --tb=line \
+timeout -k 10 -s INT "$(share 120)" python3 -m pytest -q -n 14 -p no:cacheprovider --timeout 100 -rfE --tb=line \
     tests/tolaria tests/tamiyo tests/kasmina tests/bench/test_training_bench.py tests/bench/test_cuda_paths.py \
     tests/bench/test_cuda_growth.py >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" >>"$OUT/pytest.log"
@@ -50,14 +50,15 @@ grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$OUT/pytest.log"
 
 say "first epoch"
 export ESPER_HOME=/tmp/esper-home PREFECT_HOME=/tmp/prefect-home
-timeout -s INT "$(share 90)" python3 -m esper_cli -v run --recipe mnist1d-cnn --device cuda --epochs 3 \
+timeout -k 10 -s INT "$(share 90)" python3 -m esper_cli -v run --recipe mnist1d-cnn --device cuda --epochs 3 \
     >"$OUT/first_epoch.log" 2>&1
 echo "esper run rc=$?" >>"$OUT/first_epoch.log"
 grep -E "^  [a-zA-Z]|rc=|Error" "$OUT/first_epoch.log" | head -20
 unset ESPER_HOME PREFECT_HOME
 
 say "cuda_paths"
-timeout -s INT "$(share 600)" python3 -m bench.cuda_paths --out /tmp/cuda_paths --epochs 5 >"$OUT/cuda_paths.log" 2>&1
+# Its ~15 baselines go back as one archive: a lease returns at most 8 files from $OUT.
+timeout -k 10 -s INT "$(share 600)" python3 -m bench.cuda_paths --out /tmp/cuda_paths --epochs 5 >"$OUT/cuda_paths.log" 2>&1
 echo "cuda_paths rc=$?" >>"$OUT/cuda_paths.log"
 grep -E "train x|FAILED|fell back|rc=" "$OUT/cuda_paths.log"
 tar czf "$OUT/cuda_paths.tar.gz" -C /tmp cuda_paths

@@ -34,13 +34,16 @@ class GateConfig:
     to the largest host gradient. Not zero: on CUDA two identical backward passes differ in the
     last bits (atomic accumulation order), and on the 2026-11-28 H200 lease an exact test culled
     every width seed at ~1e-7 relative (3e-8 absolute); a seed that leaks into the host's
-    gradients moves them by orders of magnitude more. On a CPU both passes agree to the bit."""
+    gradients moves them by orders of magnitude more. On a CPU both passes agree to the bit.
+    Relative to the largest gradient of the whole host, not per tensor: a layer whose gradients
+    are tiny would turn CUDA's last-bit noise into a large per-tensor ratio."""
     impact_tolerance: float = 0.0
     """G4: with the seed, validation loss may exceed the loss without it by this fraction."""
 
     def __post_init__(self) -> None:
-        if self.min_grad_norm < 0 or self.isolation_rtol < 0 or self.impact_tolerance < 0:
-            raise ValueError("gate tolerances must be >= 0")
+        for name in ("min_grad_norm", "isolation_rtol", "impact_tolerance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (a tolerance), got {getattr(self, name)}")
         if self.max_loss_rise < 0:
             raise ValueError(f"max_loss_rise must be >= 0, got {self.max_loss_rise}")
         if self.max_loss_ratio <= 1.0:

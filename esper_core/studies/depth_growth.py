@@ -38,6 +38,7 @@ import itertools
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class DepthPlan:
             network has a point at each smaller budget (its frontier of loss against FLOPs).
         growing: Run the start network's arms (``static-start``, the stacked ones, ``controller``);
             False runs the final-size network alone (``static-final`` and its budgets).
-        controls: Run ``static-start`` and ``controller`` beside the stacked arms; False runs
+        controls: With ``growing``, run ``static-start`` and ``controller`` beside the stacked arms; False runs
             ``static-final`` and the stacked arms alone, for merging (``--merge-with``) with an
             earlier result of the same epochs that has them.
         train_windows: Training windows kept of the recipe's data, and a quarter as many
@@ -122,13 +123,13 @@ PLANS: dict[str, DepthPlan] = {
     # Where depth starts to pay for a static network: the start and final networks and the
     # heuristic at twice the recipe's epochs (28.5 characters per final parameter), no stacking.
     "crossover": DepthPlan(seeds=3, epochs=16, growth_points=()),
+    # The static frontier at those 16 epochs: the final network alone at 8 and 12 epochs, each with
+    # its own cooldown (the grown arms trained 5.4-6.8e12 FLOPs, 11-14 epochs of the final network).
+    "crossover-budgets": DepthPlan(seeds=3, epochs=16, growth_points=(), static_budgets=(8, 12), growing=False),
     # Stacking at those 16 epochs, to merge with "crossover" (its static-final runs are rerun,
     # and the merge checks they agree): one block after epochs 0 and 4 (the best stacked arm at 8
     # epochs), and the whole stack copied once at a quarter (after epoch 4) or half-way (after
     # epoch 8, G_stack's usual point; the primary arm, chosen before any of these ran).
-    # The static frontier at those 16 epochs: the final network alone at 8 and 12 epochs, each with
-    # its own cooldown (the grown arms trained 5.4-6.8e12 FLOPs, 11-14 epochs of the final network).
-    "crossover-budgets": DepthPlan(seeds=3, epochs=16, growth_points=(), static_budgets=(8, 12), growing=False),
     "crossover-stacked": DepthPlan(
         seeds=3, epochs=16, growth_points=((0, 4),), stack_all_points=(4, 8), controls=False
     ),
@@ -178,8 +179,12 @@ class DepthGrowthConfig:
             raise ValueError(f"unknown depth-growth plan {self.plan!r}; choose one of {sorted(PLANS)}")
         if self.seeds is not None and self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if self.first_seed < 0:
+            raise ValueError(
+                f"first_seed must be >= 0 (seeds are 0 .. 999, selection seeds from 1000), got {self.first_seed}"
+            )
         last = self.first_seed + self.depth_plan.seeds - 1
-        if self.first_seed < 0 or (self.first_seed < FIRST_SELECTION_SEED <= last):
+        if self.first_seed < FIRST_SELECTION_SEED <= last:
             raise ValueError(
                 f"seeds {self.first_seed} .. {last} mix evaluation seeds (below {FIRST_SELECTION_SEED}) and "
                 f"selection seeds (from {FIRST_SELECTION_SEED}, which choose and are never evaluated on): "
@@ -310,6 +315,8 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         # None: the recipe's whole training data.
         "train_windows": plan.train_windows,
         "split_seed": SPLIT_SEED,
+        # The corpus is this Python's own standard library: another minor version, other text.
+        "python": "{}.{}".format(*sys.version_info[:2]),
         "workers": config.workers,
         "wall_s": time.perf_counter() - start,
         **summarise(runs),
@@ -534,11 +541,22 @@ def read_result(path: Path, config: DepthGrowthConfig) -> dict[str, Any]:
                 f"{path} has seeds {theirs} and this run would have {seeds}: combine results on the same seeds "
                 "(other arms) or on disjoint seeds of the same kind (more seeds: --first-seed past theirs)"
             )
+        if result.get("plan") != config.plan:
+            raise ValueError(
+                f"{path} is of plan {result.get('plan')!r} and this run on other seeds of {config.plan!r}: more "
+                "seeds extend the same plan"
+            )
         if list(result["arms"]) != list(config.arms):
             raise ValueError(
                 f"{path} has arms {list(result['arms'])} and this run on other seeds would have {list(config.arms)}: "
                 "more seeds extend the same arms (run the same --plan)"
             )
+    epochs = config.depth_plan.epochs or get_recipe(config.recipe).epochs
+    if result.get("epochs") != epochs:
+        raise ValueError(
+            f"{path} ran {result.get('epochs')} epochs and this run would run {epochs}: combine results of one "
+            "schedule (set --epochs or --plan to match)"
+        )
     return result
 
 
@@ -559,6 +577,14 @@ def extend_seeds(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any
     for key in ("recipe", "start_recipe", "epochs", "lr", "lr_schedule", "train_windows", "split_seed", "plan"):
         if first.get(key) != second.get(key):
             raise ValueError(f"results differ in {key}: {first.get(key)!r} vs {second.get(key)!r}; extend one plan's")
+    if bool(first.get("selection")) != bool(second.get("selection")):
+        raise ValueError("one result is on selection seeds and the other on evaluation seeds: never combine them")
+    # Results from before the version was recorded ran on 3.11, the only Python they were run on.
+    if first.get("python", "3.11") != second.get("python", "3.11"):
+        raise ValueError(
+            f"results ran on Python {first.get('python', '3.11')} and {second.get('python', '3.11')}, whose "
+            "standard libraries (the corpus) differ: extend with seeds run on the same Python"
+        )
     if list(first["arms"]) != list(second["arms"]):
         raise ValueError(f"results have arms {list(first['arms'])} and {list(second['arms'])}: extend the same arms")
     if set(first["seeds"]) & set(second["seeds"]):
@@ -612,7 +638,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"depth growth on {result['recipe']} (start {result['start_recipe']}), plan {result['plan']}: "
         f"{len(result['seeds'])} paired {'SELECTION ' if result.get('selection') else ''}seeds "
-        f"{result['seeds'][0]}..{result['seeds'][-1]}, {result['epochs']} epochs, lr {result['lr']:g} "
+        f"{_seed_span(result['seeds'])}, {result['epochs']} epochs, lr {result['lr']:g} "
         f"{result['lr_schedule']}; target (static-final's final validation loss) "
         f"{statistics.fmean(targets):.4f} bits; wall {result['wall_s']:.0f} s",
         "",
@@ -630,6 +656,13 @@ def format_table(result: dict[str, Any]) -> str:
             f"{_fmt(s['minus_static_at_equal_flops'], 'bits')} | {versus if frontier else 'no budget arms'} |"
         )
     return "\n".join(lines)
+
+
+def _seed_span(seeds: list[int]) -> str:
+    """``0..7`` for consecutive seeds, else the list."""
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}..{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def _fmt(d: dict[str, Any] | None, unit: str, *, missing: str = "not every seed") -> str:

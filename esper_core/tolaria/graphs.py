@@ -26,7 +26,9 @@ _SHARED_POOL: tuple[int, int] | None = None
 # PyTorch closes a graph pool when the last graph captured into it is destroyed (a failed capture
 # counts), and a capture into its handle after that trips the allocator's internal assert
 # ``use_count > 0``: on the 2026-11-28 lease every re-capture after a growth event, and every
-# trainer after the first in a process, fell back to eager on it.
+# trainer after the first in a process, fell back to eager on it. One device per process (a
+# data-parallel rank owns one GPU), so one keeper on the current device; the pool's memory stays
+# with the process, which is what sharing it is for.
 _POOL_KEEPER: torch.cuda.CUDAGraph | None = None
 _WARMUP_ITERS = 3  # side-stream iterations before capture, as the CUDA Graphs docs prescribe
 
@@ -125,7 +127,10 @@ class GraphRunner:
         torch.cuda.current_stream().wait_stream(side)
         zero_grad()  # grads are (re)allocated inside the graph's pool and stay static
         graph = torch.cuda.CUDAGraph()
-        pool = shared_pool() if self.reuse_pool else None
+        with _generator_restored_on_failure():
+            # Inside the guard: a failed capture of the pool's keeper must not leave the
+            # generator marked as capturing either.
+            pool = shared_pool() if self.reuse_pool else None
         with _generator_restored_on_failure(), torch.cuda.graph(graph, pool=pool):
             self._static_loss = self.step_fn(self._static_x, self._static_y)
         graph.replay()  # the capture itself does not execute: run this batch's step once

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -434,7 +435,10 @@ class Trainer:
             without = host_grads()
         diff = max((a - b).abs().max().item() for a, b in zip(with_seed, without, strict=True))
         scale = max(b.abs().max().item() for b in without)
-        return diff / scale if scale > 0 else diff
+        if scale == 0.0:
+            # A host with no gradient at all: any difference is a leak, none is isolation.
+            return 0.0 if diff == 0.0 else math.inf
+        return diff / scale
 
     def activation_grad_norms(self) -> dict[str, float | None]:
         """The bottleneck signal of each slot that can act, on the probe batch (``slotgrads``

@@ -118,7 +118,7 @@ def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alo
     [
         ({"seeds": 1001}, r"seeds 0 \.\. 1000 mix evaluation seeds"),
         ({"first_seed": 998, "seeds": 3}, r"seeds 998 \.\. 1000 mix evaluation seeds"),
-        ({"first_seed": -1}, "mix evaluation seeds"),
+        ({"first_seed": -1}, "first_seed must be >= 0"),
         ({"plan": "huge"}, "unknown depth-growth plan 'huge'"),
         ({"epochs": 5}, r"growth points \(0, 4\) must be distinct, ascending epochs from 0 to 3"),
         ({"blend_epochs": 2}, r"closer than a stacked seed's lifecycle \(5 epochs with blend_epochs=2\)"),
@@ -201,6 +201,10 @@ def test_more_seeds_extend_the_same_arms_and_are_summarised_over_all_of_them() -
     other["arms"] = {"static-final": other["arms"]["static-final"]}  # type: ignore[index]
     with pytest.raises(ValueError, match="extend the same arms"):
         extend_seeds(_result([0, 1], 0.2), other)
+    with pytest.raises(ValueError, match="selection seeds and the other on evaluation seeds"):
+        extend_seeds(_result([0, 1], 0.2), {**_result([1000], 0.3), "selection": True})
+    with pytest.raises(ValueError, match="whose standard libraries"):
+        extend_seeds(_result([0, 1], 0.2), {**_result([2], 0.3), "python": "3.12"})
 
 
 def test_selection_seeds_are_a_run_of_their_own_and_never_extend_an_evaluation(tmp_path: Path) -> None:
@@ -211,8 +215,11 @@ def test_selection_seeds_are_a_run_of_their_own_and_never_extend_an_evaluation(t
     path.write_text(json.dumps(_result([0, 1, 2], 0.2)))
     with pytest.raises(ValueError, match="disjoint seeds of the same kind"):
         read_result(path, selection)
-    with pytest.raises(ValueError, match="more seeds extend the same arms"):
+    with pytest.raises(ValueError, match="more seeds extend the same plan"):
         read_result(path, DepthGrowthConfig(plan="crossover-stacked", first_seed=3))
+    # Refused before the run, not after it: a schedule that could never be combined.
+    with pytest.raises(ValueError, match="ran 16 epochs and this run would run 8"):
+        read_result(path, DepthGrowthConfig(plan="crossover", first_seed=3, epochs=8))
     assert read_result(path, DepthGrowthConfig(plan="crossover", first_seed=3, seeds=5))["seeds"] == [0, 1, 2]
 
 

@@ -14,6 +14,7 @@ from torch._dynamo import register_backend
 from esper_core.karn.entries import default_catalog
 from esper_core.run.build import build_trainer
 from esper_core.run.recipes import get_recipe
+from esper_core.tolaria import graphs as graphs_module
 from esper_core.tolaria.loop import Trainer
 from esper_core.tolaria.precision import Precision
 from esper_core.tolaria.step import (
@@ -283,7 +284,13 @@ def test_a_failed_capture_trains_eagerly_and_leaves_the_cuda_generator_usable() 
 
 
 @requires_cuda("captures into the process's shared graph pool after a failed one and after its graphs were dropped")
-def test_the_shared_pool_takes_new_captures_after_a_failure_and_after_every_earlier_graph_is_gone() -> None:
+def test_the_shared_pool_takes_new_captures_after_a_failure_and_after_every_earlier_graph_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pool of this test's own: the failed capture below is then its first, whatever ran before.
+    monkeypatch.setattr(graphs_module, "_SHARED_POOL", None)
+    monkeypatch.setattr(graphs_module, "_POOL_KEEPER", None)
+
     def engine(*, sync: bool) -> tuple[StepEngine, torch.nn.Linear]:
         model = torch.nn.Linear(4, 2, device="cuda")
 
