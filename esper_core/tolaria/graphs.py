@@ -127,12 +127,11 @@ class GraphRunner:
         torch.cuda.current_stream().wait_stream(side)
         zero_grad()  # grads are (re)allocated inside the graph's pool and stay static
         graph = torch.cuda.CUDAGraph()
+        # One guard for both captures: the pool keeper's (made on first use) and the step's.
         with _generator_restored_on_failure():
-            # Inside the guard: a failed capture of the pool's keeper must not leave the
-            # generator marked as capturing either.
             pool = shared_pool() if self.reuse_pool else None
-        with _generator_restored_on_failure(), torch.cuda.graph(graph, pool=pool):
-            self._static_loss = self.step_fn(self._static_x, self._static_y)
+            with torch.cuda.graph(graph, pool=pool):
+                self._static_loss = self.step_fn(self._static_x, self._static_y)
         graph.replay()  # the capture itself does not execute: run this batch's step once
         self._grads = [(p, p.grad) for p in self.parameters() if p.grad is not None]
         torch.cuda.synchronize()
