@@ -10,14 +10,14 @@ from esper_core.contracts import KernelArtifact
 from esper_core.pipeline import CompileJob
 from esper_core.run.recipes import RecipeRef
 from esper_core.tezzeret.config import Backend, BackendName
-from tasks.compile import begin_compile_run, compile_blueprint, finish_compile_run, publish_artifact
+from tasks.compile import (
+    COMPILE_CONCURRENCY,
+    begin_compile_run,
+    compile_blueprint,
+    finish_compile_run,
+    publish_artifact,
+)
 from tasks.plan import plan_compiles
-
-COMPILE_CONCURRENCY = 2
-"""Tasks of one flow run in flight at once. Exports inside one process take turns anyway
-(torch.export is not thread-safe); the limit keeps a large catalogue from starting every compile
-at once. Across workers, the deployment's ``concurrency_limit`` caps how many catalogue compiles
-run at once."""
 
 
 @flow(name="compile_catalog", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=COMPILE_CONCURRENCY))

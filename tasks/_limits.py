@@ -74,13 +74,14 @@ def limited(kind: LimitKind) -> dict[str, Any]:
     return {"on_failure": [explain_timeout(kind)]}
 
 
-def in_child(kind: LimitKind, target: str, /, *args: Any) -> Any:  # noqa: ANN401 - whatever target returns
-    """Run ``target(*args)`` (``module:function``) in a child process stopped at the ``kind`` limit.
+def in_child(kind: LimitKind, target: str, /, *args: Any, threads: int | None = None, reuse: bool = False) -> Any:  # noqa: ANN401 - whatever target returns
+    """Run ``target(*args)`` (``module:function``) in a child process stopped at the ``kind`` limit,
+    on ``threads`` torch threads, in a reused child if ``reuse`` (``run_in_child``).
 
     Raises:
         TimeoutError: The limit passed; the child and its children were killed.
     """
-    return run_in_child(target, *args, limit_s=time_limit(kind))
+    return run_in_child(target, *args, limit_s=time_limit(kind), threads=threads, reuse=reuse)
 
 
 def retry_unless_timed_out(task: Task, task_run: TaskRun, state: State) -> bool:

@@ -13,6 +13,7 @@ status) fails the same way every time, so it fails at once with its message.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -28,6 +29,18 @@ from esper_core.pipeline import CompileJob, PublishPlan, find_published, new_com
 from esper_core.urza.service import Urza
 from tasks._limits import in_child, limited
 from tasks._runtime import service_sink, settings
+
+COMPILE_CONCURRENCY = 2
+"""Compiles of one flow run in flight at once (the compile flows' task runner). Exports inside
+one process take turns anyway (torch.export is not thread-safe); the limit keeps a large
+catalogue from starting every compile at once. Across workers, the deployment's
+``concurrency_limit`` caps how many catalogue compiles run at once."""
+
+
+def compile_threads() -> int:
+    """Torch threads of one compile's child process: this process's cores shared among the
+    ``COMPILE_CONCURRENCY`` compiles in flight, so that they do not spin against each other."""
+    return max(1, len(os.sched_getaffinity(0)) // COMPILE_CONCURRENCY)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,7 +96,9 @@ def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
     """Compile ``job`` unless Urza already holds its artifact here; stage the blob.
 
     The compile runs in a child process that the compile time limit stops (``in_child``): this
-    task runs on a thread of the flow's task runner, where nothing can interrupt a C call.
+    task runs on a thread of the flow's task runner, where nothing can interrupt a C call. The
+    child gets its share of the cores (``compile_threads``) and serves the flow's next compiles
+    too: its interpreter and imports (1-2 s) are paid once, not per kernel.
     """
     urza = _urza()
     try:
@@ -94,7 +109,14 @@ def compile_blueprint(job: CompileJob, device: str = "auto") -> StagedKernel:
         return StagedKernel(job=job, artifact_json=existing.to_json(), reused=True)
     s = settings()
     artifact_json, tags, reused = in_child(
-        "compile", "esper_core.pipeline:stage_job", job, device, s.home, s.registry_db_url
+        "compile",
+        "esper_core.pipeline:stage_job",
+        job,
+        device,
+        s.home,
+        s.registry_db_url,
+        threads=compile_threads(),
+        reuse=True,
     )
     if reused:
         return StagedKernel(job=job, artifact_json=artifact_json, reused=True)

@@ -11,6 +11,7 @@ from uuid import UUID
 import psutil
 import pytest
 
+from esper_core.child import stop_idle
 from esper_core.settings import EsperSettings
 from tests.helpers.waiting import poll
 
@@ -79,6 +80,8 @@ def test_a_simic_task_over_its_limit_is_stopped(compiled_home: EsperSettings, mo
 
 
 def _no_child_left() -> bool:
+    """No child process of ``esper_core.child`` is left (call ``stop_idle`` before the work: an
+    earlier test's compiles may have left reusable ones idle)."""
     return not any("esper_core.child" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
 
 
@@ -91,6 +94,7 @@ def test_a_compile_over_its_limit_is_stopped_in_its_child_process(
     from tasks._limits import time_limit
 
     # A real compile into an empty registry: starting its child process alone takes longer.
+    stop_idle()
     monkeypatch.setenv("ESPER_COMPILE_TIMEOUT_S", "0.2")
     assert time_limit("compile") == 0.2
     state = compile_catalog(
@@ -114,6 +118,7 @@ def test_a_benchmark_case_over_its_limit_is_stopped_in_its_child_process(
 ) -> None:
     from flows.benchmark_sweep import benchmark_sweep
 
+    stop_idle()
     monkeypatch.setenv("ESPER_BENCH_TIMEOUT_S", "0.2")
     state = benchmark_sweep(sweep="smoke", baselines_dir=str(tmp_path), return_state=True)
     assert state.is_failed()
