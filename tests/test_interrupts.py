@@ -1,14 +1,17 @@
-"""Interrupts held while a step's effects are made durable (``esper_core.interrupts``)."""
+"""Interrupts held while a step's effects are made durable, and raised at a deadline
+(``esper_core.interrupts``)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 
 import pytest
 
-from esper_core.interrupts import deferred_interrupts
+from esper_core.interrupts import DeadlinePassed, deferred_interrupts, raise_at_deadline
+from tests.helpers.waiting import wait_for
 
 
 class Stopped(Exception):
@@ -59,3 +62,53 @@ def test_off_the_main_thread_the_block_defers_nothing_and_does_not_fail() -> Non
     thread.start()
     thread.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("work", ["busy", "sleep"])
+def test_a_block_past_its_deadline_is_stopped(work: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(DeadlinePassed, match="the work ran past its limit of 0.2 s"):
+        with raise_at_deadline(0.2, what="the work") as armed:
+            assert armed
+            if work == "sleep":
+                time.sleep(60)  # a blocking call is interrupted, not waited out
+            while True:
+                pass
+    assert time.monotonic() - start < 30
+
+
+def test_a_block_within_its_deadline_runs_and_a_late_signal_does_nothing() -> None:
+    with raise_at_deadline(30, what="quick work") as armed:
+        total = sum(range(1000))
+    assert armed and total == 499500
+    seen = []
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+    try:
+        # The deadline's handler stays: a signal after the block goes to the handler that was
+        # there before (here a function; the default, ending the process, would be ignored).
+        with raise_at_deadline(30, what="quick work"):
+            pass
+        os.kill(os.getpid(), signal.SIGUSR1)
+        wait_for(lambda: seen == [signal.SIGUSR1], what="the earlier SIGUSR1 handler to be called", timeout_s=10)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_no_deadline_off_the_main_thread_inside_another_or_without_a_limit() -> None:
+    armed: list[bool] = []
+
+    def elsewhere() -> None:
+        with raise_at_deadline(0.01, what="x") as on:
+            armed.append(on)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    with raise_at_deadline(30, what="outer") as outer, raise_at_deadline(0.01, what="inner") as inner:
+        time.sleep(0.05)
+    with raise_at_deadline(None, what="unlimited") as unlimited:
+        pass
+    assert (armed, outer, inner, unlimited) == ([False], True, False, False)
+    with pytest.raises(ValueError, match="limit_s must be > 0"):
+        with raise_at_deadline(0, what="x"):
+            pass

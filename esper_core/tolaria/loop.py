@@ -148,6 +148,7 @@ class Trainer:
             self._train_step,
             zero_grad=self._zero_grad,
             parameters=lambda: [p for group in self.optimizer.param_groups for p in group["params"]],
+            buffers=lambda: list(self.model.buffers()),
             config=config.step,
             device=device,
             workload=workload or f"{type(model).__name__}{model.layer_widths}:b{batch_size}",

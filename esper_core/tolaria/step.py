@@ -16,12 +16,13 @@ request is reported as ``tolaria.graph_fallback`` and training continues eagerly
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from esper_core.contracts import MetricPoint, TelemetryEvent, TelemetryLevel
+from esper_core.interrupts import DeadlinePassed, raise_at_deadline
 from esper_core.tolaria.graphs import GraphRunner, StepFn
 
 log = logging.getLogger(__name__)
@@ -61,9 +63,11 @@ class StepEngineConfig:
     compiles, else a prior) and the run's length from its median eager step x its steps; a trial
     over budget is skipped, eager kept, with the reason (``tolaria.compile_disabled``): a CPU
     compile costs 10-200 s, which a run of a few minutes never earns back (a 12-epoch GPT spent
-    30 % of its wall time in one). The choice only ever falls back to the eager step, so it
-    cannot change a run's numbers; it is not cached (it depends on the run's length, not the
-    workload). None: always measure."""
+    30 % of its wall time in one). A trial the estimate let through is stopped when it reaches
+    the budget (on the main thread: ``interrupts.raise_at_deadline``), eager kept, and that is
+    cached. The choice only ever falls back to the eager step, so it cannot change a run's
+    numbers; a skipped trial is not cached (it depends on the run's length, not the workload).
+    None: always measure, without a limit."""
     enable_graphs: bool = False
     """Capture the steady-state eager step as a CUDA graph (CUDA only)."""
     enable_graph_pool_reuse: bool = True
@@ -151,6 +155,8 @@ class StepEngine:
         zero_grad: clears gradients before an eager or compiled step.
         parameters: the parameters the step computes gradients for (read at each check, so
             seeds added later count): ``auto`` compares the compiled step's gradients with eager's.
+        buffers: the model's buffers (a BatchNorm's running statistics), which a shadow step
+            would update: they are put back after it.
         config: engine settings.
         device: where the step runs (graphs need CUDA).
         workload: identifies the model and batch shape for the decision cache.
@@ -164,6 +170,7 @@ class StepEngine:
         *,
         zero_grad: Callable[[], None],
         parameters: Callable[[], Iterable[torch.Tensor]],
+        buffers: Callable[[], Iterable[torch.Tensor]] = tuple,
         config: StepEngineConfig,
         device: torch.device,
         workload: str,
@@ -174,6 +181,7 @@ class StepEngine:
         self.run_steps = run_steps
         self.zero_grad = zero_grad
         self.parameters = parameters
+        self.buffers = buffers
         self.config = config
         self.device = device
         self.cache = cache
@@ -237,10 +245,11 @@ class StepEngine:
         if cached is None or (cached["compiled"] and not cached.get("exact", False)):
             return
         log.info("step engine: cached decision for this workload: %s", "compiled" if cached["compiled"] else "eager")
-        self._cached_choice = (
-            bool(cached["compiled"]),
-            f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)",
-        )
+        if cached.get("overran"):
+            why = f"cached decision (an earlier compile trial ran past its limit of {cached['warmup_ms'] / 1e3:.3g} s)"
+        else:
+            why = f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)"
+        self._cached_choice = (bool(cached["compiled"]), why)
 
     # ------------------------------------------------------------------ running
 
@@ -313,7 +322,8 @@ class StepEngine:
         compiled = self._compiled(x, y)
         if compiled is None or len(self._timings["compiled"]) >= cfg.measure_steps:
             return self._eager(x, y)
-        shadow_loss = self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
+        with self._without_trace():
+            shadow_loss = self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
         shadow_grads = [None if p.grad is None else p.grad.clone() for p in self.parameters()]
         loss = self._eager(x, y)
         if self._mismatch is None:
@@ -324,13 +334,26 @@ class StepEngine:
             self._decide()
         return loss
 
+    def _eager_run_s(self) -> float | None:
+        """The run's expected eager training time (median eager step x its steps), once measured."""
+        if self.run_steps is None or not self._timings["eager"]:
+            return None
+        return statistics.median(self._timings["eager"]) * self.run_steps / 1e3
+
+    def _trial_limit_s(self) -> float | None:
+        """The most the ``auto`` compile trial may take (``compile_budget`` of the run's expected
+        eager time), or None: no budget, an unknown run length, or no trial (``on``, a cached choice)."""
+        budget, run_s = self.config.compile_budget, self._eager_run_s()
+        if self.config.compile != "auto" or budget is None or run_s is None:
+            return None
+        return budget * run_s
+
     def _too_short_to_compile(self) -> str | None:
         """Why the compile trial would cost more than ``compile_budget`` of the run, or None if
         it would not (or the run's length is unknown)."""
-        budget = self.config.compile_budget
-        if self.run_steps is None or budget is None:
+        budget, run_s = self.config.compile_budget, self._eager_run_s()
+        if run_s is None or budget is None:
             return None
-        run_s = statistics.median(self._timings["eager"]) * self.run_steps / 1e3
         history = self.cache.entries(self._environment) if self.cache is not None else []
         cost_s, basis = estimate_compile_s(sum(1 for _ in self.parameters()), history)
         if cost_s <= budget * run_s:
@@ -385,18 +408,64 @@ class StepEngine:
     def _build(self, x: torch.Tensor, y: torch.Tensor) -> None:
         cfg = self.config
         start = time.perf_counter()
+        limit_s = self._trial_limit_s()
         try:
-            # The mode travels inside the backend (torch.compile takes a mode for its own inductor only).
-            compiled = torch.compile(self.step_fn, dynamic=cfg.compile_dynamic, backend=self.backend)
-            # Compilation happens on the first call: make it now, in the shadow.
-            self.zero_grad()
-            compiled(x, y)
-            _sync(self.device)
+            # The first call compiles (forward graphs while tracing, the backward's at its first
+            # backward), all of it under the trial's limit. Its effects are a shadow step's:
+            # gradients the next step clears.
+            with self._without_trace(), raise_at_deadline(limit_s, what="the compile trial"):
+                # The mode travels inside the backend (torch.compile takes a mode for its own inductor only).
+                compiled = torch.compile(self.step_fn, dynamic=cfg.compile_dynamic, backend=self.backend)
+                self.zero_grad()
+                compiled(x, y)
+                _sync(self.device)
+        except DeadlinePassed as e:
+            assert limit_s is not None
+            self._over_limit(limit_s, str(e))
+            return
         except Exception as e:  # noqa: BLE001 - any compiler failure is a hard failure: run eager
             self._fall_back(f"{type(e).__name__}: {e}")
             return
         self.warmup_ms = (time.perf_counter() - start) * 1e3
         self.compiled_fn = compiled
+
+    def _over_limit(self, limit_s: float, message: str) -> None:
+        """The trial reached its limit: eager from the next epoch on (as any decision), cached, so
+        that the same workload here does not pay the limit again."""
+        self.warmup_ms = limit_s * 1e3
+        self.fallback_reason = message  # never built again
+        run_s = self._eager_run_s()
+        reason = f"{message} (compile_budget={self.config.compile_budget:g} of the run's ~{run_s:.0f} s of eager steps)"
+        self._pending = (False, reason)
+        log.warning("step engine: %s; training eagerly", reason)
+        if self.cache is not None:
+            self.cache.put(
+                self.cache_key,
+                {
+                    "compiled": False,
+                    "exact": False,
+                    "overran": True,
+                    "eager_ms": statistics.median(self._timings["eager"]),
+                    # At least this long: what estimate_compile_s learns this machine's speed from.
+                    "warmup_ms": self.warmup_ms,
+                    "param_tensors": sum(1 for _ in self.parameters()),
+                },
+            )
+
+    @contextlib.contextmanager
+    def _without_trace(self) -> Iterator[None]:
+        """Undo a shadow step's effects beyond its gradients (which the next step clears): the
+        buffers it updated and the random numbers it drew (dropout) are put back. Whether a trial
+        runs depends on timings (``compile_budget``'s estimate), so it must not change the run;
+        and the eager step after a shadow one draws the same masks, so the two compare exactly."""
+        saved = [b.detach().clone() for b in self.buffers()]
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            try:
+                yield
+            finally:
+                with torch.no_grad():
+                    for buffer, value in zip(self.buffers(), saved, strict=True):
+                        buffer.copy_(value)
 
     def _timed(self, path: str, fn: StepFn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         _sync(self.device)

@@ -52,9 +52,10 @@ def digit_rows() -> DataSplits:
 
 
 class DigitsCNN(nn.Module):
-    """A small CNN with BatchNorm in an ``nn.Sequential``: seeds grow on ``features.2`` and ``.5``."""
+    """A small CNN with BatchNorm in an ``nn.Sequential``: seeds grow on ``features.2`` and ``.5``;
+    ``dropout`` > 0 puts a Dropout before the classifier's Linear."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(1, 8, 3, padding=1),
@@ -65,7 +66,8 @@ class DigitsCNN(nn.Module):
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+        head = [nn.Flatten(), *([nn.Dropout(dropout)] if dropout > 0 else []), nn.Linear(16 * 4 * 4, 10)]
+        self.classifier = nn.Sequential(*head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -111,6 +113,13 @@ def cnn() -> RunConfig:
         data=DataSpec(load=digit_images, batch_size=64, name="digit-images"),
         trainer=_EAGER,
     )
+
+
+def cnn_with_dropout() -> RunConfig:
+    """The CNN with a Dropout: its training steps update BatchNorm statistics and draw random masks."""
+    config = cnn()
+    config.host = ModelSpec(build=lambda: DigitsCNN(dropout=0.2), slots=("features.2", "features.5"))
+    return config
 
 
 def cnn_with_a_misfit() -> RunConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,13 @@ from tests.helpers.runif import requires_cuda
 @register_backend
 def esper_test_broken_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dynamo's backend signature
     raise RuntimeError("deliberately broken compiler backend")
+
+
+@register_backend
+def esper_test_slow_backend(gm, example_inputs):  # noqa: ANN001, ANN201 - dynamo's backend signature
+    """A compiler that would take a minute (a CPU compile of a large step can take minutes)."""
+    time.sleep(60)
+    return gm
 
 
 @register_backend
@@ -145,6 +153,55 @@ def test_a_long_enough_run_is_within_the_compile_budget(tmp_path: Path) -> None:
     for _ in range(3):
         trainer.train_epoch()
     assert trainer.engine._timings["compiled"], "the trial was skipped although it fits the budget"
+
+
+def test_a_compile_trial_past_its_budget_is_stopped_and_the_run_trains_on_eagerly(tmp_path: Path) -> None:
+    # Earlier compiles here were very fast (the estimate scales down to milliseconds), so the
+    # trial is let through; the compiler then takes a minute, and the trial is stopped at
+    # compile_budget of the run's eager time instead.
+    probe = _trainer(home=tmp_path, compile="auto", compile_budget=0.05)
+    history = {"warmup_ms": 1.0, "param_tensors": 2, "compiled": False, "eager_ms": 0.1, "compiled_ms": 1.0}
+    (tmp_path / "step_decisions.json").write_text(json.dumps({probe.engine._environment + "another": history}))
+    _, eager = _names(_trainer(compile="off"), 4)
+    trainer = _trainer(home=tmp_path, compile="auto", compile_budget=0.05, compile_backend="esper_test_slow_backend")
+    trainer.engine.run_steps = 10**5  # ~10-30 s of eager steps: a limit of ~0.5-1.5 s
+    start = time.monotonic()
+    names, losses = [], []
+    for _ in range(4):
+        result = trainer.train_epoch()
+        names += [f"{e.name}: {e.message}" for e in result.events]
+        losses.append(result.packet.train_loss)
+    assert time.monotonic() - start < 40, "the minute-long compile was waited out"
+    (chosen,) = [n for n in names if n.startswith("tolaria.compile")]
+    assert chosen.startswith("tolaria.compile_disabled: eager step chosen: the compile trial ran past its limit of")
+    assert "compile_budget=0.05" in chosen
+    assert losses == eager and not trainer.engine.use_compiled and trainer.engine.compiled_fn is None
+    decision = json.loads((tmp_path / "step_decisions.json").read_text())[trainer.engine.cache_key]
+    assert decision["overran"] is True and decision["compiled"] is False
+    # The next run of this workload here takes the cached choice: no trial, no limit paid again.
+    again = _trainer(home=tmp_path, compile="auto", compile_budget=0.05, compile_backend="esper_test_slow_backend")
+    again.engine.run_steps = 10**5
+    names_again, _ = _names(again, 4)
+    assert "tolaria.compile_disabled" in names_again and not again.engine._timings["compiled"]
+    # The interrupted compile left Dynamo usable in this process.
+    doubled = torch.compile(lambda t: t * 2, backend="aot_eager")(torch.ones(3))
+    assert doubled.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_the_compile_trial_leaves_no_trace_in_batchnorm_statistics_or_dropout_masks(tmp_path: Path) -> None:
+    # Whether a trial runs depends on timings (the budget's estimate), so its shadow steps must
+    # not change the run: a BatchNorm's running statistics and the random stream (dropout) are as
+    # if it never ran, and the run equals the one that never compiles.
+    recipe = "tests.helpers.user_models:cnn_with_dropout"
+    # One after the other: the two runs draw from the process's one random stream, which each
+    # build seeds.
+    eager = _trainer(recipe=recipe, compile="off")
+    expected = [(r.packet.train_loss, r.packet.val_loss) for r in (eager.train_epoch() for _ in range(3))]
+    trial = _trainer(home=tmp_path, recipe=recipe, compile="auto", decision_margin=0.0)
+    assert [(r.packet.train_loss, r.packet.val_loss) for r in (trial.train_epoch() for _ in range(3))] == expected
+    assert trial.engine._timings["compiled"], "no trial ran"
+    buffers = dict(eager.model.named_buffers())
+    assert all(torch.equal(buffers[name], b) for name, b in trial.model.named_buffers())
 
 
 def test_auto_never_chooses_a_compiled_step_that_changes_the_numbers(tmp_path: Path) -> None:
