@@ -247,6 +247,7 @@ def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int
         seeds=args.seeds,
         first_seed=args.first_seed,
         epochs=args.epochs,
+        blend_lr_warmup_epochs=args.blend_lr_warmup,
         home=args.home,
         workers=args.workers,
     )
@@ -537,6 +538,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the first paired seed (default: %(default)s); from 1000 on, a selection run, reported apart",
     )
     b_depth.add_argument("--epochs", type=positive, default=None, help="epochs per run (default: the plan's)")
+    b_depth.add_argument(
+        "--blend-lr-warmup",
+        type=int,
+        default=0,
+        metavar="EPOCHS",
+        help="ramp the grown blocks' learning rate up over their first EPOCHS blending epochs; the growing arms "
+        "are then named -wEPOCHS, to merge with a run without (default: %(default)s, no warm-up)",
+    )
     b_depth.add_argument("--home", type=Path, default=None, help="ESPER_HOME to use (default: a fresh temporary one)")
     b_depth.add_argument(
         "--workers",

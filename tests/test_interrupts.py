@@ -67,13 +67,15 @@ def test_off_the_main_thread_the_block_defers_nothing_and_does_not_fail() -> Non
 @pytest.mark.parametrize("work", ["busy", "sleep"])
 def test_a_block_past_its_deadline_is_stopped(work: str) -> None:
     start = time.monotonic()
-    with pytest.raises(DeadlinePassed, match="the work ran past its limit of 0.2 s"):
-        with raise_at_deadline(0.2, what="the work") as armed:
-            assert armed
-            if work == "sleep":
-                time.sleep(60)  # a blocking call is interrupted, not waited out
-            while True:
-                pass
+    with (
+        pytest.raises(DeadlinePassed, match="the work ran past its limit of 0.2 s"),
+        raise_at_deadline(0.2, what="the work") as armed,
+    ):
+        assert armed
+        if work == "sleep":
+            time.sleep(60)  # a blocking call is interrupted, not waited out
+        while True:
+            pass
     assert time.monotonic() - start < 30
 
 
@@ -109,6 +111,5 @@ def test_no_deadline_off_the_main_thread_inside_another_or_without_a_limit() -> 
     with raise_at_deadline(None, what="unlimited") as unlimited:
         pass
     assert (armed, outer, inner, unlimited) == ([False], True, False, False)
-    with pytest.raises(ValueError, match="limit_s must be > 0"):
-        with raise_at_deadline(0, what="x"):
-            pass
+    with pytest.raises(ValueError, match="limit_s must be > 0"), raise_at_deadline(0, what="x"):
+        pass

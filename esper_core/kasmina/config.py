@@ -38,6 +38,13 @@ class KasminaConfig:
     computed from, once, at germination."""
     isolation_lr: IsolationLRConfig = field(default_factory=IsolationLRConfig)
     """The seed's learning-rate factor, warm-up and decay while it trains in isolation."""
+    blend_lr_warmup_epochs: int = 0
+    """Blending epochs over which a seed's learning rate ramps up linearly: blending epoch
+    ``t < blend_lr_warmup_epochs`` trains it at ``(t + 1) / (blend_lr_warmup_epochs + 1)`` of its
+    rate. For seeds that join the host's training already trained: a depth seed's stacked copies
+    take their source blocks' weights and optimizer moments and skip isolation, so without a
+    warm-up their first blending steps are full-size steps along the source's momentum. 0: the
+    full rate from the first blending epoch (what the depth benchmarks so far measured)."""
     width_init: Literal["random", "gradmax", "tiny"] = "tiny"
     """How a width seed's new units start (``esper_core.kasmina.width.init``): ``tiny`` (the
     least-squares direction of the layer's expressivity bottleneck), ``gradmax`` (zero fan-in,
@@ -75,5 +82,7 @@ class KasminaConfig:
             raise ValueError(
                 f"seed_init_batches must be >= 1 (the gradmax statistic needs a batch), got {self.seed_init_batches}"
             )
+        if self.blend_lr_warmup_epochs < 0:
+            raise ValueError(f"blend_lr_warmup_epochs must be >= 0 (0: no warm-up), got {self.blend_lr_warmup_epochs}")
         if self.isolation_lr.epochs is None:
             self.isolation_lr.check_length(self.min_training_epochs, source="min_training_epochs")

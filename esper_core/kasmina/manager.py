@@ -208,15 +208,20 @@ class SeedManager:
     # ------------------------------------------------------------------ per step / per epoch
 
     def start_epoch(self) -> None:
-        """Promote germinated seeds to TRAINING, set each seed's isolation learning-rate factor
-        (``KasminaConfig.isolation_lr`` in TRAINING, 1 after), reset the per-epoch accumulators."""
+        """Promote germinated seeds to TRAINING, set each seed's learning-rate factor
+        (``KasminaConfig.isolation_lr`` in TRAINING, the ``blend_lr_warmup_epochs`` ramp early in
+        BLENDING, 1 otherwise), reset the per-epoch accumulators."""
         for slot_id, slot in self.slots.items():
             if slot.stage is S.GERMINATED:
                 self._set_stage(slot_id, S.TRAINING)
-        schedule = self.config.isolation_lr
+        schedule, warmup = self.config.isolation_lr, self.config.blend_lr_warmup_epochs
         for slot_id, seed in self._seeds.items():
-            training = self.slots[slot_id].stage is S.TRAINING
-            factor = schedule.factor_at(seed.epochs_in_stage, self.config.min_training_epochs) if training else 1.0
+            stage = self.slots[slot_id].stage
+            factor = 1.0
+            if stage is S.TRAINING:
+                factor = schedule.factor_at(seed.epochs_in_stage, self.config.min_training_epochs)
+            elif stage is S.BLENDING and seed.epochs_in_stage < warmup:
+                factor = (seed.epochs_in_stage + 1) / (warmup + 1)
             self.param_groups.set_factor(slot_id, factor)
         self._samples.clear()
 

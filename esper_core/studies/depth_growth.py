@@ -159,6 +159,10 @@ class DepthGrowthConfig:
         blend_epochs: The lifecycle's alpha ramp for every growing arm (Tamiyo's heuristic
             rules drive the lifecycle of scheduled seeds too); 1 lets two stacked insertions
             fit the recipe's 8 epochs.
+        blend_lr_warmup_epochs: The growing arms' ``KasminaConfig.blend_lr_warmup_epochs`` (the
+            copied blocks' learning rate ramped up over their first blending epochs). Above 0 the
+            growing arms are named with ``-w<N>`` (``controller-w2``), so that a result merges
+            with the same plan's without warm-up (``--merge-with``) into one table.
         home: ESPER_HOME to use (None: a temporary one).
         workers: Local worker processes (0: runs one after another in this process).
     """
@@ -171,6 +175,7 @@ class DepthGrowthConfig:
     first_seed: int = 0
     epochs: int | None = None
     blend_epochs: int = 1
+    blend_lr_warmup_epochs: int = 0
     home: Path | None = None
     workers: int = 0
 
@@ -194,6 +199,8 @@ class DepthGrowthConfig:
             raise ValueError(f"epochs must be >= 2 (a run that grows trains before and after), got {self.epochs}")
         if self.blend_epochs < 1:
             raise ValueError(f"blend_epochs must be >= 1, got {self.blend_epochs}")
+        if self.blend_lr_warmup_epochs < 0:
+            raise ValueError(f"blend_lr_warmup_epochs must be >= 0 (0: no warm-up), got {self.blend_lr_warmup_epochs}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: runs one after another here), got {self.workers}")
         final, start = get_recipe(self.recipe), get_recipe(self.start_recipe)
@@ -266,17 +273,22 @@ class DepthGrowthConfig:
         return f"{self.stack}{DEPTH_SLOT_SUFFIX}"
 
     @property
+    def arm_suffix(self) -> str:
+        """What the growing arms' names end with: ``-w<N>`` with a learning-rate warm-up, else nothing."""
+        return f"-w{self.blend_lr_warmup_epochs}" if self.blend_lr_warmup_epochs else ""
+
+    @property
     def arms(self) -> tuple[str, ...]:
         """Every arm of a seed, in run order."""
         plan = self.depth_plan
         budgets = tuple(f"static-final-{e}ep" for e in plan.static_budgets)
         if not plan.growing:
             return ("static-final", *budgets)
-        stacked = tuple("stack-" + "-".join(map(str, p)) for p in plan.growth_points)
-        doubled = tuple(f"stack-all-{p}" for p in plan.stack_all_points)
+        stacked = tuple("stack-" + "-".join(map(str, p)) + self.arm_suffix for p in plan.growth_points)
+        doubled = tuple(f"stack-all-{p}{self.arm_suffix}" for p in plan.stack_all_points)
         if not plan.controls:
             return ("static-final", *budgets, *stacked, *doubled)
-        return ("static-final", "static-start", *budgets, *stacked, *doubled, "controller")
+        return ("static-final", "static-start", *budgets, *stacked, *doubled, "controller" + self.arm_suffix)
 
 
 def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[str, Any]:
@@ -310,6 +322,7 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         "stack_all_points": list(plan.stack_all_points),
         "static_budgets": list(plan.static_budgets),
         "blend_epochs": config.blend_epochs,
+        "blend_lr_warmup_epochs": config.blend_lr_warmup_epochs,
         "lr": final.trainer.lr,
         "lr_schedule": final.trainer.lr_schedule,
         # None: the recipe's whole training data.
@@ -346,6 +359,8 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     plan = config.depth_plan
     if arm not in config.arms:
         raise ValueError(f"unknown arm {arm!r}; this benchmark runs {config.arms}")
+    if not arm.startswith("static") and config.arm_suffix:
+        arm = arm.removesuffix(config.arm_suffix)
     recipe = config.recipe if arm.startswith("static-final") else config.start_recipe
     policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
     epochs = int(arm.removeprefix("static-final-").removesuffix("ep")) if arm.endswith("ep") else plan.epochs
@@ -374,8 +389,9 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
         schedule=schedule,
         heuristic=dataclasses.replace(run_config.tamiyo.heuristic, blend_epochs=config.blend_epochs),
     )
+    kasmina = dataclasses.replace(run_config.kasmina, blend_lr_warmup_epochs=config.blend_lr_warmup_epochs)
     # Replaced, not assigned: RunConfig checks the schedule against the host's slots.
-    return dataclasses.replace(run_config, host=host, tamiyo=tamiyo)
+    return dataclasses.replace(run_config, host=host, tamiyo=tamiyo, kasmina=kasmina)
 
 
 def first_windows(load: Callable[[], DataSplits], windows: int) -> DataSplits:

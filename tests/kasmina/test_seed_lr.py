@@ -53,6 +53,27 @@ def test_seed_group_follows_the_schedule_then_returns_to_its_rate(compiled_home:
     assert trainer.optimizer.param_groups[0]["lr"] == config.trainer.lr
 
 
+def test_a_blending_seed_warms_up_to_its_rate(compiled_home: EsperSettings) -> None:
+    config = eager_recipe("seed-reference", epochs=6)
+    config.kasmina = dataclasses.replace(config.kasmina, blend_lr_warmup_epochs=2)
+    trainer = build_trainer(config, catalog=default_catalog(), run_id="test")
+    kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
+    germinate_kernel(trainer.manager, "slot0", kernel, blend_epochs=4, lr_scale=0.5)
+    seed_lr = config.trainer.lr * 0.5
+    rates, stages = [], []
+    for _ in range(5):
+        stages.append(trainer.manager.slots["slot0"].stage)
+        trainer.train_epoch()
+        group = next(g for g in trainer.optimizer.param_groups if g.get("slot_id") == "slot0")
+        rates.append(group["lr"])
+    # Stages seen before each epoch's start: germinated (trains in TRAINING), then blending.
+    assert stages == [SeedStage.GERMINATED] + [SeedStage.BLENDING] * 4
+    # Isolation at the seed's rate, then blending epochs 0 and 1 at 1/3 and 2/3 of it, then all of it.
+    assert rates == pytest.approx([seed_lr, seed_lr / 3, seed_lr * 2 / 3, seed_lr, seed_lr])
+    with pytest.raises(ValueError, match=r"blend_lr_warmup_epochs must be >= 0 \(0: no warm-up\), got -1"):
+        KasminaConfig(blend_lr_warmup_epochs=-1)
+
+
 def test_isolation_lr_errors_name_the_fix() -> None:
     with pytest.raises(ValueError, match=r"isolation_lr.factor must be a finite number > 0 \(1 = unchanged\)"):
         IsolationLRConfig(factor=0.0)
