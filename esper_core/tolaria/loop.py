@@ -235,30 +235,41 @@ class Trainer:
         n_train = len(self.data.train)
         steps = -(-n_train // self.batch_size)
         stride = max(1, steps // GRAD_NORM_SAMPLES)
-        # Stages change between epochs only (gates, commands), so the step's kind is fixed here.
+        # Stages change between epochs only (gates, commands), so the step's kind is fixed here,
+        # and so are the engine's path, the precision and the ranks: each step below calls only
+        # what this epoch needs (a few microseconds a step on the smallest hosts).
         aggregate = self.config.aggregation.aggregates(len(trainable))
+        step = self.engine.epoch_step()
+        parallel = self.collective.world > 1
+        scaled = self.precision.scaler is not None
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         # Data-parallel, each rank draws its own dropout masks for its shard; every rank is back
         # on the shared stream afterwards (a single process draws from the run's stream as ever).
         with self.collective.rank_rng(salt=self.data_seed * 100_003 + self.epoch):
             for i, (x, y) in enumerate(self.batches.epoch(self.epoch)):
-                # The global batch this step's shard belongs to (the last one may be short).
-                batch = min(self.batch_size, n_train - i * self.batch_size)
-                share = int(y.shape[0]) / batch
+                if aggregate or parallel:
+                    # The global batch this step's shard belongs to (the last one may be short).
+                    share = int(y.shape[0]) / min(self.batch_size, n_train - i * self.batch_size)
                 if aggregate:
                     loss_sum += self._aggregated_step(x, y, trainable, share=share)
                 else:
                     # Short-circuit: zero or one trainable seed is the plain single backward.
-                    loss_sum += self.engine.run(x, y)
-                    # Outside the step closure (eager, compiled and captured steps alike): every
-                    # rank now holds the global batch's gradient.
-                    self.collective.sum_gradients(params, weight=share)
-                # Outside the step closure: attribution and per-seed metrics stay plain and eager.
-                self.precision.unscale(self.optimizer)
-                self.manager.attribute_batch(batch)
+                    loss_sum += step(x, y)
+                    if parallel:
+                        # Outside the step closure (eager, compiled and captured steps alike):
+                        # every rank now holds the global batch's gradient.
+                        self.collective.sum_gradients(params, weight=share)
+                # Outside the step closure: per-seed and per-layer metrics stay plain and eager.
+                if scaled:
+                    self.precision.unscale(self.optimizer)
                 if i % stride == 0:
                     self.grad_norms.step()
-                self.precision.step(self.optimizer)
+                if scaled:
+                    self.precision.step(self.optimizer)
+                else:
+                    self.optimizer.step()
+        # Every trainable seed saw every sample of the epoch (each passes through every slot).
+        self.manager.attribute_batch(n_train)
         self.collective.sum_(loss_sum)
         self.collective.average_buffers(self.model)
         train_loss = loss_sum.item() / n_train  # the epoch's one sync

@@ -287,6 +287,19 @@ class StepEngine:
             return self._decided_step(x, y)
         return self._deciding_step(x, y)
 
+    def epoch_step(self) -> StepFn:
+        """What each step of the epoch just started calls: ``run``, or, once the eager step is
+        chosen and no graph replays it, the eager step itself (a path changes only at an epoch
+        boundary, so it holds for the whole epoch)."""
+        if self.decided and not self.use_compiled and self.graphs is None:
+            return self._counted_eager
+        return self.run
+
+    def _counted_eager(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        self.zero_grad()
+        return self.step_fn(x, y)
+
     def _decided_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.use_compiled:
             compiled = self._compiled(x, y)
