@@ -40,6 +40,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         nproc=args.nproc,
         policy=args.policy,
         max_params=args.max_params,
+        max_flops=args.max_flops,
     )
     phases.mark("plan")
     # The home, the registry and one batch through the model and loss: each failure one line, exit 2.
@@ -59,6 +60,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             nproc=args.nproc,
             policy=args.policy,
             max_params=args.max_params,
+            max_flops=args.max_flops,
         )
     if args.verbose:
         print(
@@ -168,6 +170,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=positive,
         default=None,
         help="cap growth: the network may hold at most this many parameters; a germination past it is rejected",
+    )
+    run.add_argument(
+        "--max-flops",
+        type=positive,
+        default=None,
+        help="cap growth in compute: one sample's forward pass may cost at most this many FLOPs (every seed at "
+        "full weight); a germination past it is rejected",
     )
     run.set_defaults(func=_cmd_run)
 

@@ -25,6 +25,7 @@ def plan_run_spec(
     nproc: int,
     policy: str | None = None,
     max_params: int | None = None,
+    max_flops: int | None = None,
 ) -> PlannedRun:
     """Resolve and plan the run once: what every later task of the morphogenesis flow receives
     (its ``spec``, or the whole planned run where the session is built).
@@ -44,6 +45,7 @@ def plan_run_spec(
         nproc=nproc,
         policy=policy,
         max_params=max_params,
+        max_flops=max_flops,
     )
     preflight(planned.config, planned.data, settings=settings())
     return planned

@@ -61,6 +61,11 @@ class KasminaConfig:
     """A cap on growth: the network (host and every seed) may hold at most this many parameters.
     A germination that would pass it is undone and rejected (``kasmina.command.rejected``, the
     run goes on without it); None: no cap but the risk engine's budget. ``esper run --max-params``."""
+    max_flops: int | None = None
+    """A cap on growth in compute: one sample's forward pass through the network, every seed it
+    holds at full weight, may cost at most this many FLOPs (``tolaria.flops.forward_flops``: 2 a
+    multiply-add). A germination that would pass it is undone and rejected, as for
+    ``max_params``; None: no cap. ``esper run --max-flops``."""
 
     def __post_init__(self) -> None:
         for name in ("min_training_epochs", "probation_epochs", "embargo_epochs"):
@@ -77,6 +82,10 @@ class KasminaConfig:
         if self.max_params is not None and self.max_params < 1:
             raise ValueError(
                 f"max_params must be a positive parameter count (or None for no cap), got {self.max_params}"
+            )
+        if self.max_flops is not None and self.max_flops < 1:
+            raise ValueError(
+                f"max_flops must be a positive FLOP count per sample (or None for no cap), got {self.max_flops}"
             )
         if self.seed_init_batches < 1:
             raise ValueError(

@@ -464,16 +464,18 @@ class Run:
         slot and, for a width seed, the layer's current width), and undone by the caller: a
         rollback to the last commit leaves the run as if the command had never come.
         """
-        cap = self.config.kasmina.max_params
-        if cap is None or command.seed_operation is not SeedOperation.GERMINATE:
+        kasmina = self.config.kasmina
+        if command.seed_operation is not SeedOperation.GERMINATE:
             return None
-        params = count_parameters(self.trainer.model)
-        if params <= cap:
-            return None
-        return (
-            f"growth cap: germinating {command.blueprint_id} in {command.slot_id} makes the network {params} "
-            f"parameters, over KasminaConfig.max_params={cap} (esper run --max-params)"
-        )
+        what = f"growth cap: germinating {command.blueprint_id} in {command.slot_id} makes the network"
+        if kasmina.max_params is not None and (params := count_parameters(self.trainer.model)) > kasmina.max_params:
+            return f"{what} {params} parameters, over KasminaConfig.max_params={kasmina.max_params} (esper run --max-params)"
+        if kasmina.max_flops is not None and (flops := self.trainer.grown_flops()) > kasmina.max_flops:
+            return (
+                f"{what} {flops} FLOPs a sample (forward, every seed at full weight), over "
+                f"KasminaConfig.max_flops={kasmina.max_flops} (esper run --max-flops)"
+            )
+        return None
 
     def _agree(self, command: AdaptationCommand, outcome: str, events: list[TelemetryEvent]) -> str:
         """The command's outcome on every rank: applied where it applied everywhere, else rejected

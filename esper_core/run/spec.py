@@ -46,6 +46,8 @@ Seed = Annotated[int, Field(ge=0, description="Random seed (0 or more)")]
 """A random seed as a flow parameter (``RunSpec.seed``): NumPy's generators take none below 0."""
 MaxParams = Annotated[int, Field(ge=1, description="Most parameters the grown network may hold")]
 """A growth cap as a flow parameter (``RunSpec.max_params``)."""
+MaxFlops = Annotated[int, Field(ge=1, description="Most forward FLOPs a sample the grown network may cost")]
+"""A compute cap on growth as a flow parameter (``RunSpec.max_flops``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +68,8 @@ class RunSpec:
             recipe's own.
         max_params: Cap on the network's parameters (``KasminaConfig.max_params``); None: the
             recipe's own.
+        max_flops: Cap on the network's forward FLOPs a sample (``KasminaConfig.max_flops``);
+            None: the recipe's own.
         approved: The recipe's approved experimental / high-risk blueprints (what its compile
             approves, and what its session may germinate).
         jobs: Every (blueprint, slot profile) kernel the run may germinate, approved ones
@@ -80,6 +84,7 @@ class RunSpec:
     nproc: int = 1
     policy: str | None = None
     max_params: int | None = None
+    max_flops: int | None = None
     approved: tuple[str, ...] = ()
     jobs: tuple[CompileJob, ...] = ()
 
@@ -98,11 +103,13 @@ class RunSpec:
             )
         if self.max_params is not None and self.max_params < 1:
             raise ValueError(f"max_params must be a positive parameter count (or None), got {self.max_params}")
+        if self.max_flops is not None and self.max_flops < 1:
+            raise ValueError(f"max_flops must be a positive FLOP count a sample (or None), got {self.max_flops}")
 
     @property
-    def key(self) -> tuple[str, int | None, str | None, int | None, str | None, int | None]:
+    def key(self) -> tuple[str, int | None, str | None, int | None, str | None, int | None, int | None]:
         """What decides the resolved configuration (run id and process count do not)."""
-        return (self.recipe, self.epochs, self.device, self.seed, self.policy, self.max_params)
+        return (self.recipe, self.epochs, self.device, self.seed, self.policy, self.max_params, self.max_flops)
 
     def config(self) -> RunConfig:
         """The recipe with this spec's overrides (``get_recipe``), resolved now.
@@ -115,6 +122,8 @@ class RunSpec:
             config.tamiyo = with_policy(config.tamiyo, self.policy)
         if self.max_params is not None:
             config.kasmina = dataclasses.replace(config.kasmina, max_params=self.max_params)
+        if self.max_flops is not None:
+            config.kasmina = dataclasses.replace(config.kasmina, max_flops=self.max_flops)
         return config
 
     def save(self, run_dir: Path, *, config: RunConfig) -> None:
@@ -129,7 +138,7 @@ class RunSpec:
         run_dir.mkdir(parents=True, exist_ok=True)
         fields = {"version": SPEC_VERSION, "run_id": run_dir.name, "recipe": self.recipe, "epochs": self.epochs}
         fields |= {"device": self.device, "seed": self.seed, "nproc": self.nproc}
-        fields |= {"policy": self.policy, "max_params": self.max_params}
+        fields |= {"policy": self.policy, "max_params": self.max_params, "max_flops": self.max_flops}
         # Resolved, not read back: what `esper runs list` shows without loading the recipe.
         fields["total_epochs"] = config.epochs
         # Who decided, resolved: a run records the shipped policy's name and pinned digest (the
@@ -148,7 +157,7 @@ class RunSpec:
         return cls(
             **{
                 k: saved[k]
-                for k in ("recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params")
+                for k in ("recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params", "max_flops")
                 if k in saved
             }
         )
@@ -184,6 +193,7 @@ def plan_spec(
     nproc: int = 1,
     policy: str | None = None,
     max_params: int | None = None,
+    max_flops: int | None = None,
 ) -> PlannedRun:
     """Resolve ``recipe`` with its overrides, plan it, and check it for ``nproc`` processes.
 
@@ -196,6 +206,7 @@ def plan_spec(
         nproc: Data-parallel processes training the run together.
         policy: Pin who decides (``RunSpec.policy``).
         max_params: Cap the network's parameters (``RunSpec.max_params``).
+        max_flops: Cap the network's forward FLOPs a sample (``RunSpec.max_flops``).
 
     Returns:
         The planned run: its ``spec`` for every task, its configuration, plan and data for the
@@ -216,6 +227,7 @@ def plan_spec(
         nproc=nproc,
         policy=policy,
         max_params=max_params,
+        max_flops=max_flops,
     )
     planned = resolve(spec)
     if nproc != 1:

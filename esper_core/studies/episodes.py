@@ -15,9 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from esper_core.contracts import new_id
 from esper_core.data import DataConfig
@@ -32,6 +30,7 @@ from esper_core.settings import EsperSettings
 from esper_core.studies.counterfactual import CounterfactualConfig, CounterfactualForks
 from esper_core.tamiyo.config import PolicyCompileConfig, ScheduledGermination
 from esper_core.tamiyo.service import TamiyoService
+from esper_core.tolaria.flops import forward_flops
 from esper_core.tolaria.loop import count_parameters
 
 
@@ -241,18 +240,3 @@ def grown_widths(model: nn.Module, layers: Sequence[str]) -> dict[str, int]:
         if isinstance(module, WidthSeed) and module.site.layer in widths:
             widths[module.site.layer] += module.units
     return widths
-
-
-def forward_flops(model: nn.Module, sample: torch.Tensor) -> int:
-    """FLOPs of ``model``'s forward on ``sample`` (one sample, batch dimension included).
-
-    Counted at the ATen level, so a seed loaded as an exported program counts like eager code.
-    """
-    was_training = model.training
-    model.eval()
-    try:
-        with FlopCounterMode(display=False) as counter, torch.inference_mode():
-            model(sample)
-    finally:
-        model.train(was_training)
-    return int(counter.get_total_flops())

@@ -34,6 +34,7 @@ from esper_core.tolaria.aggregation import AggregationStats, aggregate_microbatc
 from esper_core.tolaria.buffers import GradientBufferPool
 from esper_core.tolaria.collective import Collective, Solo
 from esper_core.tolaria.config import TrainerConfig
+from esper_core.tolaria.flops import forward_flops
 from esper_core.tolaria.gradnorms import GradNormAccumulator
 from esper_core.tolaria.layers import LayerStats
 from esper_core.tolaria.modes import eval_mode
@@ -468,6 +469,15 @@ class Trainer:
             x, y = self.data.train.head(min(len(self.data.train), self.config.train_accuracy_samples))
             self._accuracy_sample = (x.to(self.device), y.to(self.device))
         return sample_accuracy(self.model, *self._accuracy_sample)
+
+    def grown_flops(self) -> int:
+        """FLOPs of one sample's forward pass with every seed the network holds at full weight
+        (``KasminaConfig.max_flops``): what the network costs if every seed in it is kept."""
+        with contextlib.ExitStack() as stack:
+            for slot_id, slot in self.manager.slots.items():
+                if slot.seed is not None:
+                    stack.enter_context(self.manager.probe(slot_id, 1.0))
+            return forward_flops(self.model, self._probe_batch[0][:1])
 
     def slot_input(self, slot_id: str) -> torch.Tensor:
         """The activation a seed in ``slot_id`` reads, for the probe batch: the activation entering

@@ -50,8 +50,8 @@ def test_show_describes_one_and_fails_on_weights_that_are_not_the_released_ones(
 def test_esper_run_takes_a_policy_pin_and_a_growth_cap() -> None:
     from esper_cli.main import build_parser
 
-    args = build_parser().parse_args(["run", "--policy", "zoo-1", "--max-params", "50000"])
-    assert (args.policy, args.max_params) == ("zoo-1", 50000)
+    args = build_parser().parse_args(["run", "--policy", "zoo-1", "--max-params", "50000", "--max-flops", "90000"])
+    assert (args.policy, args.max_params, args.max_flops) == ("zoo-1", 50000, 90000)
     assert build_parser().parse_args(["run"]).policy is None  # the recipe's own (the heuristic by default)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--policy", "zoo-99"])

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The public parameter set of each deployed flow (practice 7: add a recipe or a named sweep,
 # not a parameter). Changing one of these is an interface change: update the snapshot on purpose.
 PARAMETERS = {
-    "morphogenesis": ["recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params"],
+    "morphogenesis": ["recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params", "max_flops"],
     "compile_catalog": ["recipe", "blueprints", "device", "backend", "approve"],
     "benchmark_sweep": ["sweep", "workloads", "max_regression", "baselines_dir"],
     "fault_drills": ["drills"],

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from esper_core.run import Run, RunSpec, finish_run, grow_epoch
 from esper_core.run.reports import RunSummary
@@ -13,6 +14,7 @@ from esper_core.settings import EsperSettings
 from esper_core.tamiyo import shipped
 from esper_core.tamiyo.config import TamiyoConfig
 from esper_core.telemetry import read_jsonl
+from esper_core.tolaria.flops import forward_flops
 from esper_core.tolaria.loop import count_parameters
 from tests.helpers.shipped import make_shipped
 
@@ -119,3 +121,19 @@ def test_a_growth_cap_refuses_the_germination_that_would_pass_it(esper_home: Esp
     assert all(stage.startswith("dormant") for stage in capped.seeds.values()), capped.seeds
     with pytest.raises(ValueError, match="max_params must be a positive"):
         RunSpec(recipe="mnist1d-cnn-grown", max_params=0)
+
+
+def test_a_compute_cap_refuses_the_germination_that_would_pass_it(esper_home: EsperSettings) -> None:
+    # The same fixed schedule, capped at the host's own forward FLOPs a sample: doubling conv1
+    # passes it; the run stays at the host's cost and says why.
+    config = RunSpec(recipe="mnist1d-cnn-grown").config()
+    host = config.host.build()  # type: ignore[union-attr]
+    signal_length = 40  # MNIST-1D's signals
+    cap = forward_flops(host, torch.zeros(1, signal_length))
+    spec = RunSpec(recipe="mnist1d-cnn-grown", epochs=5, device="cpu", seed=0, run_id="flops", max_flops=cap)
+    capped = _run(esper_home, spec)
+    rejected = _events(esper_home, "flops", "kasmina.command.rejected")
+    assert [r["slot_id"] for r in rejected] == ["conv1+width", "conv3+width"], rejected
+    assert all("FLOPs a sample" in str(r["message"]) and "--max-flops" in str(r["message"]) for r in rejected)
+    assert all(stage.startswith("dormant") for stage in capped.seeds.values()), capped.seeds
+    assert capped.total_params == count_parameters(host)

@@ -99,12 +99,15 @@ def test_a_session_builds_on_the_plan_it_is_given_else_resolves_the_spec(
 
 def test_run_json_is_the_spec_saved_and_loads_back(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
-    spec = RunSpec(recipe="seed-reference", epochs=3, device="cpu", seed=5, run_id="r", nproc=2)
+    spec = RunSpec(recipe="seed-reference", epochs=3, device="cpu", seed=5, run_id="r", nproc=2, max_flops=1000)
     spec.save(run_dir, config=spec.config())
     saved = json.loads((run_dir / "run.json").read_text())
-    assert saved["version"] == 3 and saved["recipe"] == "seed-reference" and saved["nproc"] == 2
+    assert saved["version"] == 4 and saved["recipe"] == "seed-reference" and saved["nproc"] == 2
     assert RunSpec.load(run_dir) == spec
     assert RunSpec.load(run_dir).config().epochs == 3
+    assert RunSpec.load(run_dir).config().kasmina.max_flops == 1000
+    with pytest.raises(ValueError, match="max_flops must be a positive FLOP count a sample"):
+        RunSpec(recipe="seed-reference", max_flops=0)
 
 
 def test_a_version_2_run_json_loads_deciding_as_its_recipe_says(tmp_path: Path) -> None:
@@ -134,8 +137,8 @@ def test_a_run_json_that_cannot_be_read_is_refused_naming_the_fix(tmp_path: Path
     with pytest.raises(ValueError, match=r"no run 'r' under .*; list runs with `ls "):
         RunSpec.load(run_dir)
     run_dir.mkdir()
-    (run_dir / "run.json").write_text(json.dumps({"version": 4, "recipe": "seed-reference"}))
-    with pytest.raises(ValueError, match="run.json version 4, newer than this Esper reads \\(3\\): upgrade Esper"):
+    (run_dir / "run.json").write_text(json.dumps({"version": 5, "recipe": "seed-reference"}))
+    with pytest.raises(ValueError, match="run.json version 5, newer than this Esper reads \\(4\\): upgrade Esper"):
         RunSpec.load(run_dir)
     (run_dir / "run.json").write_text(json.dumps({"version": 2, "recipe": "seed-reference", "device": "tpu"}))
     with pytest.raises(ValueError, match="device must be one of"):
