@@ -16,10 +16,11 @@ A child can serve several calls one after another (``reuse=True``): starting an 
 importing torch costs 1-2 s, more than a small kernel's compile. A reused child is one that
 finished its last call in time; one that overran or died is never reused.
 
-Protocol: the parent writes requests on the child's stdin (8-byte length, then a cloudpickle of
-the target, its arguments, the log level and the path for the result); the child writes the result
-there (atomically) and then one byte on its stdout, which is reserved for that (the target's
-prints go to stderr). EOF on stdin tells the child that its parent is gone.
+Protocol: the parent writes requests on the child's stdin (the path for the result, then a
+cloudpickle of the target, its arguments and the log level, each after its 8-byte length); the
+child writes the result there (atomically) and then one byte on its stdout, which is reserved for
+that (the target's prints go to stderr). A request that does not unpickle is answered as an
+error; EOF on stdin (or a request cut short) tells the child that its parent is gone.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import logging
 import os
 import pickle
 import queue
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -96,7 +97,9 @@ def run_in_child(
     kept = False
     try:
         outcome, value, records = child.call(target, args, kwargs, limit_s)
-        kept = reuse
+        # A target that raised may have left its process in a state not worth inheriting (a
+        # sticky CUDA error, a compiler's half-built state): only a clean return is kept.
+        kept = reuse and outcome == "ok"
     finally:
         if kept:
             _POOL.put(child)
@@ -145,19 +148,31 @@ class _Child:
         level = logging.getLogger(_LOGGER).getEffectiveLevel()
         with tempfile.TemporaryDirectory(prefix="esper-child-") as tmp:
             out = Path(tmp) / "result.pkl"
-            request = cloudpickle.dumps((target, args, kwargs, level, out))
+            path, request = os.fsencode(out), cloudpickle.dumps((target, args, kwargs, level))
             try:
-                self.process.stdin.write(len(request).to_bytes(8, "big") + request)
+                self.process.stdin.write(_framed(path) + _framed(request))
                 self.process.stdin.flush()
             except BrokenPipeError:
                 self._died(target)
-            ready, _, _ = select.select([self.process.stdout], [], [], limit_s)
-            if not ready:
+            if not self._answered(limit_s):
+                self.kill()  # before the folder goes: a child finishing now would write into it
                 raise ChildTimeoutError(f"{target} ran past its time limit of {limit_s:g} s and was stopped")
             if not os.read(self.process.stdout.fileno(), 1) or not out.exists():
                 self._died(target)
             outcome, value, records = pickle.loads(out.read_bytes())
         return outcome, value, records
+
+    def _answered(self, limit_s: float) -> bool:
+        """Whether the child signalled (a result, or EOF: it died) within ``limit_s`` seconds."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + limit_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                # In pieces: a limit of days (or an unbounded setting) is no valid timeout.
+                if selector.select(min(left, 3600.0)):
+                    return True
+        return False
 
     def _died(self, target: str) -> None:
         self.kill()
@@ -252,29 +267,47 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-def _read_requests(requests: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+def _framed(data: bytes) -> bytes:
+    return len(data).to_bytes(8, "big") + data
+
+
+def _read_frame(stream: Any) -> bytes | None:  # noqa: ANN401 - a binary stream
+    header = stream.read(8)
+    if len(header) < 8:
+        return None
+    size = int.from_bytes(header, "big")
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+def _read_requests(requests: queue.SimpleQueue[tuple[Path, bytes]]) -> None:
     stdin = sys.stdin.buffer
-    while len(header := stdin.read(8)) == 8:
-        requests.put(pickle.loads(stdin.read(int.from_bytes(header, "big"))))
-    # EOF: the parent closed the pipe or died; nothing is left to serve, whatever runs now.
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    try:
+        while (path := _read_frame(stdin)) is not None and (request := _read_frame(stdin)) is not None:
+            requests.put((Path(os.fsdecode(path)), request))
+    finally:
+        # EOF or a request cut short: the parent closed the pipe or died; nothing is left to
+        # serve, whatever runs now.
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _serve() -> None:
     ready = os.dup(1)
     os.dup2(2, 1)  # stdout is the parent's signal; the targets' prints go to stderr
-    requests: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+    requests: queue.SimpleQueue[tuple[Path, bytes]] = queue.SimpleQueue()
     threading.Thread(target=_read_requests, args=(requests,), daemon=True).start()
     collect = _Collect()
     logger = logging.getLogger(_LOGGER)
     logger.addHandler(collect)
     logger.propagate = False
     while True:  # until the parent closes stdin (``_read_requests`` then stops the process)
-        target, args, kwargs, level, out = requests.get()
-        logger.setLevel(level)
+        out, request = requests.get()
         collect.records = []
-        module, _, name = target.partition(":")
+        target = "the request"
         try:
+            target, args, kwargs, level = pickle.loads(request)
+            logger.setLevel(level)
+            module, _, name = target.partition(":")
             result: tuple[str, Any] = ("ok", getattr(importlib.import_module(module), name)(*args, **kwargs))
         except Exception as e:  # noqa: BLE001 - every failure goes back to the parent, which re-raises it
             result = ("error", (e, traceback.format_exc()))

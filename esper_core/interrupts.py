@@ -60,6 +60,9 @@ def deferred_interrupts() -> Iterator[None]:
 
 
 _DEADLINE_SIGNAL = signal.SIGUSR1
+_RESEND_S = 0.5
+"""Seconds between a watchdog's signals once its deadline passed: until its block ends, so that a
+``DeadlinePassed`` raised where Python drops it (a ``__del__``, a callback) is raised again."""
 
 
 class DeadlinePassed(BaseException):  # noqa: N818 - named for what happened, like KeyboardInterrupt
@@ -75,7 +78,9 @@ class _Deadlines:
     The handler stays installed once it was (an armed block installs it unless it is there): a
     watchdog's signal that arrives just after its block ended must not meet the default action
     (which ends the process). Unarmed, a ``SIGUSR1`` goes to the handler that was there before, if
-    it was a function, and is ignored otherwise.
+    it was a function, and is ignored otherwise. A handler Python says was installed outside it
+    (``signal.getsignal`` gives None) is left alone: blocks then run without a deadline. (One that
+    C code installs later, as ``faulthandler.register`` does, Python cannot see: it is replaced.)
     """
 
     def __init__(self) -> None:
@@ -90,8 +95,6 @@ class _Deadlines:
     def handle(self, signum: int, frame: FrameType | None) -> None:
         with self.lock:
             ours = self.fired is not None and self.fired is self.armed
-            if ours:
-                self.armed = None  # raised once
         if ours:
             raise DeadlinePassed(self.message)
         if callable(self.previous):
@@ -111,14 +114,21 @@ def raise_at_deadline(limit_s: float | None, *, what: str) -> Iterator[bool]:
 
     Yields:
         Whether the deadline is armed: False for ``limit_s=None``, off the main thread (signals
-        reach only the main thread) and inside another armed block (the outer deadline stands).
+        reach only the main thread), inside another armed block (the outer deadline stands) and
+        where ``SIGUSR1``'s handler was installed outside Python.
     """
-    if limit_s is None or threading.current_thread() is not threading.main_thread() or _DEADLINES.armed is not None:
+    if limit_s is not None and limit_s <= 0:
+        raise ValueError(f"limit_s must be > 0 seconds or None (no deadline), got {limit_s}")
+    current = signal.getsignal(_DEADLINE_SIGNAL)
+    if (
+        limit_s is None
+        or threading.current_thread() is not threading.main_thread()
+        or _DEADLINES.armed is not None
+        or current is None
+    ):
         yield False
         return
-    if limit_s <= 0:
-        raise ValueError(f"limit_s must be > 0 seconds or None (no deadline), got {limit_s}")
-    if signal.getsignal(_DEADLINE_SIGNAL) != _DEADLINES.handle:  # first use, or replaced since
+    if current != _DEADLINES.handle:  # first use, or replaced since
         _DEADLINES.previous = signal.signal(_DEADLINE_SIGNAL, _DEADLINES.handle)
     token = object()
     done = threading.Event()
@@ -131,11 +141,14 @@ def raise_at_deadline(limit_s: float | None, *, what: str) -> Iterator[bool]:
     def watch() -> None:
         if done.wait(limit_s):
             return
-        with _DEADLINES.lock:
-            if _DEADLINES.armed is not token:
-                return  # the block ended first
-            _DEADLINES.fired = token
-        signal.pthread_kill(main, _DEADLINE_SIGNAL)
+        while True:
+            with _DEADLINES.lock:
+                if _DEADLINES.armed is not token:
+                    return  # the block ended
+                _DEADLINES.fired = token
+            signal.pthread_kill(main, _DEADLINE_SIGNAL)
+            if done.wait(_RESEND_S):
+                return
 
     start_daemon(watch, name="esper-deadline-watch")
     try:

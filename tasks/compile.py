@@ -40,7 +40,8 @@ catalogue from starting every compile at once. Across workers, the deployment's
 def compile_threads() -> int:
     """Torch threads of one compile's child process: this process's cores shared among the
     ``COMPILE_CONCURRENCY`` compiles in flight, so that they do not spin against each other."""
-    return max(1, len(os.sched_getaffinity(0)) // COMPILE_CONCURRENCY)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // COMPILE_CONCURRENCY)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

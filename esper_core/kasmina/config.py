@@ -43,8 +43,10 @@ class KasminaConfig:
     ``t < blend_lr_warmup_epochs`` trains it at ``(t + 1) / (blend_lr_warmup_epochs + 1)`` of its
     rate. For seeds that join the host's training already trained: a depth seed's stacked copies
     take their source blocks' weights and optimizer moments and skip isolation, so without a
-    warm-up their first blending steps are full-size steps along the source's momentum. 0: the
-    full rate from the first blending epoch (what the depth benchmarks so far measured)."""
+    warm-up their first blending steps are full-size steps along the source's momentum. A seed
+    whose blending is shorter (a command's ``blend_epochs``) skips the rest of the ramp: it is at
+    its full rate from PROBATIONARY on. 0: the full rate from the first blending epoch (what the
+    depth benchmarks so far measured)."""
     width_init: Literal["random", "gradmax", "tiny"] = "tiny"
     """How a width seed's new units start (``esper_core.kasmina.width.init``): ``tiny`` (the
     least-squares direction of the layer's expressivity bottleneck), ``gradmax`` (zero fan-in,

@@ -199,8 +199,11 @@ class DepthGrowthConfig:
             raise ValueError(f"epochs must be >= 2 (a run that grows trains before and after), got {self.epochs}")
         if self.blend_epochs < 1:
             raise ValueError(f"blend_epochs must be >= 1, got {self.blend_epochs}")
-        if self.blend_lr_warmup_epochs < 0:
-            raise ValueError(f"blend_lr_warmup_epochs must be >= 0 (0: no warm-up), got {self.blend_lr_warmup_epochs}")
+        if not 0 <= self.blend_lr_warmup_epochs <= self.blend_epochs:
+            raise ValueError(
+                f"blend_lr_warmup_epochs must lie in 0 .. blend_epochs={self.blend_epochs} (the ramp runs over "
+                f"blending epochs; 0: no warm-up), got {self.blend_lr_warmup_epochs}"
+            )
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: runs one after another here), got {self.workers}")
         final, start = get_recipe(self.recipe), get_recipe(self.start_recipe)
@@ -635,6 +638,9 @@ def merge_results(first: dict[str, Any], second: dict[str, Any]) -> dict[str, An
         )
     arms = {**first["arms"], **{k: v for k, v in second["arms"].items() if k not in first["arms"]}}
     merged = {**first, "arms": arms, "static_frontier": static_frontier(arms)}
+    # Each arm's own warm-up is in its name (-wK); the result lists every one it holds.
+    warmups = {first.get("blend_lr_warmup_epochs", 0), second.get("blend_lr_warmup_epochs", 0)}
+    merged["blend_lr_warmup_epochs"] = warmups.pop() if len(warmups) == 1 else sorted(warmups)
     merged["static_budgets"] = sorted({*first.get("static_budgets", []), *second.get("static_budgets", [])})
     merged["wall_s"] = first["wall_s"] + second["wall_s"]
     return merged

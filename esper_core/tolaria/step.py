@@ -63,11 +63,12 @@ class StepEngineConfig:
     compiles, else a prior) and the run's length from its median eager step x its steps; a trial
     over budget is skipped, eager kept, with the reason (``tolaria.compile_disabled``): a CPU
     compile costs 10-200 s, which a run of a few minutes never earns back (a 12-epoch GPT spent
-    30 % of its wall time in one). A trial the estimate let through is stopped when it reaches
-    the budget (on the main thread: ``interrupts.raise_at_deadline``), eager kept, and that is
-    cached. The choice only ever falls back to the eager step, so it cannot change a run's
-    numbers; a skipped trial is not cached (it depends on the run's length, not the workload).
-    None: always measure, without a limit."""
+    30 % of its wall time in one). A trial the estimate let through is stopped when its compile
+    and shadow steps reach the budget (on the main thread: ``interrupts.raise_at_deadline``),
+    eager kept, and the limit is remembered as a compile at least that long. The choice only ever
+    falls back to the eager step, so it cannot change a run's numbers; neither a skipped nor a
+    stopped trial is cached as the workload's decision (both depend on the run's length, not the
+    workload). None: always measure, without a limit."""
     enable_graphs: bool = False
     """Capture the steady-state eager step as a CUDA graph (CUDA only)."""
     enable_graph_pool_reuse: bool = True
@@ -202,6 +203,7 @@ class StepEngine:
         self.decided = config.compile == "off"
         self.fallback_reason: str | None = None
         self.warmup_ms = 0.0
+        self._trial_s = 0.0  # what the auto compile trial has cost so far (compile, shadow steps)
         self._timings: dict[str, list[float]] = {"eager": [], "compiled": []}
         self._events: list[TelemetryEvent] = []
         self._compiled_epoch = False
@@ -245,10 +247,7 @@ class StepEngine:
         if cached is None or (cached["compiled"] and not cached.get("exact", False)):
             return
         log.info("step engine: cached decision for this workload: %s", "compiled" if cached["compiled"] else "eager")
-        if cached.get("overran"):
-            why = f"cached decision (an earlier compile trial ran past its limit of {cached['warmup_ms'] / 1e3:.3g} s)"
-        else:
-            why = f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)"
+        why = f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)"
         self._cached_choice = (bool(cached["compiled"]), why)
 
     # ------------------------------------------------------------------ running
@@ -335,8 +334,15 @@ class StepEngine:
         compiled = self._compiled(x, y)
         if compiled is None or len(self._timings["compiled"]) >= cfg.measure_steps:
             return self._eager(x, y)
-        with self._without_trace():
-            shadow_loss = self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
+        try:
+            # Under what is left of the trial's limit: a shadow step can compile again (the
+            # epoch's short last batch), and that counts as the trial's cost too.
+            with self._without_trace(), raise_at_deadline(self._trial_left_s(), what="the compile trial"):
+                shadow_loss = self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
+        except DeadlinePassed as e:
+            self._over_limit(str(e))
+            return self._eager(x, y)
+        self._trial_s += self._timings["compiled"][-1] / 1e3
         shadow_grads = [None if p.grad is None else p.grad.clone() for p in self.parameters()]
         loss = self._eager(x, y)
         if self._mismatch is None:
@@ -421,7 +427,7 @@ class StepEngine:
     def _build(self, x: torch.Tensor, y: torch.Tensor) -> None:
         cfg = self.config
         start = time.perf_counter()
-        limit_s = self._trial_limit_s()
+        limit_s = self._trial_left_s()
         try:
             # The first call compiles (forward graphs while tracing, the backward's at its first
             # backward), all of it under the trial's limit. Its effects are a shadow step's:
@@ -433,34 +439,42 @@ class StepEngine:
                 compiled(x, y)
                 _sync(self.device)
         except DeadlinePassed as e:
-            assert limit_s is not None
-            self._over_limit(limit_s, str(e))
+            self._over_limit(str(e))
             return
         except Exception as e:  # noqa: BLE001 - any compiler failure is a hard failure: run eager
             self._fall_back(f"{type(e).__name__}: {e}")
             return
         self.warmup_ms = (time.perf_counter() - start) * 1e3
+        self._trial_s += self.warmup_ms / 1e3
         self.compiled_fn = compiled
 
-    def _over_limit(self, limit_s: float, message: str) -> None:
-        """The trial reached its limit: eager from the next epoch on (as any decision), cached, so
-        that the same workload here does not pay the limit again."""
-        self.warmup_ms = limit_s * 1e3
+    def _trial_left_s(self) -> float | None:
+        """What is left of the trial's limit (``_trial_limit_s``) after what it has cost so far
+        (the compile and the shadow steps), or None: no limit."""
+        limit = self._trial_limit_s()
+        return None if limit is None else max(limit - self._trial_s, 1e-3)
+
+    def _over_limit(self, message: str) -> None:
+        """The trial reached its limit: eager from the next epoch on, as any decision. Not cached as
+        this workload's decision (a longer run has a larger budget), but as a compile that took at
+        least the limit, which ``estimate_compile_s`` learns this machine's speed from."""
+        limit_s = self._trial_limit_s()
+        assert limit_s is not None
         self.fallback_reason = message  # never built again
-        run_s = self._eager_run_s()
-        reason = f"{message} (compile_budget={self.config.compile_budget:g} of the run's ~{run_s:.0f} s of eager steps)"
+        self.compiled_fn = None
+        reason = (
+            f"{message} (compile_budget={self.config.compile_budget:g} of the run's "
+            f"~{self._eager_run_s():.0f} s of eager steps)"
+        )
         self._pending = (False, reason)
         log.warning("step engine: %s; training eagerly", reason)
         if self.cache is not None:
             self.cache.put(
-                self.cache_key,
+                self.cache_key + "|overran",
                 {
                     "compiled": False,
-                    "exact": False,
                     "overran": True,
-                    "eager_ms": statistics.median(self._timings["eager"]),
-                    # At least this long: what estimate_compile_s learns this machine's speed from.
-                    "warmup_ms": self.warmup_ms,
+                    "warmup_ms": limit_s * 1e3,
                     "param_tensors": sum(1 for _ in self.parameters()),
                 },
             )
@@ -471,13 +485,14 @@ class StepEngine:
         buffers it updated and the random numbers it drew (dropout) are put back. Whether a trial
         runs depends on timings (``compile_budget``'s estimate), so it must not change the run;
         and the eager step after a shadow one draws the same masks, so the two compare exactly."""
-        saved = [b.detach().clone() for b in self.buffers()]
+        # Each buffer by identity: one a lazy module adds during the step is the eager step's too.
+        saved = [(b, b.detach().clone()) for b in self.buffers()]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             try:
                 yield
             finally:
                 with torch.no_grad():
-                    for buffer, value in zip(self.buffers(), saved, strict=True):
+                    for buffer, value in saved:
                         buffer.copy_(value)
 
     def _timed(self, path: str, fn: StepFn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -115,7 +115,7 @@ def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alo
 
 def test_a_warm_up_names_the_growing_arms_and_reaches_their_lifecycle() -> None:
     # Named apart, so that a run with the warm-up merges with the same plan's run without it.
-    config = DepthGrowthConfig(plan="crossover", blend_lr_warmup_epochs=2)
+    config = DepthGrowthConfig(plan="crossover", blend_epochs=2, blend_lr_warmup_epochs=2)
     assert config.arms == ("static-final", "static-start", "controller-w2")
     controller = arm_config(config, arm="controller-w2", seed=0)
     assert controller.tamiyo.policy == "heuristic" and controller.kasmina.blend_lr_warmup_epochs == 2
@@ -129,7 +129,8 @@ def test_a_warm_up_names_the_growing_arms_and_reaches_their_lifecycle() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"blend_lr_warmup_epochs": -1}, r"blend_lr_warmup_epochs must be >= 0 \(0: no warm-up\), got -1"),
+        ({"blend_lr_warmup_epochs": -1}, r"blend_lr_warmup_epochs must lie in 0 \.\. blend_epochs=1"),
+        ({"blend_lr_warmup_epochs": 2}, r"blend_lr_warmup_epochs must lie in 0 \.\. blend_epochs=1 .*got 2"),
         ({"seeds": 1001}, r"seeds 0 \.\. 1000 mix evaluation seeds"),
         ({"first_seed": 998, "seeds": 3}, r"seeds 998 \.\. 1000 mix evaluation seeds"),
         ({"first_seed": -1}, "first_seed must be >= 0"),
