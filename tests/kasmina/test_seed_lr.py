@@ -32,40 +32,35 @@ def test_constant_and_default_schedules() -> None:
     assert [cosine.factor_at(e, 3) for e in range(3)] == pytest.approx([1.0, 0.75, 0.5])
 
 
-def test_seed_group_follows_the_schedule_then_returns_to_its_rate(compiled_home: EsperSettings) -> None:
+def _seed_rates(home: EsperSettings, epochs: int, *, blend_epochs: int, **kasmina: object) -> tuple[list, list, float]:
+    """A lowrank seed (lr_scale 0.5) germinated in slot0 of seed-reference under ``kasmina``'s
+    settings: its stage before each epoch and its group's rate after, and the seed's own rate."""
     config = eager_recipe("seed-reference", epochs=6)
-    schedule = IsolationLRConfig(factor=3.0, warmup_epochs=1, schedule="cosine", final_factor=0.1)
-    config.kasmina = dataclasses.replace(config.kasmina, min_training_epochs=3, isolation_lr=schedule)
+    config.kasmina = dataclasses.replace(config.kasmina, **kasmina)  # type: ignore[arg-type]
     trainer = build_trainer(config, catalog=default_catalog(), run_id="test")
-    kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    germinate_kernel(trainer.manager, "slot0", kernel, blend_epochs=2, lr_scale=0.5)
-    seed_lr = config.trainer.lr * 0.5
+    kernel = kernel_from_registry(home, "lowrank_adapter", "f16-b64")
+    germinate_kernel(trainer.manager, "slot0", kernel, blend_epochs=blend_epochs, lr_scale=0.5)
     rates, stages = [], []
-    for _ in range(4):
+    for _ in range(epochs):
+        stages.append(trainer.manager.slots["slot0"].stage)
         trainer.train_epoch()
         group = next(g for g in trainer.optimizer.param_groups if g.get("slot_id") == "slot0")
         rates.append(group["lr"])
-        stages.append(trainer.manager.slots["slot0"].stage)
-    assert stages[:3] == [SeedStage.TRAINING] * 2 + [SeedStage.BLENDING]
-    # Three isolation epochs (warm-up, peak, cosine end), then blending at the seed's own rate.
-    assert rates == pytest.approx([seed_lr * 1.5, seed_lr * 3.0, seed_lr * 0.3, seed_lr])
     # The host's group never moves.
     assert trainer.optimizer.param_groups[0]["lr"] == config.trainer.lr
+    return stages, rates, config.trainer.lr * 0.5
+
+
+def test_seed_group_follows_the_schedule_then_returns_to_its_rate(compiled_home: EsperSettings) -> None:
+    schedule = IsolationLRConfig(factor=3.0, warmup_epochs=1, schedule="cosine", final_factor=0.1)
+    stages, rates, seed_lr = _seed_rates(compiled_home, 4, blend_epochs=2, min_training_epochs=3, isolation_lr=schedule)
+    assert stages == [SeedStage.GERMINATED] + [SeedStage.TRAINING] * 2 + [SeedStage.BLENDING]
+    # Three isolation epochs (warm-up, peak, cosine end), then blending at the seed's own rate.
+    assert rates == pytest.approx([seed_lr * 1.5, seed_lr * 3.0, seed_lr * 0.3, seed_lr])
 
 
 def test_a_blending_seed_warms_up_to_its_rate(compiled_home: EsperSettings) -> None:
-    config = eager_recipe("seed-reference", epochs=6)
-    config.kasmina = dataclasses.replace(config.kasmina, blend_lr_warmup_epochs=2)
-    trainer = build_trainer(config, catalog=default_catalog(), run_id="test")
-    kernel = kernel_from_registry(compiled_home, "lowrank_adapter", "f16-b64")
-    germinate_kernel(trainer.manager, "slot0", kernel, blend_epochs=4, lr_scale=0.5)
-    seed_lr = config.trainer.lr * 0.5
-    rates, stages = [], []
-    for _ in range(5):
-        stages.append(trainer.manager.slots["slot0"].stage)
-        trainer.train_epoch()
-        group = next(g for g in trainer.optimizer.param_groups if g.get("slot_id") == "slot0")
-        rates.append(group["lr"])
+    stages, rates, seed_lr = _seed_rates(compiled_home, 5, blend_epochs=4, blend_lr_warmup_epochs=2)
     # Stages seen before each epoch's start: germinated (trains in TRAINING), then blending.
     assert stages == [SeedStage.GERMINATED] + [SeedStage.BLENDING] * 4
     # Isolation at the seed's rate, then blending epochs 0 and 1 at 1/3 and 2/3 of it, then all of it.
