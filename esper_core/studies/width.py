@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
-from torch.utils.flop_counter import FlopCounterMode
 
 from esper_core.contracts import SeedStage
 from esper_core.kasmina.width import (
@@ -41,16 +40,10 @@ from esper_core.kasmina.width import (
 )
 from esper_core.run.config import RunConfig
 from esper_core.telemetry.paired import paired_difference
+from esper_core.tolaria.flops import forward_flops
 
 _LINE_SEARCH = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0)
 """Fan-out scales TINY's line search tries (fractions of its initial amplitude)."""
-
-
-def _flops(model: nn.Module, sample_shape: tuple[int, ...]) -> float:
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model(torch.zeros(1, *sample_shape))
-    return float(counter.get_total_flops())
 
 
 def _accuracy(model: nn.Module, loader: DataLoader) -> float:
@@ -138,7 +131,7 @@ def run_arm(  # noqa: ANN201
         for group in opt.param_groups:
             group["lr"] = lr
         # The side modules' FLOPs are counted too: the forward runs through their hooks.
-        flops_per_sample.append(3 * _flops(model, sample_shape) * len(splits.train))
+        flops_per_sample.append(3 * forward_flops(model, torch.zeros(1, *sample_shape)) * len(splits.train))
         for x, y in train:
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(x), y).backward()

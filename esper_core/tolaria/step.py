@@ -247,8 +247,10 @@ class StepEngine:
         if cached is None or (cached["compiled"] and not cached.get("exact", False)):
             return
         log.info("step engine: cached decision for this workload: %s", "compiled" if cached["compiled"] else "eager")
-        why = f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)"
-        self._cached_choice = (bool(cached["compiled"]), why)
+        self._cached_choice = (
+            bool(cached["compiled"]),
+            f"cached decision (eager {cached['eager_ms']:.3f} ms vs compiled {cached['compiled_ms']:.3f} ms)",
+        )
 
     # ------------------------------------------------------------------ running
 
@@ -337,7 +339,7 @@ class StepEngine:
         try:
             # Under what is left of the trial's limit: a shadow step can compile again (the
             # epoch's short last batch), and that counts as the trial's cost too.
-            with self._without_trace(), raise_at_deadline(self._trial_left_s(), what="the compile trial"):
+            with self._trial_step():
                 shadow_loss = self._timed("compiled", lambda a, b: self._run_fn(compiled, a, b), x, y)
         except DeadlinePassed as e:
             self._over_limit(str(e))
@@ -427,12 +429,11 @@ class StepEngine:
     def _build(self, x: torch.Tensor, y: torch.Tensor) -> None:
         cfg = self.config
         start = time.perf_counter()
-        limit_s = self._trial_left_s()
         try:
             # The first call compiles (forward graphs while tracing, the backward's at its first
             # backward), all of it under the trial's limit. Its effects are a shadow step's:
             # gradients the next step clears.
-            with self._without_trace(), raise_at_deadline(limit_s, what="the compile trial"):
+            with self._trial_step():
                 # The mode travels inside the backend (torch.compile takes a mode for its own inductor only).
                 compiled = torch.compile(self.step_fn, dynamic=cfg.compile_dynamic, backend=self.backend)
                 self.zero_grad()
@@ -478,6 +479,12 @@ class StepEngine:
                     "param_tensors": sum(1 for _ in self.parameters()),
                 },
             )
+
+    @contextlib.contextmanager
+    def _trial_step(self) -> Iterator[None]:
+        """A shadow step of the trial: without trace, and stopped at what is left of its limit."""
+        with self._without_trace(), raise_at_deadline(self._trial_left_s(), what="the compile trial"):
+            yield
 
     @contextlib.contextmanager
     def _without_trace(self) -> Iterator[None]:
