@@ -86,7 +86,10 @@ def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResul
 
     A call that overruns keeps running on its worker, but its result is dropped: ``fn`` must not
     change shared state (the caller records results on its own thread). Its worker serves other
-    calls once it returns.
+    calls once it returns. A result is on time only if it is there within ``deadline_ms`` as this
+    thread measures it: one that the worker finished before this thread came to wait, but later
+    than the deadline, is a miss too. Otherwise a deadline no call can meet would be met whenever
+    the worker happened to run first, and which calls miss would depend on the scheduler.
     """
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -105,7 +108,7 @@ def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResul
     _WORKERS.submit(job)
     finished = done.wait(deadline_ms / 1e3)
     elapsed = (time.perf_counter() - start) * 1e3
-    if not finished:
+    if not finished or elapsed > deadline_ms:
         return DeadlineResult(value=None, elapsed_ms=elapsed, timed_out=True)
     return DeadlineResult(value=box.get("value"), elapsed_ms=elapsed, timed_out=False, error=box.get("error"))
 

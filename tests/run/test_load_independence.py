@@ -85,11 +85,13 @@ def test_impossible_deadlines_on_a_busy_machine_change_nothing_and_are_reported(
 
 def test_enforced_deadlines_act_and_the_run_says_it_is_not_reproducible(compiled_home: EsperSettings) -> None:
     epochs, summary = _run(compiled_home, "enforced", _config(deadline_ms=IMPOSSIBLE, enforce=True))
-    # Enforced, a missed deadline turns the decision into a WAIT. Which decisions miss depends on
-    # the machine (a worker thread can finish a fast decision before its caller even waits), which
-    # is the point: only that some did, and that nothing was merely observed.
-    assert summary.tamiyo_timeouts >= 1 and summary.deadline_overruns == 0
-    assert sum(action == "wait" for _, _, action, _, _ in epochs) >= summary.tamiyo_timeouts
+    # Enforced, a missed deadline turns the decision into a WAIT; after failure_threshold misses
+    # the circuit breaker stops asking Tamiyo, and its fallback waits too. A decision the worker
+    # finished before its caller came to wait is late all the same (CI once saw every one of them
+    # "meet" the 1 ns deadline that way), so the count does not depend on the scheduler.
+    threshold = _config().tamiyo.breaker.failure_threshold
+    assert summary.tamiyo_timeouts == threshold and summary.deadline_overruns == 0
+    assert [action for _, _, action, _, _ in epochs] == ["wait"] * EPOCHS
     assert not summary.reproducible
     assert summary.load_dependence == ("trainer.safety.enforce_deadlines: Tamiyo's and Kasmina's deadlines",)
     assert "Not reproducible" in (compiled_home.runs_dir / "enforced" / "report.md").read_text()

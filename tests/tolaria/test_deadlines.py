@@ -8,6 +8,7 @@ import ctypes
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -26,6 +27,29 @@ def test_call_with_deadline_returns_value_timeout_or_error() -> None:
     assert late.timed_out and late.value is None and late.elapsed_ms >= 15
     broken = call_with_deadline(lambda: 1 / 0, 1_000)
     assert isinstance(broken.error, ZeroDivisionError) and not broken.timed_out
+
+
+def test_a_result_later_than_the_deadline_is_a_miss_even_if_it_was_there_before_the_caller_waited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker finishes first, every time: the caller is held back until the call is done. Its
+    # wait then finds the result, which still came past the 1 ns deadline (CI saw a run whose
+    # every enforced decision "met" such a deadline this way).
+    submit = deadlines._Workers.submit
+
+    def submit_then_let_it_finish(self: deadlines._Workers, job: Callable[[Callable[[], None]], None]) -> None:
+        over = threading.Event()
+
+        def job_then_signal(release: Callable[[], None]) -> None:
+            job(release)
+            over.set()
+
+        submit(self, job_then_signal)
+        assert over.wait(60)
+
+    monkeypatch.setattr(deadlines._Workers, "submit", submit_then_let_it_finish)
+    result = call_with_deadline(lambda: 7, 1e-6)
+    assert result.timed_out and result.value is None
 
 
 def test_calls_reuse_a_worker_and_an_overrun_call_holds_only_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
