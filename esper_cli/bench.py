@@ -225,6 +225,32 @@ def _transfer(args: argparse.Namespace, *, progress: Callable[[str, int, int], N
     return 0
 
 
+def _cmd_bench_rules(args: argparse.Namespace) -> int:
+    return _with_bar(_rules, args, "rules")
+
+
+def _rules(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
+    """``esper bench rules``: print the table (``--json``: one JSON object)."""
+    from esper_core.studies.rules import RuleSearchConfig, format_table, run, save_baseline
+    from esper_core.studies.zoo_train import ZooTraining
+    from esper_core.zoo import ZooSpec
+
+    config = RuleSearchConfig(
+        training=ZooTraining(zoo=ZooSpec(seed=args.zoo_seed), members=args.members),
+        families=tuple(args.families),
+        eval_zoo_seed=args.eval_zoo_seed,
+        eval_members=args.eval_members,
+        seeds=args.seeds,
+        workers=args.workers,
+        device=args.device,
+    )
+    result = run(config, progress=progress)
+    if args.save_baseline is not None:
+        save_baseline(result, Path(args.save_baseline))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
 def _cmd_bench_depth_growth(args: argparse.Namespace) -> int:
     return _with_bar(_depth_growth, args, "depth-growth")
 
@@ -510,6 +536,47 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write transfer.json, transfer_flops.png and each held-out policy (policies/<family>/) here",
     )
     b_transfer.set_defaults(func=_cmd_bench_transfer)
+    b_rules = bench.add_parser(
+        "rules",
+        help="the best single fixed growth rule: the heuristic's thresholds searched on the zoo's selection seeds, "
+        "then scored against the static network of its grown shape on hosts the search never drew",
+    )
+    b_rules.add_argument("--zoo-seed", type=int, default=0, help="the searched zoo's seed (default: %(default)s)")
+    b_rules.add_argument(
+        "--members", type=positive, default=14, help="zoo members the rules are searched on (default: %(default)s)"
+    )
+    b_rules.add_argument(
+        "--families",
+        nargs="+",
+        default=list(ZOO_FAMILIES),
+        choices=ZOO_FAMILIES,
+        metavar="FAMILY",
+        help=f"families the chosen rule is evaluated on ({', '.join(ZOO_FAMILIES)}; default: all)",
+    )
+    b_rules.add_argument(
+        "--eval-zoo-seed",
+        type=int,
+        default=1,
+        help="the zoo seed evaluated members are drawn under, not the searched one (default: %(default)s)",
+    )
+    b_rules.add_argument(
+        "--eval-members", type=positive, default=2, help="members of each family evaluated (default: %(default)s)"
+    )
+    b_rules.add_argument(
+        "--seeds", type=positive, default=5, help="paired evaluation seeds per member, 0.. (default: %(default)s)"
+    )
+    b_rules.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    b_rules.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Dask worker processes (one thread each); 0: one run after another here, same numbers (default: 0)",
+    )
+    b_rules.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    b_rules.add_argument(
+        "--save-baseline", type=Path, default=None, metavar="DIR", help="write rules.json and rules_flops.png here"
+    )
+    b_rules.set_defaults(func=_cmd_bench_rules)
     b_depth = bench.add_parser(
         "depth-growth",
         help="validation loss against training FLOPs: static final and start networks, stacked depth growth, "

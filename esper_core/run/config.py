@@ -205,7 +205,8 @@ class RunConfig:
 
     def _check_schedule(self) -> None:
         """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints (with no
-        blueprint list, planning checks that each scheduled blueprint fits its slot)."""
+        blueprint list, planning checks that each scheduled blueprint fits its slot); so must the
+        heuristic's preferred blueprints."""
         allowed = (*self.blueprints, *self.approved_blueprints, *WIDTH_MENU, *DEPTH_MENU)
         for g in self.tamiyo.schedule:
             if g.slot not in self.host.slot_ids:
@@ -220,4 +221,11 @@ class RunConfig:
             if g.epoch >= self.epochs:
                 raise ValueError(
                     f"scheduled germination at epoch {g.epoch} never happens: the run has epochs 0..{self.epochs - 1}"
+                )
+        # The heuristic's preferred blueprints, checked as the schedule's are.
+        for blueprint in self.tamiyo.heuristic.prefer:
+            if self.blueprints and blueprint not in allowed:
+                raise ValueError(
+                    f"tamiyo.heuristic.prefer names {blueprint!r}, which is not among the run's blueprints "
+                    f"{allowed}; add it to RunConfig.blueprints or drop it from prefer"
                 )

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from matplotlib.figure import Figure
@@ -57,6 +57,7 @@ from esper_core.studies.policy_files import save_policy_version
 from esper_core.studies.width_control import at_widths
 from esper_core.studies.zoo_train import ZooTraining, train_zoo_policy, zoo_members
 from esper_core.tamiyo.config import TamiyoGNNConfig
+from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.telemetry.baseline import save_result_with_plot
 from esper_core.telemetry.paired import paired_difference
 from esper_core.telemetry.plots import figure_png
@@ -175,51 +176,85 @@ def static_shape(
     return model
 
 
+class ArmRunner:
+    """Runs one member and seed under any arm's policy, host and weight decay, in one home: the
+    arms of a pair share the member, the seed (data, data order, initial host) and the GNN's size."""
+
+    def __init__(
+        self,
+        member: ZooMember,
+        seed: int,
+        settings: EsperSettings,
+        *,
+        label: str,
+        device: str,
+        gnn: TamiyoGNNConfig | None = None,
+    ) -> None:
+        self.member, self.seed, self.settings = member, seed, settings
+        self.label, self.device, self.gnn = label, device, gnn
+
+    def __call__(
+        self,
+        policy: str,
+        tag: str,
+        *,
+        version: int | None = None,
+        host: ModelSpec | None = None,
+        weight_decay: float = 0.0,
+        heuristic: HeuristicConfig | None = None,
+    ) -> EpisodeResult:
+        config = episode_config(
+            self.member.recipe(), seed=self.seed, policy=policy, device=self.device, policy_version=version
+        )
+        if self.gnn is not None:
+            config.tamiyo = dataclasses.replace(config.tamiyo, gnn=self.gnn)
+        if heuristic is not None:
+            config.tamiyo = dataclasses.replace(config.tamiyo, heuristic=heuristic)
+        if host is not None:
+            config = dataclasses.replace(config, host=host)
+        if weight_decay:
+            config.trainer = dataclasses.replace(config.trainer, weight_decay=weight_decay)
+        run_id = fresh_run_id(self.settings, f"{self.label}-{self.member.name}-{tag}-s{self.seed}")
+        return run_episode(config, settings=self.settings, run_id=run_id)
+
+    def shape_matched(self, grown: Mapping[str, int], weight_decays: Sequence[float]) -> dict[str, Any]:
+        """The ``static`` and ``tuned`` arms of a run that grew to ``grown`` (layer -> width): the
+        host at those widths trained from scratch at each weight decay of the grid; ``tuned`` is
+        the grid's best on validation, and its runs are its tuning cost."""
+        recipe = self.member.recipe()
+        host = recipe.host
+        assert isinstance(host, ModelSpec), "a zoo member's host is a ModelSpec"
+        shape = load_dataset(recipe.data).feature_shape
+        static_host = dataclasses.replace(
+            host, build=functools.partial(static_shape, host.build, grown, shape, host.input_dtype)
+        )
+        grid = {wd: self("none", f"static-wd{wd:g}", host=static_host, weight_decay=wd) for wd in weight_decays}
+        # Chosen on validation accuracy alone (the first of a tie, in grid order): the test split
+        # is read only after the choice.
+        best = max(weight_decays, key=lambda wd: (grid[wd].val_accuracy, -list(weight_decays).index(wd)))
+        return {
+            "static": grid[0.0],
+            "tuned": grid[best],
+            "tuned_weight_decay": best,
+            "tuning_flops": sum(r.train_flops for r in grid.values()),
+            "tuning_wall_s": sum(r.wall_s for r in grid.values()),
+            "widths": {"host": host_widths(host, list(grown)), "grown": dict(grown)},
+        }
+
+
 def transfer_runs(job: TransferJob) -> dict[str, Any]:
     """Run ``job``'s arms on one torch thread: ``{arm: EpisodeResult}`` and the tuned arm's grid."""
     with one_thread():
         settings = EsperSettings(home=Path(job.home))
-        member, seed = job.member, job.seed
-
-        def run(policy: str, tag: str, *, version: int | None = None, host: ModelSpec | None = None,
-                weight_decay: float = 0.0) -> EpisodeResult:  # fmt: skip
-            config = episode_config(
-                member.recipe(), seed=seed, policy=policy, device=job.device, policy_version=version
-            )
-            config.tamiyo = dataclasses.replace(config.tamiyo, gnn=job.gnn)
-            if host is not None:
-                config = dataclasses.replace(config, host=host)
-            if weight_decay:
-                config.trainer = dataclasses.replace(config.trainer, weight_decay=weight_decay)
-            run_id = fresh_run_id(settings, f"transfer-{member.name}-{tag}-s{seed}")
-            return run_episode(config, settings=settings, run_id=run_id)
-
+        run = ArmRunner(job.member, job.seed, settings, label="transfer", device=job.device, gnn=job.gnn)
         runs = {
             "heldout": run("gnn", "heldout", version=job.version),
             "heuristic": run("heuristic", "heuristic"),
             "none": run("none", "none"),
         }
-        recipe = member.recipe()
-        host = recipe.host
-        assert isinstance(host, ModelSpec), "a zoo member's host is a ModelSpec"
-        shape = load_dataset(recipe.data).feature_shape
-        grown = runs["heldout"].widths
-        static_host = dataclasses.replace(
-            host, build=functools.partial(static_shape, host.build, grown, shape, host.input_dtype)
-        )
-        grid = {wd: run("none", f"static-wd{wd:g}", host=static_host, weight_decay=wd) for wd in job.weight_decays}
-        runs["static"] = grid[0.0]
-        # Chosen on validation accuracy alone (the first of a tie, in grid order): the test split
-        # is read only after the choice.
-        best = max(job.weight_decays, key=lambda wd: (grid[wd].val_accuracy, -job.weight_decays.index(wd)))
-        runs["tuned"] = grid[best]
-        return {
-            "runs": runs,
-            "tuned_weight_decay": best,
-            "tuning_flops": sum(r.train_flops for r in grid.values()),
-            "tuning_wall_s": sum(r.wall_s for r in grid.values()),
-            "widths": {"host": host_widths(host, list(grown)), "grown": grown},
-        }
+        matched = run.shape_matched(runs["heldout"].widths, job.weight_decays)
+        runs["static"], runs["tuned"] = matched.pop("static"), matched.pop("tuned")
+        return {"runs": runs, **matched}
 
 
 def host_widths(host: ModelSpec, layers: Sequence[str]) -> dict[str, int]:
@@ -335,11 +370,34 @@ def summarise_family(
     training: dict[str, Any],
 ) -> dict[str, Any]:
     """One held-out family's arms, paired differences and goal, from its (member, seed) runs."""
-    scores: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    summary = summarise_arms(members, jobs, outcomes, metric=metric, arms=ARMS, pairs=PAIRS, subject="heldout")
+    return {**summary, "held_out_training": training}
+
+
+class _MemberSeed(Protocol):
+    @property
+    def member(self) -> ZooMember: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def summarise_arms(
+    members: Sequence[ZooMember],
+    jobs: Sequence[_MemberSeed],
+    outcomes: Sequence[Mapping[str, Any]],
+    *,
+    metric: Metric,
+    arms: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    subject: str,
+) -> dict[str, Any]:
+    """One family's arms (``outcome["runs"][arm]`` per job), the paired differences ``a - b`` of
+    ``pairs``, and whether ``subject`` met the goal against the tuned static network."""
+    scores: dict[str, list[float]] = {arm: [] for arm in arms}
     runs: list[dict[str, Any]] = []
     for job, outcome in zip(jobs, outcomes, strict=True):
         arm_runs: Mapping[str, EpisodeResult] = outcome["runs"]
-        for arm in ARMS:
+        for arm in arms:
             scores[arm].append(metric.value(arm_runs[arm]))
         runs.append(
             {
@@ -361,7 +419,7 @@ def summarise_family(
                 },
             }
         )
-    arms = {
+    summary = {
         arm: {
             f"{metric.key}_mean": statistics.fmean(scores[arm]),
             f"{metric.key}_std": statistics.stdev(scores[arm]) if len(scores[arm]) > 1 else 0.0,
@@ -369,44 +427,49 @@ def summarise_family(
             "wall_s_mean": statistics.fmean(r["arms"][arm]["wall_s"] for r in runs),
             "params_mean": statistics.fmean(r["arms"][arm]["total_params"] for r in runs),
         }
-        for arm in ARMS
+        for arm in arms
     }
-    arms["tuned"]["tuning_flops_mean"] = statistics.fmean(r["tuning_flops"] for r in runs)
+    summary["tuned"]["tuning_flops_mean"] = statistics.fmean(r["tuning_flops"] for r in runs)
     paired = {
         f"{a}_minus_{b}": paired_difference(scores[a], scores[b], higher_is_better=metric.higher_is_better).as_dict()
-        for a, b in PAIRS
+        for a, b in pairs
     }
-    goal = paired["heldout_minus_tuned"]
+    goal = paired[f"{subject}_minus_tuned"]
     if metric.higher_is_better:
         met = goal["mean"] >= 0 and goal["ci95_low"] >= -GOAL_POINTS
     else:
         met = goal["mean"] <= 0 and goal["ci95_high"] <= GOAL_BITS
-    flops = [r["arms"]["heldout"]["train_flops"] / r["arms"]["tuned"]["train_flops"] for r in runs]
+    flops = [r["arms"][subject]["train_flops"] / r["arms"]["tuned"]["train_flops"] for r in runs]
     return {
         "metric": metric.key,
         "metric_label": metric.label,
         "higher_is_better": metric.higher_is_better,
         "members": [m.name for m in members],
         "pairs": len(runs),
-        "held_out_training": training,
-        "arms": arms,
+        "arms": summary,
         "paired": paired,
-        "goal_heldout_vs_tuned_met": met,
-        "heldout_flops_over_tuned_mean": statistics.fmean(flops),
+        f"goal_{subject}_vs_tuned_met": met,
+        f"{subject}_flops_over_tuned_mean": statistics.fmean(flops),
         "runs": runs,
     }
 
 
-def across_families(families: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def across_families(
+    families: Mapping[str, Mapping[str, Any]],
+    *,
+    pairs: Sequence[tuple[str, str]] = PAIRS,
+    subject: str = "heldout",
+) -> dict[str, Any]:
     """The mean over the accuracy families of each family's mean difference (equal weights), and
     how many families met the goal; a language model's bits are not averaged with points."""
+    goal = f"goal_{subject}_vs_tuned_met"
     accuracy = {f: r for f, r in families.items() if r["higher_is_better"]}
     out: dict[str, Any] = {
-        "families_goal_met": sorted(f for f, r in families.items() if r["goal_heldout_vs_tuned_met"]),
-        "families_goal_missed": sorted(f for f, r in families.items() if not r["goal_heldout_vs_tuned_met"]),
+        "families_goal_met": sorted(f for f, r in families.items() if r[goal]),
+        "families_goal_missed": sorted(f for f, r in families.items() if not r[goal]),
     }
     if accuracy:
-        for a, b in PAIRS:
+        for a, b in pairs:
             key = f"{a}_minus_{b}"
             out[f"{key}_mean_of_family_means"] = statistics.fmean(r["paired"][key]["mean"] for r in accuracy.values())
         out["accuracy_families"] = sorted(accuracy)
@@ -415,6 +478,7 @@ def across_families(families: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]
 
 _STYLE = {
     "heldout": ("tab:green", "*"),
+    "rule": ("tab:red", "^"),
     "heuristic": ("tab:orange", "o"),
     "none": ("black", "s"),
     "static": ("tab:blue", "D"),
@@ -422,9 +486,11 @@ _STYLE = {
 }
 
 
-def transfer_png(result: Mapping[str, Any]) -> bytes:
-    """Per held-out family, each arm against the tuned static network of the grown shape: the
-    mean paired difference in score (BCa 95 % interval) against the mean ratio of training FLOPs.
+def transfer_png(
+    result: Mapping[str, Any], *, arms: Sequence[str] = ARMS, title: Callable[[str], str] = "{} held out".format
+) -> bytes:
+    """Per family, each arm against the tuned static network of the grown shape: the mean paired
+    difference in score (BCa 95 % interval) against the mean ratio of training FLOPs.
 
     Paired, because the members of a family differ far more from each other than the arms do on
     one member: unpaired means with their intervals would hide every difference the table shows.
@@ -436,7 +502,7 @@ def transfer_png(result: Mapping[str, Any]) -> bytes:
         r = result["results"][family]
         key, runs = r["metric"], r["runs"]
         tuned = [e["arms"]["tuned"] for e in runs]
-        for arm in ARMS:
+        for arm in arms:
             color, marker = _STYLE[arm]
             ratio = statistics.fmean(
                 e["arms"][arm]["train_flops"] / t["train_flops"] for e, t in zip(runs, tuned, strict=True)
@@ -452,7 +518,7 @@ def transfer_png(result: Mapping[str, Any]) -> bytes:
         ax.axhline(0.0, color="gray", linewidth=0.8)
         ax.set_xlabel("training FLOPs / tuned static's (mean over pairs)")
         ax.set_ylabel(f"{r['metric_label']} minus tuned static")
-        ax.set_title(f"{family} held out ({len(runs)} pairs, BCa 95 %)", fontsize=9)
+        ax.set_title(f"{title(family)} ({len(runs)} pairs, BCa 95 %)", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -486,6 +552,7 @@ def format_table(result: Mapping[str, Any]) -> str:
 __all__ = [
     "ARMS",
     "PAIRS",
+    "ArmRunner",
     "TransferConfig",
     "TransferJob",
     "across_families",
@@ -494,6 +561,7 @@ __all__ = [
     "run",
     "save_baseline",
     "static_shape",
+    "summarise_arms",
     "summarise_family",
     "transfer_png",
     "transfer_runs",

@@ -276,8 +276,8 @@ def train_zoo_policy(
     demo_ids = [r.run_id for r in demos]
     static = {(r.recipe, r.seed): r for r in play("yardsticks", config.seeds.selection, "none", label="zoo-sel")}
     scores = [
-        _score("none", list(static.values()), static, plan.simic.flops_penalty, family),
-        _score(
+        score_episodes("none", list(static.values()), static, plan.simic.flops_penalty, family),
+        score_episodes(
             "heuristic",
             play("yardsticks", config.seeds.selection, "heuristic", label="zoo-sel"),
             static,
@@ -305,7 +305,7 @@ def train_zoo_policy(
             chosen_by = play(
                 "scoring", config.seeds.selection, "gnn", label=f"zoo-sel-v{version}", policy_version=version
             )
-            scores.append(_score(f"v{version}", chosen_by, static, plan.simic.flops_penalty, family))
+            scores.append(score_episodes(f"v{version}", chosen_by, static, plan.simic.flops_penalty, family))
             if iteration == plan.iterations:
                 break
             rollouts = play(
@@ -363,13 +363,16 @@ def _flops_ratio(result: EpisodeResult, static: EpisodeResult) -> float:
     return result.train_flops / static.train_flops if static.train_flops else 1.0
 
 
-def _score(
+def score_episodes(
     label: str,
     results: Sequence[EpisodeResult],
-    static: dict[tuple[str, int], EpisodeResult],
+    static: Mapping[tuple[str, int], EpisodeResult],
     flops_penalty: float,
     family: Mapping[str, str],
 ) -> VersionScore:
+    """``label``'s selection score (module docstring) over ``results``, each read against the
+    no-growth episode of its member and seed in ``static`` (keyed ``(recipe, seed)``), and per
+    family (``family``: member name -> family)."""
     per = [(r, static[(r.recipe, r.seed)]) for r in results]
     scores = [selection_score(r, s, flops_penalty=flops_penalty) for r, s in per]
     by_family: dict[str, list[float]] = defaultdict(list)
@@ -390,6 +393,7 @@ __all__ = [
     "ZooTraining",
     "ZooTrainingResult",
     "publish_zoo_kernels",
+    "score_episodes",
     "selection_score",
     "train_zoo_policy",
     "zoo_members",

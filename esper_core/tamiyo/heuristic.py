@@ -6,9 +6,10 @@ Rules, first match wins (each command's ``reason`` quotes the numbers it used):
 2. An active, not yet fossilized seed whose last gate failed is culled.
 3. With ``max_active_seeds`` seeds in flight (GERMINATED .. PROBATIONARY), wait.
 4. With a DORMANT slot and either a val-loss plateau or the probe epoch reached before any seed
-   has ever left DORMANT, germinate: the lowest-risk (then fastest) SAFE blueprint with an
-   artifact for the slot's shape profile, in the dormant slot whose host layer has the largest
-   gradient norm among the slots that have such a blueprint. No fitting blueprint: wait.
+   has ever left DORMANT, germinate: the first of ``prefer`` that fits the slot, else the
+   lowest-risk (then smallest) SAFE blueprint with an artifact for the slot's shape profile, in
+   the dormant slot whose host layer has the largest gradient norm among the slots that have
+   such a blueprint. No fitting blueprint: wait.
 5. Otherwise wait.
 """
 
@@ -55,6 +56,9 @@ class HeuristicConfig:
         max_active_seeds: Seeds allowed in flight (GERMINATED .. PROBATIONARY) at once.
         blend_epochs: Length of the alpha ramp written into germinate commands.
         blend_schedule: Shape of the alpha ramp written into germinate commands.
+        prefer: Blueprint ids germinated first where they fit, in this order (``("width-100",)``
+            doubles a width slot's layer where the lowest-risk choice adds 25 %); a slot none of
+            them fits gets the lowest-risk SAFE fit. Empty: always the lowest-risk fit.
     """
 
     plateau_window: int = 2
@@ -63,8 +67,14 @@ class HeuristicConfig:
     max_active_seeds: int = 1
     blend_epochs: int = 2
     blend_schedule: BlendSchedule = BlendSchedule.LINEAR
+    prefer: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.prefer, str):
+            raise ValueError(f"prefer is a tuple of blueprint ids: write prefer=({self.prefer!r},)")
+        self.prefer = tuple(self.prefer)
+        if len(set(self.prefer)) != len(self.prefer):
+            raise ValueError(f"prefer lists a blueprint twice: {self.prefer}; list each once")
         if self.plateau_window < 1:
             raise ValueError(f"plateau_window must be >= 1 epoch, got {self.plateau_window}")
         if not 0.0 <= self.plateau_rel_tol < 1.0:
@@ -160,7 +170,7 @@ class HeuristicPolicy:
         trigger = self._trigger(history)
         if trigger is None:
             return make(CommandType.WAIT, f"wait: {self._no_trigger_reason(history)}")
-        fitting = [(s, c) for s in dormant if (c := _best_safe_fit(s, candidates)) is not None]
+        fitting = [(s, c) for s in dormant if (c := _best_safe_fit(s, candidates, self.config.prefer)) is not None]
         if not fitting:
             profiles = sorted({s.shape_profile for s in dormant})
             return make(
@@ -177,7 +187,8 @@ class HeuristicPolicy:
             CommandType.SEED,
             f"germinate: {trigger}; slot {slot.slot_id} on layer {slot.layer} has the largest "
             f"host grad_norm {grad_norms.get(slot.layer, 0.0):.4g} among {len(fitting)} "
-            f"germinable dormant slot(s); {desc.blueprint_id} is the lowest-risk SAFE fit for "
+            f"germinable dormant slot(s); {desc.blueprint_id} is the "
+            f"{'first preferred' if desc.blueprint_id in self.config.prefer else 'lowest-risk'} SAFE fit for "
             f"profile {slot.shape_profile!r} (risk {desc.risk:.3g}, "
             f"p95 {best.latency_p95_ms:.3g} ms)",
             seed_operation=SeedOperation.GERMINATE,
@@ -291,13 +302,19 @@ def _ever_germinated(history: Sequence[SystemStatePacket]) -> bool:
     return any(s.stage is not SeedStage.DORMANT for packet in history for s in packet.seeds)
 
 
-def _best_safe_fit(slot: SeedState, candidates: Sequence[BlueprintCandidate]) -> BlueprintCandidate | None:
-    """The SAFE candidate fitting ``slot`` with the lowest risk, then fewest parameters, then id.
+def _best_safe_fit(
+    slot: SeedState, candidates: Sequence[BlueprintCandidate], prefer: Sequence[str] = ()
+) -> BlueprintCandidate | None:
+    """The SAFE candidate fitting ``slot`` first in ``prefer``, else with the lowest risk, then
+    fewest parameters, then id.
 
     Never by measured latency: a kernel's p95 varies with the machine's load, and a choice that
     depends on it would make two runs of the same seed grow different networks.
     """
     fits = [c for c in candidates if c.descriptor.tier is BlueprintTier.SAFE and c.fits(slot.shape_profile)]
+    preferred = [c for c in fits if c.blueprint_id in prefer]
+    if preferred:
+        return min(preferred, key=lambda c: prefer.index(c.blueprint_id))
     return min(fits, key=lambda c: (c.descriptor.risk, c.param_cost, c.blueprint_id), default=None)
 
 

@@ -162,3 +162,16 @@ def test_a_schedule_must_name_the_runs_slots_blueprints_and_epochs() -> None:
     with pytest.raises(ValueError, match="never happens: the run has epochs 0..9"):
         with_schedule(10, "act2", "seq_conv_residual")
     assert HostConfig(slot_inputs=(2, 1)).slot_ids == ("slot1", "slot2")
+
+
+def test_the_heuristics_preferred_blueprints_must_be_among_a_listed_runs_blueprints() -> None:
+    from esper_core.run import TamiyoConfig
+    from esper_core.tamiyo.heuristic import HeuristicConfig
+
+    def preferring(*blueprints: str) -> RunConfig:
+        config = get_recipe("mnist1d-cnn", epochs=10)
+        return dataclasses.replace(config, tamiyo=TamiyoConfig(heuristic=HeuristicConfig(prefer=blueprints)))
+
+    assert preferring("width-100", "seq_conv_residual").tamiyo.heuristic.prefer == ("width-100", "seq_conv_residual")
+    with pytest.raises(ValueError, match="prefer names 'residual_mlp'.*add it to RunConfig.blueprints or drop it"):
+        preferring("residual_mlp")

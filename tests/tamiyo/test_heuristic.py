@@ -225,6 +225,28 @@ def test_chooses_highest_grad_norm_slot_and_lowest_risk_then_smallest_safe_bluep
     assert "p95 5 ms" in command.reason
 
 
+def test_a_preferred_blueprint_that_fits_wins_over_the_lowest_risk_and_the_rest_fall_back() -> None:
+    seeds = (_dormant("on-fc2", "fc2", "w64"),)
+    candidates = [
+        _candidate("low-risk", risk=0.05),
+        _candidate("double", risk=0.2),
+        _candidate("half", risk=0.1),
+        _candidate("elsewhere", risk=0.0, profiles=frozenset({"w32"})),
+    ]
+    command = _decide(_history(FLAT, seeds), candidates, prefer=("elsewhere", "double", "half"))
+    # "elsewhere" does not fit w64; the first preferred entry that does is taken, not the safest.
+    assert command.blueprint_id == "double" and "first preferred SAFE fit" in command.reason
+    fallback = _decide(_history(FLAT, seeds), candidates, prefer=("elsewhere",))
+    assert fallback.blueprint_id == "low-risk" and "lowest-risk SAFE fit" in fallback.reason
+
+
+def test_prefer_is_a_tuple_of_distinct_ids() -> None:
+    with pytest.raises(ValueError, match=r"write prefer=\('width-100',\)"):
+        HeuristicConfig(prefer="width-100")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="twice"):
+        HeuristicConfig(prefer=("width-50", "width-50"))
+
+
 def test_skips_the_best_slot_when_no_safe_blueprint_fits_it() -> None:
     seeds = (_dormant("on-fc1", "fc1", "w32"), _dormant("on-fc2", "fc2", "w128"))
     command = _decide(_history(FLAT, seeds))
