@@ -87,13 +87,16 @@ class Rule:
         plateau_rel_tol: A relative improvement of validation loss over two epochs below this
             germinates the next seed (0.5 germinates nearly whenever a slot is free).
         width_step: The width-menu entry each widening germinates (``width-25`` adds a quarter
-            of the layer's units: the lowest-risk entry, the default heuristic's choice).
+            of the layer's units: the lowest-risk entry, which the heuristic took before it
+            preferred ``width-100``).
+
+    The defaults are ``HeuristicConfig``'s (the rule this search chose on 2026-11-28).
     """
 
     name: str
-    probe_epoch: int = 1
+    probe_epoch: int = 0
     plateau_rel_tol: float = 0.01
-    width_step: str = "width-25"
+    width_step: str = "width-100"
 
     def __post_init__(self) -> None:
         if self.width_step not in WIDTH_MENU:
@@ -111,17 +114,18 @@ class Rule:
 
 
 DEFAULT_RULE = Rule(name="default")
-"""The zoo members' own heuristic (probe at epoch 1, 1 % plateau, the lowest-risk widening)."""
+"""The zoo members' own heuristic: ``HeuristicConfig``'s defaults (probe at epoch 0, 1 % plateau,
+doubling)."""
 
 
 def rule_grid() -> tuple[Rule, ...]:
     """The default rule first, then every other combination of a probe at epoch 0 or 1, a plateau
     tolerance of 1, 10 or 50 %, and widening by 25, 50 or 100 % (18 rules)."""
     grid = [DEFAULT_RULE]
+    default = (DEFAULT_RULE.probe_epoch, DEFAULT_RULE.plateau_rel_tol, DEFAULT_RULE.width_step)
     for probe, tol, step in itertools.product((0, 1), (0.01, 0.1, 0.5), WIDTH_MENU):
-        rule = Rule(name=f"p{probe}-t{tol:g}-{step}", probe_epoch=probe, plateau_rel_tol=tol, width_step=step)
-        if (rule.probe_epoch, rule.plateau_rel_tol, rule.width_step) != (1, 0.01, "width-25"):
-            grid.append(rule)
+        if (probe, tol, step) != default:
+            grid.append(Rule(name=f"p{probe}-t{tol:g}-{step}", probe_epoch=probe, plateau_rel_tol=tol, width_step=step))
     return tuple(grid)
 
 

@@ -131,5 +131,5 @@ def member_recipe(member: ZooMember) -> RunConfig:
         data=data,
         loss=next_char_loss if decoder else F.cross_entropy,
         trainer=TrainerConfig(optimizer="adam", lr=member.lr, lr_schedule="cosine", val_batch_size=512),
-        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(probe_epoch=1, blend_epochs=1)),
+        tamiyo=TamiyoConfig(heuristic=HeuristicConfig(blend_epochs=1)),
     )
