@@ -52,6 +52,7 @@ from esper_core.studies.simic_train import episode_jobs, run_episodes
 from esper_core.studies.transfer import (
     ArmRunner,
     across_families,
+    check_evaluation,
     member_metric,
     summarise_arms,
     transfer_png,
@@ -168,11 +169,6 @@ class RuleSearchConfig:
         families = self.evaluated_families
         if missing := [f for f in families if f not in zoo.families]:
             raise ValueError(f"families {missing} are not in the zoo's families {zoo.families}: evaluate those")
-        if zoo.kinds != ("width",):
-            raise ValueError(
-                f"zoo.kinds={zoo.kinds}: the static arm is the host at the grown widths, defined for width "
-                "slots only; set ZooSpec(kinds=('width',))"
-            )
         if self.training.exclude_families:
             raise ValueError(
                 f"training.exclude_families={self.training.exclude_families}: leave it empty, one rule is "
@@ -183,19 +179,13 @@ class RuleSearchConfig:
                 f"eval_zoo_seed={self.eval_zoo_seed} is the search's zoo seed: evaluated hosts would be the "
                 "searched ones; pick another seed"
             )
-        if self.eval_members < 1:
-            raise ValueError(f"eval_members must be >= 1, got {self.eval_members}")
-        available = len(self.training.seeds.evaluation)
-        if not 2 <= self.seeds <= available:
-            raise ValueError(
-                f"seeds must be 2..{available} (a paired interval needs two; the training reserves "
-                f"{available} evaluation seeds), got {self.seeds}"
-            )
-        grid = self.weight_decays
-        if 0.0 not in grid or any(w < 0 for w in grid) or len(set(grid)) != len(grid):
-            raise ValueError(f"weight_decays must be distinct values >= 0 including 0.0, got {grid}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0 (0: runs here, one thread), got {self.workers}")
+        check_evaluation(
+            self.training,
+            eval_members=self.eval_members,
+            seeds=self.seeds,
+            weight_decays=self.weight_decays,
+            workers=self.workers,
+        )
 
     @property
     def evaluated_families(self) -> tuple[Family, ...]:

@@ -120,29 +120,44 @@ class TransferConfig:
                 f"training.exclude_families={self.training.exclude_families}: leave it empty, the benchmark "
                 "excludes each held-out family in turn"
             )
-        if zoo.kinds != ("width",):
-            raise ValueError(
-                f"zoo.kinds={zoo.kinds}: the static arm is the host at the grown widths, defined for width "
-                "slots only; set ZooSpec(kinds=('width',))"
-            )
-        if self.eval_members < 1:
-            raise ValueError(f"eval_members must be >= 1, got {self.eval_members}")
-        available = len(self.training.seeds.evaluation)
-        if not 2 <= self.seeds <= available:
-            raise ValueError(
-                f"seeds must be 2..{available} (a paired interval needs two; the training reserves "
-                f"{available} evaluation seeds), got {self.seeds}"
-            )
-        grid = self.weight_decays
-        if 0.0 not in grid or any(w < 0 for w in grid) or len(set(grid)) != len(grid):
-            raise ValueError(f"weight_decays must be distinct values >= 0 including 0.0, got {grid}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0 (0: runs here, one thread), got {self.workers}")
+        check_evaluation(
+            self.training,
+            eval_members=self.eval_members,
+            seeds=self.seeds,
+            weight_decays=self.weight_decays,
+            workers=self.workers,
+        )
 
     @property
     def evaluation_seeds(self) -> tuple[int, ...]:
         """The seeds every evaluated member runs."""
         return self.training.seeds.evaluation[: self.seeds]
+
+
+def check_evaluation(
+    training: ZooTraining, *, eval_members: int, seeds: int, weight_decays: Sequence[float], workers: int
+) -> None:
+    """Refuse, with the fix, an evaluation against static networks of a grown shape that cannot be
+    run honestly: slots other than width (no static counterpart), fewer than two paired seeds or
+    more than the training reserves for evaluation, a weight-decay grid without 0."""
+    kinds = training.zoo.kinds
+    if kinds != ("width",):
+        raise ValueError(
+            f"zoo.kinds={kinds}: the static arm is the host at the grown widths, defined for width "
+            "slots only; set ZooSpec(kinds=('width',))"
+        )
+    if eval_members < 1:
+        raise ValueError(f"eval_members must be >= 1, got {eval_members}")
+    available = len(training.seeds.evaluation)
+    if not 2 <= seeds <= available:
+        raise ValueError(
+            f"seeds must be 2..{available} (a paired interval needs two; the training reserves "
+            f"{available} evaluation seeds), got {seeds}"
+        )
+    if 0.0 not in weight_decays or any(w < 0 for w in weight_decays) or len(set(weight_decays)) != len(weight_decays):
+        raise ValueError(f"weight_decays must be distinct values >= 0 including 0.0, got {tuple(weight_decays)}")
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0 (0: runs here, one thread), got {workers}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -556,6 +571,7 @@ __all__ = [
     "TransferConfig",
     "TransferJob",
     "across_families",
+    "check_evaluation",
     "format_table",
     "member_metric",
     "run",
