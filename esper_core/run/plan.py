@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from esper_core.contracts.enums import SlotKind
+from esper_core.contracts.enums import BlueprintTier, SlotKind
 from esper_core.data import Dataset, load_dataset
 from esper_core.hosts import Host
 from esper_core.karn.capacity import SeedCapacity, seed_capacity
 from esper_core.karn.catalog import KarnCatalog
+from esper_core.karn.depth import DEPTH_MENU
 from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import needs_approval, require_approval
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.width import WIDTH_MENU
 from esper_core.kasmina.kinds import SeedKind
 from esper_core.kasmina.slot import SeedSlot
 from esper_core.pipeline import CompileJob
@@ -186,6 +188,7 @@ def _plan(
     # In the recipe's (or the catalogue's) order, as Tamiyo's candidates always were.
     blueprints = tuple(b for b in (config.blueprints or catalog.ids) if any(b in bs for bs in fits.values()))
     _check_schedule_fits(config, fits)
+    _check_preferred(config, catalog)
     profiles = list(dict.fromkeys(slot_profiles.values()))
     jobs: list[CompileJob] = []
     costs: dict[tuple[str, str], int] = {}
@@ -327,6 +330,26 @@ def _check_schedule_fits(config: RunConfig, fits: Mapping[str, tuple[str, ...]])
             raise ValueError(
                 f"scheduled germination at epoch {g.epoch}: blueprint {g.blueprint!r} does not fit slot "
                 f"{g.slot!r}; blueprints that fit it: {list(fits.get(g.slot, ()))}"
+            )
+
+
+def _check_preferred(config: RunConfig, catalog: KarnCatalog) -> None:
+    """The heuristic's preferred blueprints must exist and be SAFE (the only tier it germinates):
+    a misspelt or experimental entry would otherwise be passed over without a word."""
+    for blueprint_id in config.tamiyo.heuristic.prefer:
+        if blueprint_id in WIDTH_MENU or blueprint_id in DEPTH_MENU:
+            continue  # every entry of the kinds' menus is SAFE
+        if blueprint_id not in catalog.ids:
+            known = [*WIDTH_MENU, *DEPTH_MENU, *catalog.ids]
+            raise ValueError(
+                f"tamiyo.heuristic.prefer names {blueprint_id!r}, which is neither on a seed kind's menu nor in "
+                f"Karn's catalogue; choose from {known}"
+            )
+        tier = catalog.get(blueprint_id).descriptor.tier
+        if tier is not BlueprintTier.SAFE:
+            raise ValueError(
+                f"tamiyo.heuristic.prefer names {blueprint_id!r}, whose tier is {tier.value}: the heuristic "
+                "germinates SAFE blueprints only; drop it from prefer"
             )
 
 

@@ -16,7 +16,8 @@ policies be compared with that rule. ``run`` does it in two steps that share no 
 
    =============  ===========================================================================
    ``rule``       the chosen rule
-   ``heuristic``  the member's own heuristic (today's default)
+   ``heuristic``  the rule the chosen one is set against (``compare_with``: the heuristic's
+                  defaults before this search chose new ones)
    ``none``       no growth
    ``static``     the host in the ``rule`` run's final shape, trained from scratch
    ``tuned``      that static network with its weight decay chosen on validation
@@ -114,9 +115,14 @@ class Rule:
         )
 
 
-DEFAULT_RULE = Rule(name="default")
+DEFAULT_RULE = Rule(name="p0-t0.01-width-100")
 """The zoo members' own heuristic: ``HeuristicConfig``'s defaults (probe at epoch 0, 1 % plateau,
-doubling)."""
+doubling), which this search chose on 2026-11-28 (its JSON calls the rule then default
+``default``: ``PREVIOUS_RULE``)."""
+
+PREVIOUS_RULE = Rule(name="p1-t0.01-width-25", probe_epoch=1, width_step="width-25")
+"""The heuristic's defaults before 2026-11-28 (probe at epoch 1, 1 % plateau, the lowest-risk
+25 % widening): the rule the search's choice is set against."""
 
 
 def rule_grid() -> tuple[Rule, ...]:
@@ -139,6 +145,8 @@ class RuleSearchConfig:
             plays its members on ``seeds.selection``, the evaluation runs ``seeds.evaluation``,
             and ``plan.simic.flops_penalty`` is the score's price of compute.
         rules: The rules searched (distinct names; the first holds a tie).
+        compare_with: The ``heuristic`` arm's rule, pinned so that a rerun compares the same two
+            rules whatever the defaults are then.
         families: The families evaluated.
         eval_zoo_seed: The zoo seed the evaluated members are drawn under; another than the
             search's, so that no evaluated host was searched on.
@@ -151,6 +159,7 @@ class RuleSearchConfig:
 
     training: ZooTraining = field(default_factory=ZooTraining)
     rules: tuple[Rule, ...] = field(default_factory=rule_grid)
+    compare_with: Rule = PREVIOUS_RULE
     families: tuple[Family, ...] | None = None
     eval_zoo_seed: int = 1
     eval_members: int = 2
@@ -214,6 +223,7 @@ class RuleJob:
     seed: int
     home: str
     rule: Rule
+    compare_with: Rule
     weight_decays: tuple[float, ...]
     device: str
 
@@ -225,7 +235,9 @@ def rule_runs(job: RuleJob) -> dict[str, Any]:
         base = job.member.recipe().tamiyo.heuristic
         runs = {
             "rule": run("heuristic", f"rule-{job.rule.name}", heuristic=job.rule.heuristic(base)),
-            "heuristic": run("heuristic", "heuristic"),
+            "heuristic": run(
+                "heuristic", f"compared-{job.compare_with.name}", heuristic=job.compare_with.heuristic(base)
+            ),
             "none": run("none", "none"),
         }
         matched = run.shape_matched(runs["rule"].widths, job.weight_decays)
@@ -317,6 +329,7 @@ def run(config: RuleSearchConfig, *, progress: Progress | None = None) -> dict[s
                     seed=seed,
                     home=str(home),
                     rule=rule,
+                    compare_with=config.compare_with,
                     weight_decays=config.weight_decays,
                     device=config.device,
                 )
@@ -335,6 +348,7 @@ def run(config: RuleSearchConfig, *, progress: Progress | None = None) -> dict[s
     return {
         "bench": "rules",
         "rule": dataclasses.asdict(rule),
+        "compared_with": dataclasses.asdict(config.compare_with),
         "selection": selection,
         "families": list(families),
         "evaluation_seeds": list(config.evaluation_seeds),
@@ -357,11 +371,11 @@ def save_baseline(result: Mapping[str, Any], directory: Path) -> tuple[Path, Pat
 
 
 def format_table(result: Mapping[str, Any], *, top: int = 8) -> str:
-    """The search's best ``top`` rules (and the default and no growth), then per family each arm's
-    score, FLOPs and wall, and the paired differences."""
+    """The search's best ``top`` rules (and the grid's first, the default, and no growth), then per
+    family each arm's score, FLOPs and wall, and the paired differences."""
     selection = result["selection"]
     ranked = sorted(selection["scores"], key=lambda s: -s["score"])
-    shown = ranked[:top] + [s for s in ranked[top:] if s["label"] == DEFAULT_RULE.name]
+    shown = ranked[:top] + [s for s in ranked[top:] if s["label"] == result["selection"]["scores"][0]["label"]]
     lines = [
         f"search: {len(ranked)} rules on {len(selection['members'])} members x seeds {selection['seeds']} "
         f"(score = val accuracy - {selection['flops_penalty']:g} x (FLOPs / no growth's - 1))"
@@ -389,6 +403,7 @@ __all__ = [
     "ARMS",
     "DEFAULT_RULE",
     "PAIRS",
+    "PREVIOUS_RULE",
     "Rule",
     "RuleJob",
     "RuleSearchConfig",

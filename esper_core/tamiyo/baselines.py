@@ -148,7 +148,8 @@ class PeriodicGrowthPolicy(_GerminationBaseline):
     """Germinates after every k-th epoch into the first DORMANT slot a SAFE blueprint fits.
 
     The schedule ignores the run's state on purpose: it is the "grow on a timer" rule a learned
-    policy has to beat. The blueprint is the heuristic's choice for the slot (SAFE, lowest risk).
+    policy has to beat. The blueprint is the heuristic's choice for the slot (its first preferred
+    SAFE fit, else the lowest-risk one), so the two differ in timing alone.
 
     Args:
         config: The period.
@@ -175,7 +176,7 @@ class PeriodicGrowthPolicy(_GerminationBaseline):
         for slot in current.seeds:
             if slot.stage is not SeedStage.DORMANT:
                 continue
-            candidate = _best_safe_fit(slot, candidates)
+            candidate = _best_safe_fit(slot, candidates, self.lifecycle.config.prefer)
             if candidate is None:
                 continue
             reason = f"germinate (periodic, every {every} epochs): {candidate.blueprint_id} into {slot.slot_id}"

@@ -51,7 +51,7 @@ class HeuristicConfig:
     ``baselines/zoo/rules``): germinate after the first epoch, and widen a layer by doubling it.
     Chosen on the zoo's selection seeds among 18 rules, it beat the earlier defaults (a probe at
     epoch 1, the lowest-risk 25 % widening) on hosts and seeds the search never saw, by 0.4-2.1
-    accuracy points on every classifier family; it still trails the static network of its own
+    accuracy points on every classifier family (resolved on five of six); it still trails the static network of its own
     grown shape on four of them, and on the character GPT it cost 0.02 bits per character. It
     widens again on every plateau, so on long runs it grows far (the built-in 60-epoch width
     recipes keep the 25 % step: ``esper_core.run.recipes``).

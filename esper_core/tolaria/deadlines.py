@@ -89,7 +89,8 @@ def call_with_deadline(fn: Callable[[], T], deadline_ms: float) -> DeadlineResul
     calls once it returns. A result is on time only if it is there within ``deadline_ms`` as this
     thread measures it: one that the worker finished before this thread came to wait, but later
     than the deadline, is a miss too. Otherwise a deadline no call can meet would be met whenever
-    the worker happened to run first, and which calls miss would depend on the scheduler.
+    the worker happened to run first. (Near a reachable deadline the scheduler still decides, as
+    it decides how long any call takes.)
     """
     box: dict[str, Any] = {}
     done = threading.Event()

@@ -107,7 +107,8 @@ def member_recipe(member: ZooMember) -> RunConfig:
     """The complete ``RunConfig`` of a run on ``member`` (seed 0, the heuristic deciding).
 
     Adam at the member's learning rate with cosine decay, validation in batches of 512, and the
-    heuristic set for a run of a few epochs (first seed after epoch 1, a one-epoch blend). Give
+    heuristic's defaults with a one-epoch blend, for a run of a few epochs (the first seed after
+    epoch 0). Give
     it to ``esper_core.studies.episodes.episode_config`` to set a seed and a policy.
     """
     decoder = member.family == "decoder"

@@ -12,6 +12,7 @@ from esper_core.run import ScheduledGermination, TamiyoConfig
 from esper_core.run.plan import check_recipe
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
+from esper_core.tamiyo.heuristic import HeuristicConfig
 
 CNN = "tests.helpers.user_models:cnn"
 MISFIT = "tests.helpers.user_models:cnn_with_a_misfit"
@@ -53,6 +54,25 @@ def test_a_scheduled_blueprint_must_fit_its_slot_when_the_recipe_lists_none() ->
     config = dataclasses.replace(get_recipe(CNN), tamiyo=TamiyoConfig(policy="scheduled", schedule=(germination,)))
     with pytest.raises(ValueError, match=r"'residual_mlp' does not fit slot 'features.2'; blueprints that fit it"):
         check_recipe(config, catalog=default_catalog())
+
+
+@pytest.mark.parametrize(
+    ("prefer", "message"),
+    [
+        (("width-300",), r"'width-300', which is neither on a seed kind's menu nor in Karn's catalogue; choose from"),
+        (("glu_block",), r"'glu_block', whose tier is experimental: the heuristic germinates SAFE blueprints only"),
+    ],
+)
+def test_a_preferred_blueprint_the_heuristic_could_never_take_is_refused_at_planning(
+    prefer: tuple[str, ...], message: str
+) -> None:
+    config = dataclasses.replace(get_recipe(CNN), tamiyo=TamiyoConfig(heuristic=HeuristicConfig(prefer=prefer)))
+    with pytest.raises(ValueError, match=message):
+        check_recipe(config, catalog=default_catalog())
+    fine = dataclasses.replace(
+        config, tamiyo=TamiyoConfig(heuristic=HeuristicConfig(prefer=("width-50", "conv_residual")))
+    )
+    assert check_recipe(fine, catalog=default_catalog()).slot_fits
 
 
 def test_recipes_show_lists_each_slot_its_shape_and_blueprints(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from esper_core.studies.rules import (
     ARMS,
     DEFAULT_RULE,
+    PREVIOUS_RULE,
     Rule,
     RuleSearchConfig,
     format_table,
@@ -17,9 +18,9 @@ from esper_core.studies.rules import (
     run,
     save_baseline,
 )
-from esper_core.studies.zoo_train import ZooSeeds, ZooTraining
+from esper_core.studies.zoo_train import ZooSeeds, ZooTraining, zoo_members
 from esper_core.tamiyo.heuristic import HeuristicConfig
-from esper_core.zoo import ZooSpec, draw_member
+from esper_core.zoo import ZooMember, ZooSpec, draw_member
 
 TINY_ZOO = ZooSpec(seed=0, families=("mlp", "cnn1d"), epochs=(4,), train_samples=(1000,), widths=(8,))
 TINY_TRAINING = ZooTraining(
@@ -62,6 +63,7 @@ def test_the_grid_starts_with_the_default_and_holds_each_rule_once() -> None:
     # The default rule is the heuristic's defaults, which the zoo's members run.
     default = HeuristicConfig()
     assert DEFAULT_RULE.heuristic(default) == default
+    assert PREVIOUS_RULE.heuristic(default) != default and PREVIOUS_RULE in grid
     assert draw_member(TINY_ZOO, 0).recipe().tamiyo.heuristic == HeuristicConfig(blend_epochs=1)
 
 
@@ -75,8 +77,18 @@ def test_the_rule_chosen_on_selection_seeds_is_scored_on_hosts_and_seeds_it_neve
     scores = {s["label"]: s["score"] for s in selection["scores"]}
     assert selection["chosen"] == max(scores, key=lambda name: scores[name]) == result["rule"]["name"]
     assert selection["seeds"] == [2000] and result["evaluation_seeds"] == [0, 1]
-    evaluated = {name for r in result["results"].values() for name in r["members"]}
-    assert evaluated and not evaluated & set(selection["members"])
+    # No evaluated host is a searched one: compared as hosts (architecture, task and its data
+    # seed, budget), not by name, which carries the zoo's seed and index.
+    config = RuleSearchConfig(training=TINY_TRAINING, eval_members=1, seeds=2)
+
+    def host(member: ZooMember) -> tuple[object, ...]:
+        return tuple(getattr(member, f.name) for f in dataclasses.fields(member) if f.name not in ("zoo_seed", "index"))
+
+    evaluated = [m for family in ("mlp", "cnn1d") for m in config.evaluated_members(family)]
+    assert {m.name for m in evaluated} == {name for r in result["results"].values() for name in r["members"]}
+    assert {m.name for m in zoo_members(TINY_TRAINING)} == set(selection["members"])
+    assert not {host(m) for m in evaluated} & {host(m) for m in zoo_members(TINY_TRAINING)}
+    assert result["compared_with"]["name"] == PREVIOUS_RULE.name
     assert set(result["results"]) == {"mlp", "cnn1d"}
     for family in result["results"].values():
         assert set(family["arms"]) == set(ARMS) and family["pairs"] == 2
@@ -98,5 +110,7 @@ def test_a_rule_that_doubles_at_once_grows_as_it_says(tmp_path: Any) -> None:
         host, grown = entry["widths"]["host"], entry["widths"]["grown"]
         assert any(grown[layer] == 2 * width for layer, width in host.items()), entry["widths"]
         assert entry["arms"]["rule"]["commands"]["germinate"] >= 1
+        # The compared rule widens by a quarter, a germination later: a smaller network.
+        assert entry["arms"]["heuristic"]["total_params"] < entry["arms"]["rule"]["total_params"]
     json_path, png_path = save_baseline(result, tmp_path)
     assert json_path.name == "rules.json" and png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
