@@ -303,6 +303,41 @@ def _germinations(result: EpisodeResult) -> int:
     return result.commands.get("germinate", 0)
 
 
+def evaluate(
+    config: RuleSearchConfig, rule: Rule, *, pool: Pool, home: Path, progress: Progress
+) -> dict[str, dict[str, Any]]:
+    """Step 2 alone: ``rule`` against ``compare_with``, no growth and the static networks of its
+    grown shape, on each evaluated family's members and the evaluation seeds; per family the
+    summary of ``transfer.summarise_arms`` (subject ``rule``) and its wall seconds."""
+    results: dict[str, dict[str, Any]] = {}
+    families = config.evaluated_families
+    for done, family in enumerate(families):
+        progress(f"evaluating {rule.name} on {family}", done, len(families))
+        members = config.evaluated_members(family)
+        jobs = [
+            RuleJob(
+                member=m,
+                seed=seed,
+                home=str(home),
+                rule=rule,
+                compare_with=config.compare_with,
+                weight_decays=config.weight_decays,
+                device=config.device,
+            )
+            for m in members
+            for seed in config.evaluation_seeds
+        ]
+        evaluated_at = time.perf_counter()
+        outcomes = pool.map(rule_runs, jobs)
+        results[family] = {
+            **summarise_arms(
+                members, jobs, outcomes, metric=member_metric(members[0]), arms=ARMS, pairs=PAIRS, subject="rule"
+            ),
+            "evaluation_s": round(time.perf_counter() - evaluated_at, 2),
+        }
+    return results
+
+
 def run(config: RuleSearchConfig, *, progress: Progress | None = None) -> dict[str, Any]:
     """Search the rules, then evaluate the chosen one on every family (module docstring).
 
@@ -313,37 +348,13 @@ def run(config: RuleSearchConfig, *, progress: Progress | None = None) -> dict[s
     report = progress or (lambda _what, _done, _total: None)
     start = time.perf_counter()
     families = config.evaluated_families
-    results: dict[str, Any] = {}
     with FanOut(workers=config.workers).open() as pool, in_home(None, prefix="esper-rules-") as home:
         settings = EsperSettings(home=home)
         searched_at = time.perf_counter()
         selection = search(settings, config, pool=pool, progress=report)
         selection["search_s"] = round(time.perf_counter() - searched_at, 2)
         rule = next(r for r in config.rules if r.name == selection["chosen"])
-        for done, family in enumerate(families):
-            report(f"evaluating {rule.name} on {family}", done, len(families))
-            members = config.evaluated_members(family)
-            jobs = [
-                RuleJob(
-                    member=m,
-                    seed=seed,
-                    home=str(home),
-                    rule=rule,
-                    compare_with=config.compare_with,
-                    weight_decays=config.weight_decays,
-                    device=config.device,
-                )
-                for m in members
-                for seed in config.evaluation_seeds
-            ]
-            evaluated_at = time.perf_counter()
-            outcomes = pool.map(rule_runs, jobs)
-            results[family] = {
-                **summarise_arms(
-                    members, jobs, outcomes, metric=member_metric(members[0]), arms=ARMS, pairs=PAIRS, subject="rule"
-                ),
-                "evaluation_s": round(time.perf_counter() - evaluated_at, 2),
-            }
+        results = evaluate(config, rule, pool=pool, home=home, progress=report)
     report("done", len(families), len(families))
     return {
         "bench": "rules",
@@ -407,6 +418,7 @@ __all__ = [
     "Rule",
     "RuleJob",
     "RuleSearchConfig",
+    "evaluate",
     "format_table",
     "rule_grid",
     "rule_runs",
