@@ -54,6 +54,7 @@ from esper_core.studies.transfer import (
     ArmRunner,
     across_families,
     check_evaluation,
+    format_arms,
     member_metric,
     summarise_arms,
     transfer_png,
@@ -398,15 +399,8 @@ def format_table(result: Mapping[str, Any], *, top: int = 8) -> str:
         )
     lines.append(f"chosen: {selection['chosen']}")
     for family, r in result["results"].items():
-        key = r["metric"]
         lines.append(f"\n{family} ({r['pairs']} pairs, {r['metric_label']})")
-        for arm, s in r["arms"].items():
-            lines.append(
-                f"  {arm:<10} {s[f'{key}_mean']:8.3f}  train FLOPs {s['train_flops_mean']:.3g}  wall {s['wall_s_mean']:.2f} s"
-            )
-        for name, d in r["paired"].items():
-            lines.append(f"  {name:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]")
-        lines.append(f"  goal (rule vs tuned): {'met' if r['goal_rule_vs_tuned_met'] else 'missed'}")
+        lines += format_arms(r, subject="rule", label="rule")
     return "\n".join(lines)
 
 

@@ -551,17 +551,26 @@ def format_table(result: Mapping[str, Any]) -> str:
     """One block per held-out family: each arm's score, FLOPs and wall, then the paired differences."""
     lines = [f"transfer: {len(result['results'])} held-out families, seeds {result['evaluation_seeds']}"]
     for family, r in result["results"].items():
-        key = r["metric"]
         chosen = r["held_out_training"]["chosen"]
         lines.append(f"\n{family} held out ({r['pairs']} pairs, policy v{chosen}, {r['metric_label']})")
-        for arm, s in r["arms"].items():
-            lines.append(
-                f"  {arm:<10} {s[f'{key}_mean']:8.3f}  train FLOPs {s['train_flops_mean']:.3g}  wall {s['wall_s_mean']:.2f} s"
-            )
-        for name, d in r["paired"].items():
-            lines.append(f"  {name:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]")
-        lines.append(f"  goal (held-out vs tuned): {'met' if r['goal_heldout_vs_tuned_met'] else 'missed'}")
+        lines += format_arms(r, subject="heldout", label="held-out")
     return "\n".join(lines)
+
+
+def format_arms(r: Mapping[str, Any], *, subject: str, label: str) -> list[str]:
+    """A family's lines (``summarise_arms``' result ``r``): each arm's score, FLOPs and wall, the
+    paired differences, and whether ``subject`` (called ``label``) met the goal."""
+    key = r["metric"]
+    lines = [
+        f"  {arm:<10} {s[f'{key}_mean']:8.3f}  train FLOPs {s['train_flops_mean']:.3g}  wall {s['wall_s_mean']:.2f} s"
+        for arm, s in r["arms"].items()
+    ]
+    lines += [
+        f"  {name:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
+        for name, d in r["paired"].items()
+    ]
+    lines.append(f"  goal ({label} vs tuned): {'met' if r[f'goal_{subject}_vs_tuned_met'] else 'missed'}")
+    return lines
 
 
 __all__ = [
@@ -572,6 +581,7 @@ __all__ = [
     "TransferJob",
     "across_families",
     "check_evaluation",
+    "format_arms",
     "format_table",
     "member_metric",
     "run",
