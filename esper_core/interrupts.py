@@ -59,6 +59,42 @@ def deferred_interrupts() -> Iterator[None]:
                 signal.raise_signal(signum)
 
 
+@contextlib.contextmanager
+def noted_interrupts(note: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, SIGINT or SIGTERM first calls ``note(signum)``, then the handler that was
+    installed before (which raises, e.g. ``KeyboardInterrupt``, or Prefect's ``TerminationSignal``).
+
+    For what must be written the moment a stop arrives, not after the stack has unwound: a
+    process stopped by SIGTERM may be killed outright a few seconds later (a server shutting
+    down gives its flow runs ``FLOW_RUNS_STOP_S``), and on a loaded machine unwinding (Prefect
+    reporting each task's end to its server) can take longer than that. A signal held by
+    ``deferred_interrupts`` reaches ``note`` when that block ends, after the commit. Off the
+    main thread the block notes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None]
+    previous = {s: signal.getsignal(s) for s in _HELD}
+
+    def noting(signum: int, frame: FrameType | None) -> None:
+        note(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+    for held in _HELD:
+        signal.signal(held, noting)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 _DEADLINE_SIGNAL = signal.SIGUSR1
 _RESEND_S = 0.5
 """Seconds between a watchdog's signals once its deadline passed: until its block ends, so that a

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
+from esper_core.interrupts import noted_interrupts
 from esper_core.pipeline import find_published
 from esper_core.run.commits import START_TAG, epochs_applied
 from esper_core.run.ranks import launch, record_launch
@@ -104,13 +106,24 @@ def stop_recorded(run_id: str | None) -> Iterator[None]:
         if context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None:
             resume.append(f"prefect flow-run retry {context.flow_run.id}")
             sigterm = "SIGTERM to the flow run (Cancel in the Prefect UI, or its worker or server stopping)"
-    try:
-        yield
-    except (KeyboardInterrupt, TerminationSignal) as stop:
+
+    recorded: list[str] = []
+
+    def record(reason: str) -> None:
         if run_id is not None:
-            reason = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else sigterm
             record_stop(settings().runs_dir / run_id, reason=reason, resume=tuple(resume))
-        raise
+        recorded.append(reason)
+
+    # Written when the signal arrives: the process may be killed before it unwinds (CI saw a
+    # server's SIGTERM leave no record). The signal also names the stop better than the
+    # exception, which `esper run` makes a KeyboardInterrupt for SIGTERM too.
+    with noted_interrupts(lambda signum: record("Ctrl-C" if signum == signal.SIGINT else sigterm)):
+        try:
+            yield
+        except (KeyboardInterrupt, TerminationSignal) as stop:
+            if not recorded:  # raised without a signal this block saw
+                record("Ctrl-C" if isinstance(stop, KeyboardInterrupt) else sigterm)
+            raise
 
 
 # NO_CACHE: the registry changes under us (another worker may publish or retire kernels).

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from esper_core.interrupts import DeadlinePassed, deferred_interrupts, raise_at_deadline
+from esper_core.interrupts import DeadlinePassed, deferred_interrupts, noted_interrupts, raise_at_deadline
 from tests.helpers.waiting import wait_for
 
 
@@ -36,6 +36,22 @@ def test_a_sigterm_inside_the_block_is_raised_when_the_block_has_finished() -> N
         done.append("checkpoint")  # the handler ran already if the signal were not held
         done.append("telemetry")
     assert done == ["checkpoint", "telemetry"]
+    assert signal.getsignal(signal.SIGTERM).__name__ == "stop"  # the previous handler is back
+
+
+@pytest.mark.usefixtures("raising_sigterm")
+def test_a_noted_sigterm_is_noted_before_the_handler_raises_and_after_a_held_commit() -> None:
+    noted: list[object] = []
+    with noted_interrupts(noted.append):
+        with pytest.raises(Stopped):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises long before this ends
+        assert noted == [signal.SIGTERM]
+        # Held by a commit: noted only once the commit is complete, then raised.
+        with pytest.raises(Stopped), deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            noted.append("commit")
+    assert noted == [signal.SIGTERM, "commit", signal.SIGTERM]
     assert signal.getsignal(signal.SIGTERM).__name__ == "stop"  # the previous handler is back
 
 
