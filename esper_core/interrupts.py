@@ -78,13 +78,17 @@ def noted_interrupts(note: Callable[[int], None]) -> Iterator[None]:
     previous = {s: signal.getsignal(s) for s in _HELD}
 
     def noting(signum: int, frame: FrameType | None) -> None:
-        note(signum)
-        handler = previous[signum]
-        if callable(handler):
-            handler(signum, frame)
-        elif handler == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
+        try:
+            note(signum)
+        finally:
+            # Whatever the note did, the stop goes on: a note that failed (a full disk) must not
+            # replace the interrupt with its own error.
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
 
     for held in _HELD:
         signal.signal(held, noting)

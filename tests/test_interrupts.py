@@ -56,6 +56,17 @@ def test_a_noted_sigterm_is_noted_before_the_handler_raises_and_after_a_held_com
 
 
 @pytest.mark.usefixtures("raising_sigterm")
+def test_a_note_that_fails_does_not_replace_the_interrupt() -> None:
+    def full_disk(_signum: int) -> None:
+        raise OSError("no space left on device")
+
+    with pytest.raises(Stopped) as stopped, noted_interrupts(full_disk):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert isinstance(stopped.value.__context__, OSError)
+
+
+@pytest.mark.usefixtures("raising_sigterm")
 def test_without_a_signal_the_block_changes_nothing_and_nests() -> None:
     with deferred_interrupts(), deferred_interrupts():
         pass
