@@ -63,7 +63,8 @@ class HostConfig:
 
 
 class MLPHost(nn.Module):
-    """``Linear -> ReLU`` stack; layer ``i`` reads its input through slot ``slot{i}`` if any."""
+    """``Linear -> ReLU`` stack; layer ``i`` reads its input through slot ``slot{i}`` if any (not
+    called while it is idle: ``SeedSlot.idle``)."""
 
     def __init__(self, config: HostConfig, *, feature_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
@@ -91,7 +92,7 @@ class MLPHost(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             slot = self._slot_at.get(i)
-            if slot is not None:
+            if slot is not None and not slot.idle:
                 x = slot(x)
             x = layer(x)
             if i < last:
@@ -150,7 +151,7 @@ class CNNHost(nn.Module):
             if i == self._n_convs:
                 x = F.adaptive_avg_pool2d(x, _POOL).flatten(1)  # (B, C, H, W) -> (B, C * 4)
             slot = self._slot_at.get(i)
-            if slot is not None:
+            if slot is not None and not slot.idle:
                 x = slot(x)
             x = layer(x)
             if i < self._n_convs:

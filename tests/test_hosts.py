@@ -49,3 +49,27 @@ def test_vector_blueprint_fits_the_cnn_classifier_slot_but_not_a_feature_map(com
     assert not refused.passed and "(batch *, 16, 8, 8)" in refused.reason
     assert trainer.manager.germinate("slot2", kernel.artifact.blueprint_id, kernels=given(kernel), **args).passed
     trainer.train_epoch()
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_a_host_skips_an_idle_slot_until_a_hook_or_a_seed_is_on_it(kind: str) -> None:
+    shape = (8,) if kind == "mlp" else (1, 4, 4)
+    host = build_host_from_config(
+        HostConfig(kind=kind, hidden=(4,), slot_inputs=(1,)), feature_shape=shape, num_classes=3
+    )
+    slot = host.slots()["slot1"]
+    calls: list[torch.Tensor] = []
+    slot.forward = lambda x: calls.append(x) or x  # type: ignore[method-assign]
+    x = torch.randn(2, *shape)
+    expected = host(x)
+    assert slot.idle and calls == []
+    seen: list[torch.Tensor] = []
+    handle = slot.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    assert not slot.idle
+    assert torch.equal(host(x), expected) and len(calls) == len(seen) == 1  # a hook sees what passes
+    handle.remove()
+    assert slot.idle
+    slot.seed = torch.nn.Identity()
+    assert not slot.idle
+    host(x)
+    assert len(calls) == 2
