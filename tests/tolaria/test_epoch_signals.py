@@ -145,6 +145,41 @@ def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode(
     assert trainer.model.training
 
 
+def test_an_epoch_walks_the_model_only_after_a_change_or_when_left_in_eval_mode() -> None:
+    trainer = _trainer()
+    trainer.train_epoch()
+    switches: list[bool] = []
+    train = type(trainer.model).train
+
+    def counted(model: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
+        if model is trainer.model:
+            switches.append(mode)
+        return train(model, mode)
+
+    modes: list[bool] = []  # at each optimizer step: is every module training?
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: modes.append(all(m.training for m in trainer.model.modules()))  # type: ignore[func-returns-value]
+    )
+    type(trainer.model).train = counted  # type: ignore[method-assign]
+    try:
+        trainer.train_epoch()  # the same structure: validation left every module training
+        assert switches == [False, True, False, True]
+        assert modes and all(modes)
+        trainer.model.eval()  # left in eval mode between epochs: switched back before training
+        switches.clear(), modes.clear()
+        trainer.train_epoch()
+        assert switches == [True, False, True, False, True]
+        assert modes and all(modes)
+        germinate_one(trainer, eager_recipe("digits-mlp"))
+        trainer.manager.slots["slot1"].seed.eval()  # type: ignore[union-attr]
+        switches.clear(), modes.clear()
+        trainer.train_epoch()  # a new structure: the seed, built in eval mode, trains in training mode
+        assert switches[0] is True
+        assert modes and all(modes)
+    finally:
+        type(trainer.model).train = train  # type: ignore[method-assign]
+
+
 def test_eval_mode_restores_the_mode_and_leaves_an_eval_model_alone() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout())
     with pytest.raises(RuntimeError), eval_mode(model):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from esper_core.run.build import build_trainer
 from esper_core.settings import EsperSettings
 from esper_core.tolaria.checkpoint import CheckpointNotFoundError, CheckpointStore
 from esper_core.tolaria.config import TrainerConfig
-from esper_core.tolaria.loop import Trainer
+from esper_core.tolaria.loop import GRAD_NORM_SAMPLES, Trainer, grad_norm_steps
 from esper_core.urza.service import Urza
 from tests.helpers.kernels import germinate_kernel, given, kernel_from_registry
 from tests.helpers.recipes import eager_recipe
@@ -132,3 +134,32 @@ def test_one_trainable_seed_short_circuits_aggregation(compiled_home: EsperSetti
     germinate_kernel(trainer.manager, "slot0", kernel)
     metrics = {m.name: m.value for m in trainer.train_epoch().metrics}
     assert metrics["tolaria.grad_agg.steps"] == 0.0
+
+
+@pytest.mark.parametrize("steps", [1, 5, 8, 15, 16, 17, 40, 41, 1000])
+def test_gradient_norms_are_sampled_on_evenly_spread_steps_never_more_than_configured(steps: int) -> None:
+    sampled = sorted(grad_norm_steps(steps))
+    assert len(sampled) == min(steps, GRAD_NORM_SAMPLES) and sampled[0] == 0 and sampled[-1] < steps
+    if steps % GRAD_NORM_SAMPLES == 0:
+        # The recipes whose epochs are a multiple of 8 steps sample the steps they always did.
+        assert sampled == list(range(0, steps, steps // GRAD_NORM_SAMPLES))
+    elif steps > GRAD_NORM_SAMPLES:
+        gaps = {b - a for a, b in itertools.pairwise(sampled)}
+        assert gaps <= {steps // GRAD_NORM_SAMPLES, -(-steps // GRAD_NORM_SAMPLES)}
+
+
+def test_the_full_precision_step_computes_what_the_general_step_does() -> None:
+    trainer = _trainer("digits-mlp")
+    assert not trainer.precision.enabled and trainer.engine.step_fn == trainer._full_precision_step
+    x, y = trainer._probe_batch
+    results = []
+    for step in (trainer._train_step, trainer._full_precision_step):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss = step(x, y)
+        results.append((loss, [p.grad.clone() for p in trainer.model.host_parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_b.dtype == torch.float32 and torch.equal(loss_a, loss_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+    # A float64 model's loss is summed in float32, as the general step returns it.
+    trainer.model.double()
+    assert trainer._full_precision_step(x.double(), y).dtype == torch.float32
