@@ -251,6 +251,21 @@ def _rules(args: argparse.Namespace, *, progress: Callable[[str, int, int], None
     return 0
 
 
+def _add_evaluation_args(parser: argparse.ArgumentParser) -> None:
+    """The paired evaluation's options that ``bench transfer`` and ``bench rules`` share."""
+    parser.add_argument(
+        "--seeds", type=positive, default=5, help="paired evaluation seeds per member, 0.. (default: %(default)s)"
+    )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Dask worker processes (one thread each); 0: one run after another here, same numbers (default: 0)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+
+
 def _cmd_bench_depth_growth(args: argparse.Namespace) -> int:
     return _with_bar(_depth_growth, args, "depth-growth")
 
@@ -517,17 +532,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_transfer.add_argument(
         "--eval-members", type=positive, default=2, help="members of a held-out family scored (default: %(default)s)"
     )
-    b_transfer.add_argument(
-        "--seeds", type=positive, default=5, help="paired evaluation seeds per member, 0.. (default: %(default)s)"
-    )
-    b_transfer.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
-    b_transfer.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="Dask worker processes (one thread each); 0: one run after another here, same numbers (default: 0)",
-    )
-    b_transfer.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    _add_evaluation_args(b_transfer)
     b_transfer.add_argument(
         "--save-baseline",
         type=Path,
@@ -562,17 +567,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b_rules.add_argument(
         "--eval-members", type=positive, default=2, help="members of each family evaluated (default: %(default)s)"
     )
-    b_rules.add_argument(
-        "--seeds", type=positive, default=5, help="paired evaluation seeds per member, 0.. (default: %(default)s)"
-    )
-    b_rules.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default: %(default)s)")
-    b_rules.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="Dask worker processes (one thread each); 0: one run after another here, same numbers (default: 0)",
-    )
-    b_rules.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    _add_evaluation_args(b_rules)
     b_rules.add_argument(
         "--save-baseline", type=Path, default=None, metavar="DIR", help="write rules.json and rules_flops.png here"
     )
