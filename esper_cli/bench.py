@@ -212,6 +212,7 @@ def _transfer(args: argparse.Namespace, *, progress: Callable[[str, int, int], N
     config = TransferConfig(
         families=tuple(args.families),
         training=ZooTraining(zoo=ZooSpec(seed=args.zoo_seed), members=args.members, plan=plan),
+        eval_zoo_seed=args.eval_zoo_seed,
         eval_members=args.eval_members,
         seeds=args.seeds,
         workers=args.workers,
@@ -253,6 +254,13 @@ def _rules(args: argparse.Namespace, *, progress: Callable[[str, int, int], None
 
 def _add_evaluation_args(parser: argparse.ArgumentParser) -> None:
     """The paired evaluation's options that ``bench transfer`` and ``bench rules`` share."""
+    parser.add_argument(
+        "--eval-zoo-seed",
+        type=int,
+        default=1,
+        help="the zoo seed evaluated members are drawn under: not --zoo-seed (the members trained or searched "
+        "on), nor, for transfer, 0 (those the default heuristic's rule was searched on) (default: %(default)s)",
+    )
     parser.add_argument(
         "--seeds", type=positive, default=5, help="paired evaluation seeds per member, 0.. (default: %(default)s)"
     )
@@ -557,12 +565,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=ZOO_FAMILIES,
         metavar="FAMILY",
         help=f"families the chosen rule is evaluated on ({', '.join(ZOO_FAMILIES)}; default: all)",
-    )
-    b_rules.add_argument(
-        "--eval-zoo-seed",
-        type=int,
-        default=1,
-        help="the zoo seed evaluated members are drawn under, not the searched one (default: %(default)s)",
     )
     b_rules.add_argument(
         "--eval-members", type=positive, default=2, help="members of each family evaluated (default: %(default)s)"

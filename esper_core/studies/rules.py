@@ -50,14 +50,15 @@ from esper_core.settings import EsperSettings
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.growth import in_home
 from esper_core.studies.simic_train import episode_jobs, run_episodes
-from esper_core.studies.transfer import (
+from esper_core.studies.yardstick import (
     ArmRunner,
     across_families,
+    arms_png,
     check_evaluation,
+    evaluated_members,
     format_arms,
     member_metric,
     summarise_arms,
-    transfer_png,
 )
 from esper_core.studies.zoo_train import ZooTraining, score_episodes, zoo_members
 from esper_core.tamiyo.heuristic import HeuristicConfig
@@ -184,13 +185,9 @@ class RuleSearchConfig:
                 f"training.exclude_families={self.training.exclude_families}: leave it empty, one rule is "
                 "searched over the whole zoo"
             )
-        if self.eval_zoo_seed == zoo.seed:
-            raise ValueError(
-                f"eval_zoo_seed={self.eval_zoo_seed} is the search's zoo seed: evaluated hosts would be the "
-                "searched ones; pick another seed"
-            )
         check_evaluation(
             self.training,
+            eval_zoo_seed=self.eval_zoo_seed,
             eval_members=self.eval_members,
             seeds=self.seeds,
             weight_decays=self.weight_decays,
@@ -209,10 +206,8 @@ class RuleSearchConfig:
 
     def evaluated_members(self, family: Family) -> list[ZooMember]:
         """The first ``eval_members`` members of ``family`` under ``eval_zoo_seed``."""
-        zoo = dataclasses.replace(self.training.zoo, seed=self.eval_zoo_seed)
-        others = tuple(f for f in zoo.families if f != family)
-        return zoo_members(
-            dataclasses.replace(self.training, zoo=zoo, members=self.eval_members, exclude_families=others)
+        return evaluated_members(
+            self.training, family, eval_zoo_seed=self.eval_zoo_seed, eval_members=self.eval_members
         )
 
 
@@ -309,7 +304,7 @@ def evaluate(
 ) -> dict[str, dict[str, Any]]:
     """Step 2 alone: ``rule`` against ``compare_with``, no growth and the static networks of its
     grown shape, on each evaluated family's members and the evaluation seeds; per family the
-    summary of ``transfer.summarise_arms`` (subject ``rule``) and its wall seconds."""
+    summary of ``yardstick.summarise_arms`` (subject ``rule``) and its wall seconds."""
     results: dict[str, dict[str, Any]] = {}
     families = config.evaluated_families
     for done, family in enumerate(families):
@@ -378,7 +373,7 @@ def run(config: RuleSearchConfig, *, progress: Progress | None = None) -> dict[s
 
 def save_baseline(result: Mapping[str, Any], directory: Path) -> tuple[Path, Path]:
     """Write ``rules.json`` and ``rules_flops.png`` into ``directory``; returns both paths."""
-    png = transfer_png(result, arms=ARMS, title=f"{result['rule']['name']} on {{}}".format)
+    png = arms_png(result, arms=ARMS, title=f"{result['rule']['name']} on {{}}".format)
     return save_result_with_plot(result, directory, json_name="rules.json", png_name="rules_flops.png", png=png)
 
 

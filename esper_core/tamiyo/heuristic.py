@@ -43,6 +43,11 @@ IN_FLIGHT_STAGES: frozenset[SeedStage] = frozenset(
 )
 
 
+DEFAULTS_SEARCH_ZOO_SEED = 0
+"""The zoo seed whose members ``HeuristicConfig``'s defaults were searched on (``esper bench
+rules``): an evaluation of the default heuristic on zoo members draws them under another one."""
+
+
 @dataclass(kw_only=True, slots=True)
 class HeuristicConfig:
     """Thresholds of the rule-based policy.

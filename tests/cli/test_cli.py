@@ -152,4 +152,4 @@ def test_bench_transfer_refuses_more_seeds_than_the_training_reserves(capsys: py
 def test_bench_rules_refuses_evaluating_on_the_searched_zoo(capsys: pytest.CaptureFixture[str]) -> None:
     # Refused before any episode: the evaluated hosts must be drawn under another zoo seed.
     assert main(["bench", "rules", "--zoo-seed", "3", "--eval-zoo-seed", "3"]) == 2
-    assert "evaluated hosts would be the searched ones" in capsys.readouterr().err
+    assert "is the zoo's own seed" in capsys.readouterr().err

@@ -12,10 +12,12 @@ from torch import nn
 from esper_core.run.config import ModelSpec
 from esper_core.simic.learn import SimicConfig
 from esper_core.studies.simic_train import TrainingPlan
-from esper_core.studies.transfer import ARMS, TransferConfig, format_table, run, static_shape, transfer_png
+from esper_core.studies.transfer import ARMS, TransferConfig, format_table, run, transfer_png
+from esper_core.studies.yardstick import evaluated_members, static_shape
 from esper_core.studies.zoo_train import ZooSeeds, ZooTraining
+from esper_core.tamiyo.heuristic import DEFAULTS_SEARCH_ZOO_SEED
 from esper_core.tamiyo.model import TamiyoGNNConfig
-from esper_core.zoo import ZooSpec, draw_member
+from esper_core.zoo import ZooMember, ZooSpec, draw_member
 
 TINY_ZOO = ZooSpec(seed=0, families=("mlp", "cnn1d"), epochs=(4,), train_samples=(1000,), widths=(8,))
 TINY_TRAINING = ZooTraining(
@@ -46,6 +48,18 @@ def test_a_benchmark_that_cannot_be_run_honestly_is_refused_with_the_fix() -> No
         TransferConfig(families=("mlp",), training=TINY_TRAINING, seeds=4)
     with pytest.raises(ValueError, match="including 0.0"):
         TransferConfig(families=("mlp",), training=TINY_TRAINING, seeds=2, weight_decays=(1e-4, 1e-3))
+    with pytest.raises(ValueError, match="is the zoo's own seed.*pick another seed"):
+        TransferConfig(
+            families=("mlp",),
+            training=dataclasses.replace(TINY_TRAINING, zoo=dataclasses.replace(TINY_ZOO, seed=3)),
+            eval_zoo_seed=3,
+        )
+    with pytest.raises(ValueError, match="the heuristic arm's rule .* was searched on"):
+        TransferConfig(
+            families=("mlp",),
+            training=dataclasses.replace(TINY_TRAINING, zoo=dataclasses.replace(TINY_ZOO, seed=3)),
+            eval_zoo_seed=DEFAULTS_SEARCH_ZOO_SEED,
+        )
 
 
 def test_the_static_arm_is_the_host_at_the_grown_widths_freshly_initialised() -> None:
@@ -75,6 +89,18 @@ def test_a_held_out_family_is_scored_on_evaluation_seeds_by_a_policy_that_never_
     # The held-out training drew no member of the family it is scored on.
     assert set(family["held_out_training"]["members"].values()) == {"mlp"}
     assert result["evaluation_seeds"] == [0, 1] and {r["seed"] for r in family["runs"]} == {0, 1}
+    # Its members are drawn under another zoo seed than the one the heuristic's rule is searched
+    # on (``esper bench rules`` plays the zoo's own members).
+    evaluated = evaluated_members(TINY_TRAINING, "cnn1d", eval_zoo_seed=1, eval_members=1)
+    assert result["eval_zoo_seed"] == 1 and family["members"] == [m.name for m in evaluated]
+    searched = evaluated_members(TINY_TRAINING, "cnn1d", eval_zoo_seed=DEFAULTS_SEARCH_ZOO_SEED, eval_members=1)
+    # Compared as hosts (architecture, task and its data seed, budget), not by name, which
+    # carries the zoo's seed and index.
+
+    def host(member: ZooMember) -> tuple[object, ...]:
+        return tuple(getattr(member, f.name) for f in dataclasses.fields(member) if f.name not in ("zoo_seed", "index"))
+
+    assert not {host(m) for m in evaluated} & {host(m) for m in searched}
     assert set(family["arms"]) == set(ARMS) and family["pairs"] == 2
     for entry in family["runs"]:
         arms = entry["arms"]
