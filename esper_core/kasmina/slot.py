@@ -63,11 +63,14 @@ class SeedSlot(nn.Module):
     @property
     def idle(self) -> bool:
         """Whether calling the slot would only hand its input back, unwatched: no seed, and no
-        forward hook or pre-hook on it (growth signals, activation probes and tracers hook an
-        empty slot to read what passes through it). A built-in host skips an idle slot's call,
-        ~0.7 us of ``nn.Module.__call__`` each on every forward, a per cent of the digits MLP's
-        training step with its two slots."""
-        return self.seed is None and not (self._forward_hooks or self._forward_pre_hooks)
+        hook of its own, forward or backward (growth signals, activation probes and tracers hook
+        an empty slot to read what passes through it). A built-in host skips an idle slot's
+        call, ~0.7 us of ``nn.Module.__call__`` each on every forward, a per cent of the digits
+        MLP's training step with its two slots. Global module hooks
+        (``register_module_forward_hook``) do not see an idle slot."""
+        return self.seed is None and not (
+            self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+        )
 
     @property
     def reader(self) -> nn.Module:

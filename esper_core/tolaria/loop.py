@@ -1,7 +1,7 @@
 """Tolaria's epoch loop: train, validate under ``inference_mode``, gate seeds, report.
 
-The loop is eager in this version; the step is one closure (``_train_step``) so that the step
-engine of a later iteration can compile or capture it from outside without touching the loop.
+The step is one closure (``_train_step``, or ``_full_precision_step`` without autocast) that the
+step engine (``tolaria.step``) runs eagerly, compiles or captures from outside the loop.
 """
 
 from __future__ import annotations
@@ -80,13 +80,20 @@ recipes while sparing the other steps the norm kernels."""
 
 
 def grad_norm_steps(steps: int, samples: int = GRAD_NORM_SAMPLES) -> frozenset[int]:
-    """The indices of the steps of an epoch of ``steps`` whose gradient norms are sampled: the
-    first step of each of ``samples`` equal stretches of the epoch (every step of a shorter one).
+    """The steps of an epoch whose gradient norms are sampled: the first step of each of
+    ``samples`` equal stretches of the epoch (every step of a shorter one).
 
     An epoch whose steps are a multiple of ``samples`` gets every ``steps // samples``-th step, as
     a plain stride would; other lengths get exactly ``samples`` too, where a stride of
     ``steps // samples`` took up to twice as many (9 of the digits MLP's 17 steps, 15 of 15). On
     the smallest hosts a sample costs as much as a tenth of a step, in the kernels and after them.
+
+    Args:
+        steps: Steps in the epoch.
+        samples: Steps to sample at most.
+
+    Returns:
+        The sampled steps' indices (0-based), ``min(steps, samples)`` of them.
     """
     if steps <= samples:
         return frozenset(range(steps))
