@@ -8,7 +8,8 @@ policies be compared with that rule. ``run`` does it in two steps that share no 
 1. **Search** (``ZooTraining``'s members and *selection* seeds, the ones a zoo policy is chosen
    on): every rule of ``rules`` plays every member on every selection seed, with no growth as
    the yardstick, and is scored as a policy version is (``zoo_train.score_episodes``: validation
-   accuracy less ``flops_penalty`` per extra multiple of the no-growth run's training FLOPs).
+   accuracy, or a language model's validation bits, less ``flops_penalty`` per extra multiple of
+   the no-growth run's training FLOPs).
    The best score is chosen (the first of a tie in grid order, so the default holds a tie).
 2. **Evaluation** (the first ``seeds`` *evaluation* seeds, on ``eval_members`` members of each
    family drawn from the zoo under another seed, ``eval_zoo_seed``): per (member, seed), paired,
@@ -251,6 +252,7 @@ def search(settings: EsperSettings, config: RuleSearchConfig, *, pool: Pool, pro
     training = config.training
     members = zoo_members(training)
     family = {m.name: m.family for m in members}
+    by_name = {m.name: m for m in members}
     seeds = training.seeds.selection
     penalty = training.plan.simic.flops_penalty
 
@@ -271,7 +273,7 @@ def search(settings: EsperSettings, config: RuleSearchConfig, *, pool: Pool, pro
 
     progress("search: no growth", 0, len(config.rules))
     static = {(r.recipe, r.seed): r for r in play("none", "rules-none")}
-    none = score_episodes("none", list(static.values()), static, penalty, family)
+    none = score_episodes("none", list(static.values()), static, penalty, by_name)
     scores = []
     for done, rule in enumerate(config.rules):
         progress(f"search: {rule.name}", done, len(config.rules))
@@ -279,7 +281,7 @@ def search(settings: EsperSettings, config: RuleSearchConfig, *, pool: Pool, pro
         scores.append(
             {
                 "rule": dataclasses.asdict(rule),
-                **dataclasses.asdict(score_episodes(rule.name, episodes, static, penalty, family)),
+                **dataclasses.asdict(score_episodes(rule.name, episodes, static, penalty, by_name)),
                 "germinations_mean": sum(_germinations(r) for r in episodes) / len(episodes),
             }
         )

@@ -104,7 +104,7 @@ def evaluated_members(
 
 def member_metric(member: ZooMember) -> Metric:
     """Bits per character for the language model (``chars``); accuracy for a classifier."""
-    return BITS_PER_CHAR if member.task.name == "chars" else ACCURACY
+    return BITS_PER_CHAR if member.language_model else ACCURACY
 
 
 def static_shape(

@@ -16,11 +16,16 @@ is made on evaluation seeds):
 
 A version's selection score is the mean over (member, selection seed) of
 
-    val_accuracy - flops_penalty * (train_flops / static_train_flops - 1)
+    quality - flops_penalty * (train_flops / static_train_flops - 1)
 
 where ``static_train_flops`` is the same member and seed trained without growth: the reward's
 trade-off (``esper_core.simic.dataset``) read on whole runs, so ``flops_penalty = 0.01`` costs
-one accuracy point for a run that doubles its training compute.
+one accuracy point for a run that doubles its training compute. ``quality`` is the validation
+accuracy (a fraction) of a classifier; a language model's accuracy is 0 (``classifies``), so its
+quality is ``-BITS_WORTH * `` its validation loss in bits per character: 0.01 bits is worth half a
+point, the exchange rate of the transfer goal (``yardstick.GOAL_BITS`` against ``GOAL_POINTS``).
+Before 2026-11-28 a language model was scored by its FLOPs alone. Simic's reward still reads
+accuracy only (a packet does not say which of the two a run is scored by).
 
 ``exclude_families`` leaves a family out (leave-one-family-out): members are drawn from the
 zoo by index, skipping the excluded families' (and those of a family that has its share), so
@@ -39,6 +44,7 @@ from dataclasses import dataclass, field
 
 from esper_core.fanout import LOCAL, Pool
 from esper_core.run.kernels import publish_missing_kernels
+from esper_core.run.scores import bits
 from esper_core.settings import EsperSettings
 from esper_core.simic.learn import SimicConfig
 from esper_core.simic.records import SimicStore
@@ -238,6 +244,7 @@ def train_zoo_policy(
     """
     members = zoo_members(config)
     family = {m.name: m.family for m in members}
+    by_name = {m.name: m for m in members}
     publish_zoo_kernels(settings, members, device=device)
     plan = config.plan
     episodes: dict[str, list[EpisodeResult]] = defaultdict(list)
@@ -276,13 +283,13 @@ def train_zoo_policy(
     demo_ids = [r.run_id for r in demos]
     static = {(r.recipe, r.seed): r for r in play("yardsticks", config.seeds.selection, "none", label="zoo-sel")}
     scores = [
-        score_episodes("none", list(static.values()), static, plan.simic.flops_penalty, family),
+        score_episodes("none", list(static.values()), static, plan.simic.flops_penalty, by_name),
         score_episodes(
             "heuristic",
             play("yardsticks", config.seeds.selection, "heuristic", label="zoo-sel"),
             static,
             plan.simic.flops_penalty,
-            family,
+            by_name,
         ),
     ]
     # What a version was trained on and chosen by, in its provenance (never the evaluation
@@ -305,7 +312,7 @@ def train_zoo_policy(
             chosen_by = play(
                 "scoring", config.seeds.selection, "gnn", label=f"zoo-sel-v{version}", policy_version=version
             )
-            scores.append(score_episodes(f"v{version}", chosen_by, static, plan.simic.flops_penalty, family))
+            scores.append(score_episodes(f"v{version}", chosen_by, static, plan.simic.flops_penalty, by_name))
             if iteration == plan.iterations:
                 break
             rollouts = play(
@@ -353,10 +360,24 @@ def publish_zoo_kernels(settings: EsperSettings, members: Sequence[ZooMember], *
     publish_missing_kernels(settings, [m.recipe() for m in members if m.slots], device=device)
 
 
-def selection_score(result: EpisodeResult, static: EpisodeResult, *, flops_penalty: float) -> float:
-    """``val_accuracy - flops_penalty * (train_flops / static_train_flops - 1)`` of one episode
-    against the same member and seed trained without growth (module docstring)."""
-    return result.val_accuracy - flops_penalty * (_flops_ratio(result, static) - 1.0)
+BITS_WORTH = 0.5
+"""Accuracy (a fraction) that one bit per character of validation loss is worth in a language
+model's selection score (module docstring)."""
+
+
+def validation_quality(result: EpisodeResult, *, language_model: bool) -> float:
+    """What a selection score reads of a run's validation split: its accuracy for a classifier,
+    ``-BITS_WORTH *`` its loss in bits per character for a language model."""
+    return -BITS_WORTH * bits(result.val_loss) if language_model else result.val_accuracy
+
+
+def selection_score(
+    result: EpisodeResult, static: EpisodeResult, *, flops_penalty: float, language_model: bool = False
+) -> float:
+    """``quality - flops_penalty * (train_flops / static_train_flops - 1)`` of one episode against
+    the same member and seed trained without growth (module docstring; ``validation_quality``)."""
+    quality = validation_quality(result, language_model=language_model)
+    return quality - flops_penalty * (_flops_ratio(result, static) - 1.0)
 
 
 def _flops_ratio(result: EpisodeResult, static: EpisodeResult) -> float:
@@ -368,16 +389,19 @@ def score_episodes(
     results: Sequence[EpisodeResult],
     static: Mapping[tuple[str, int], EpisodeResult],
     flops_penalty: float,
-    family: Mapping[str, str],
+    members: Mapping[str, ZooMember],
 ) -> VersionScore:
     """``label``'s selection score (module docstring) over ``results``, each read against the
     no-growth episode of its member and seed in ``static`` (keyed ``(recipe, seed)``), and per
-    family (``family``: member name -> family)."""
+    family (``members``: member name -> member)."""
     per = [(r, static[(r.recipe, r.seed)]) for r in results]
-    scores = [selection_score(r, s, flops_penalty=flops_penalty) for r, s in per]
+    scores = [
+        selection_score(r, s, flops_penalty=flops_penalty, language_model=members[r.recipe].language_model)
+        for r, s in per
+    ]
     by_family: dict[str, list[float]] = defaultdict(list)
     for (r, _), score in zip(per, scores, strict=True):
-        by_family[family[r.recipe]].append(score)
+        by_family[members[r.recipe].family].append(score)
     return VersionScore(
         label=label,
         score=statistics.fmean(scores),
@@ -388,6 +412,7 @@ def score_episodes(
 
 
 __all__ = [
+    "BITS_WORTH",
     "VersionScore",
     "ZooSeeds",
     "ZooTraining",
@@ -396,5 +421,6 @@ __all__ = [
     "score_episodes",
     "selection_score",
     "train_zoo_policy",
+    "validation_quality",
     "zoo_members",
 ]

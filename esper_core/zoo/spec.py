@@ -181,6 +181,11 @@ class ZooMember:
         return f"zoo{self.zoo_seed}-{self.index:03d}-{self.family}-{self.task.label}-d{self.depth}w{self.width}"
 
     @property
+    def language_model(self) -> bool:
+        """Whether it predicts tokens (``chars``): scored by its loss, its accuracy being 0."""
+        return self.task.name == "chars"
+
+    @property
     def widen(self) -> tuple[str, ...]:
         """The layers its recipe lets Tamiyo widen (with ``width`` among its kinds)."""
         return width_layers(self) if "width" in self.kinds else ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,10 @@ from esper_core.studies.zoo_train import (
     ZooTraining,
     ZooTrainingResult,
     publish_zoo_kernels,
+    score_episodes,
     selection_score,
     train_zoo_policy,
+    validation_quality,
     zoo_members,
 )
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
@@ -37,7 +40,7 @@ from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.tamiyo.synthetic import synthetic_candidates, synthetic_history
 from esper_core.urza.service import Urza
-from esper_core.zoo import ZooSpec
+from esper_core.zoo import ZooSpec, draw_member
 
 SMALL = TamiyoGNNConfig(hidden_dim=16, num_layers=2)
 
@@ -143,6 +146,32 @@ def test_selection_scores_charge_training_flops_over_the_static_run() -> None:
     assert selection_score(result(0.80, 1000), static, flops_penalty=0.01) == pytest.approx(0.80)
     # Twice the static run's compute costs one point.
     assert selection_score(result(0.80, 2000), static, flops_penalty=0.01) == pytest.approx(0.79)
+
+
+def test_a_language_model_is_selected_on_its_validation_bits_and_a_classifier_on_its_accuracy() -> None:
+    def result(recipe: str, *, accuracy: float, bits: float, flops: int) -> EpisodeResult:
+        return EpisodeResult(
+            run_id="r", recipe=recipe, policy="gnn", seed=2000, test_accuracy=accuracy, val_accuracy=accuracy,
+            val_loss=bits * math.log(2), host_params=1, total_params=1, forward_flops=1, train_flops=flops,
+            wall_s=0.0, commands={}, policy_version=None,
+        )  # fmt: skip
+
+    members = [draw_member(ZooSpec(), i) for i in range(60)]
+    decoder = next(m for m in members if m.family == "decoder")
+    mlp = next(m for m in members if m.family == "mlp")
+    assert decoder.language_model and not mlp.language_model
+    static = result(decoder.name, accuracy=0.0, bits=2.0, flops=1000)
+    # 0.1 bit lower is worth 5 accuracy points (0.5 per bit); doubling the compute costs one.
+    assert selection_score(static, static, flops_penalty=0.01, language_model=True) == pytest.approx(-1.0)
+    better = result(decoder.name, accuracy=0.0, bits=1.9, flops=2000)
+    assert selection_score(better, static, flops_penalty=0.01, language_model=True) == pytest.approx(-0.95 - 0.01)
+    # A classifier's loss is not read; each member is scored by its own kind.
+    clf_static = result(mlp.name, accuracy=0.8, bits=9.0, flops=1000)
+    clf = result(mlp.name, accuracy=0.8, bits=0.1, flops=1000)
+    by_name = {decoder.name: decoder, mlp.name: mlp}
+    score = score_episodes("v1", [better, clf], {(r.recipe, r.seed): r for r in (static, clf_static)}, 0.01, by_name)
+    assert score.by_family == pytest.approx({"decoder": -0.96, "mlp": 0.8})
+    assert validation_quality(clf, language_model=False) == 0.8
 
 
 @pytest.fixture(scope="module")
