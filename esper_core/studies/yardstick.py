@@ -163,7 +163,8 @@ class ArmRunner:
     def shape_matched(self, grown: Mapping[str, int], weight_decays: Sequence[float]) -> dict[str, Any]:
         """The ``static`` and ``tuned`` arms of a run that grew to ``grown`` (layer -> width): the
         host at those widths trained from scratch at each weight decay of the grid; ``tuned`` is
-        the grid's best on validation, and its runs are its tuning cost."""
+        the grid's best on validation (accuracy; a language model's loss), and its runs are its
+        tuning cost."""
         recipe = self.member.recipe()
         host = recipe.host
         assert isinstance(host, ModelSpec), "a zoo member's host is a ModelSpec"
@@ -172,9 +173,7 @@ class ArmRunner:
             host, build=functools.partial(static_shape, host.build, grown, shape, host.input_dtype)
         )
         grid = {wd: self("none", f"static-wd{wd:g}", host=static_host, weight_decay=wd) for wd in weight_decays}
-        # Chosen on validation accuracy alone (the first of a tie, in grid order): the test split
-        # is read only after the choice.
-        best = max(weight_decays, key=lambda wd: (grid[wd].val_accuracy, -list(weight_decays).index(wd)))
+        best = best_on_validation(grid, language_model=self.member.language_model)
         return {
             "static": grid[0.0],
             "tuned": grid[best],
@@ -183,6 +182,16 @@ class ArmRunner:
             "tuning_wall_s": sum(r.wall_s for r in grid.values()),
             "widths": {"host": host_widths(host, list(grown)), "grown": dict(grown)},
         }
+
+
+def best_on_validation(grid: Mapping[float, EpisodeResult], *, language_model: bool) -> float:
+    """The weight decay of ``grid`` (weight decay -> run) whose run did best on the validation
+    split alone, the test split being read only after the choice: the highest accuracy, or a
+    language model's lowest loss (its accuracy is 0); the first of a tie in the grid's order."""
+    order = list(grid)
+    return max(
+        order, key=lambda wd: (-grid[wd].val_loss if language_model else grid[wd].val_accuracy, -order.index(wd))
+    )
 
 
 def host_widths(host: ModelSpec, layers: Sequence[str]) -> dict[str, int]:
@@ -359,6 +368,7 @@ __all__ = [
     "ArmRunner",
     "across_families",
     "arms_png",
+    "best_on_validation",
     "check_evaluation",
     "evaluated_members",
     "format_arms",

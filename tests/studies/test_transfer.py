@@ -11,9 +11,10 @@ from torch import nn
 
 from esper_core.run.config import ModelSpec
 from esper_core.simic.learn import SimicConfig
+from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.simic_train import TrainingPlan
 from esper_core.studies.transfer import ARMS, TransferConfig, format_table, run, transfer_png
-from esper_core.studies.yardstick import evaluated_members, static_shape
+from esper_core.studies.yardstick import best_on_validation, evaluated_members, static_shape
 from esper_core.studies.zoo_train import ZooSeeds, ZooTraining
 from esper_core.tamiyo.heuristic import DEFAULTS_SEARCH_ZOO_SEED
 from esper_core.tamiyo.model import TamiyoGNNConfig
@@ -76,6 +77,20 @@ def test_the_static_arm_is_the_host_at_the_grown_widths_freshly_initialised() ->
         norm.running_var, torch.ones(grown["conv1"])
     )
     assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_the_tuned_arm_is_chosen_on_validation_accuracy_or_a_language_models_loss() -> None:
+    def run(accuracy: float, loss: float) -> EpisodeResult:
+        return EpisodeResult(
+            run_id="r", recipe="m", policy="none", seed=0, test_accuracy=0.0, val_accuracy=accuracy, val_loss=loss,
+            host_params=1, total_params=1, forward_flops=1, train_flops=1, wall_s=0.0, commands={},
+            policy_version=None,
+        )  # fmt: skip
+
+    grid = {0.0: run(0.0, 2.0), 1e-4: run(0.0, 1.8), 1e-3: run(0.0, 1.9)}
+    assert best_on_validation(grid, language_model=True) == 1e-4
+    assert best_on_validation(grid, language_model=False) == 0.0  # a tie: the grid's first
+    assert best_on_validation({0.0: run(0.7, 1.0), 1e-4: run(0.8, 1.2)}, language_model=False) == 1e-4
 
 
 @pytest.fixture(scope="module")
