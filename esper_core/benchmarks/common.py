@@ -261,13 +261,15 @@ class BareLoop:
         next-token loss, say)."""
         loss_sum = torch.zeros((), device=self.device)
         correct = 0
+        classified = True
         with eval_mode(self.model), torch.inference_mode():
             for x, y in _eval_batches(split, self.val_batch_size, self.device):
                 logits = self.model(x)
                 loss_sum += self.loss_fn(logits, y).float() * y.shape[0]
-                if classifies(logits, y):
+                classified = classifies(logits, y)
+                if classified:
                     correct += int((logits.argmax(dim=1) == y).sum())
-        return EvalResult(loss=loss_sum.item() / len(split), accuracy=correct / len(split))
+        return EvalResult(loss=loss_sum.item() / len(split), accuracy=correct / len(split), classified=classified)
 
 
 def _eval_batches(split: AnySplit, size: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

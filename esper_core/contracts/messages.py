@@ -293,6 +293,10 @@ class SystemStatePacket(Message):
     model classifies correctly at the end of the epoch (packets recorded before 2026-11-24 counted
     it during the epoch's steps instead); None when the targets are not class indices, when
     nobody reads it in the run, and in packets recorded before it existed.
+
+    ``classifies`` says whether ``val_accuracy`` means anything: True for class targets; False
+    for a language model's token targets, whose accuracy reads 0 and whose score is ``val_loss``
+    (packets recorded before 2026-11-28 say True).
     """
 
     run_id: str = Field(min_length=1)
@@ -300,6 +304,7 @@ class SystemStatePacket(Message):
     train_loss: float
     val_loss: float
     val_accuracy: float = Field(ge=0.0, le=1.0)
+    classifies: bool = True
     train_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
     learning_rate: float = Field(gt=0.0)
     epoch_latency_ms: float = Field(ge=0.0)

@@ -2,10 +2,13 @@
 
 Reward of the decision at epoch t of a run (``param_penalty`` = lambda, ``flops_penalty`` = mu):
 
-    r_t = (val_accuracy_{t+1} - val_accuracy_t) - lambda * params_added_t / host_params
+    r_t = (q_{t+1} - q_t) - lambda * params_added_t / host_params
           - mu * (F_{t+1} - F_t) * (E - 1 - t) / (E * F_0)
 
-where ``params_added_t`` is the blueprint's parameter cost for a germination, minus the seed's
+where ``q_t`` is the validation quality after epoch t (``record_types.validation_quality``: the
+validation accuracy; for a language model, whose accuracy reads 0, ``-BITS_WORTH`` x its
+validation bits per token, since 2026-11-28: its growth used to earn nothing but the FLOPs
+charge), ``params_added_t`` is the blueprint's parameter cost for a germination, minus the seed's
 parameters for a cull, 0 otherwise, and the last decision of a run has no accuracy term (nothing
 is trained after it). Summed over a run the accuracy terms telescope to the accuracy gained, so
 the return trades accuracy gained against parameters added, as the issue asks.
@@ -27,7 +30,7 @@ With ``reward="counterfactual"`` the samples are only the decisions a run forked
 (``esper_core.studies.counterfactual``: a seed operation was legal, so a choice existed), and each
 reward is the fork's one-step (bandit) return
 
-    r = val_accuracy_A - val_accuracy_B - lambda * (params_A - params_B) / host_params
+    r = q_A - q_B - lambda * (params_A - params_B) / host_params
 
 of branch A (the decided command) against branch B (WAIT or the heuristic), both measured
 ``horizon`` epochs later (``CounterfactualOutcome.reward``). Nothing is bootstrapped across
@@ -61,6 +64,7 @@ from esper_core.contracts import (
     SystemStatePacket,
 )
 from esper_core.contracts.enums import SlotKind
+from esper_core.simic.record_types import validation_quality
 from esper_core.simic.records import DecisionRecord
 from esper_core.tamiyo.actions import ACTION_INDEX, NO_CHOICE, ActionMasks, BatchChoices, legal_masks
 from esper_core.tamiyo.graph import EdgeType, NodeType, build_graph
@@ -176,11 +180,15 @@ def run_rewards(records: Sequence[DecisionRecord], *, param_penalty: float, flop
         r = -param_penalty * params_added(record) / max(current.host_params, 1)
         if i + 1 < len(records):
             following = records[i + 1].state.current
-            r += following.val_accuracy - current.val_accuracy
+            r += _quality(following) - _quality(current)
             if flops_penalty:
                 r -= flops_penalty * _flops_share(record, following, first)
         rewards.append(r)
     return rewards
+
+
+def _quality(packet: SystemStatePacket) -> float:
+    return validation_quality(accuracy=packet.val_accuracy, loss=packet.val_loss, classifies=packet.classifies)
 
 
 def _flops_share(record: DecisionRecord, following: SystemStatePacket, first: float | None) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,20 @@ from esper_core.tamiyo.candidates import BlueprintCandidate
 from esper_core.tamiyo.graph import FEATURE_DIMS, FEATURE_NAMES, TREND_WINDOW
 from esper_core.tamiyo.model import POLICY_FORMAT, TamiyoGNNConfig
 from esper_core.tamiyo.service import Decision
+
+BITS_WORTH = 0.5
+"""Validation accuracy (a fraction) that one bit per token of validation loss is worth where a
+run's accuracy means nothing (a language model): 0.01 bits for half a point, the exchange rate of
+the transfer benchmark's goal. With ``flops_penalty = 0.01`` a doubling of training compute costs
+as much as 0.02 bits."""
+
+
+def validation_quality(*, accuracy: float, loss: float, classifies: bool) -> float:
+    """What Simic's rewards and the zoo's selection scores read of a validation split: its
+    accuracy (a fraction) for class targets; for a language model, whose accuracy is 0,
+    ``-BITS_WORTH`` times its loss in bits per token (``loss`` in nats)."""
+    return accuracy if classifies else -BITS_WORTH * loss / math.log(2)
+
 
 _REPORT_NAMESPACE = uuid.UUID("8f5b8f5e-3c3a-4c1e-9a53-5e51c0f1e9a1")
 
@@ -102,6 +117,8 @@ class CounterfactualOutcome:
         baseline_params: Branch B's.
         host_params: The host's parameters at the fork.
         fork_ms: Wall time of the fork: both branches and the restores.
+        classifies: Whether the accuracies mean anything (``SystemStatePacket.classifies``);
+            False for a language model, whose branches are compared by their losses.
     """
 
     baseline: str
@@ -115,12 +132,18 @@ class CounterfactualOutcome:
     baseline_params: int
     host_params: int
     fork_ms: float
+    classifies: bool = True
 
     def reward(self, *, param_penalty: float) -> float:
-        """Accuracy gained over the baseline minus lambda times the parameters added over it,
-        in host-sized blocks: ``acc_A - acc_B - lambda * (params_A - params_B) / host_params``."""
+        """Validation quality gained over the baseline (``validation_quality``: accuracy, or a
+        language model's bits) minus lambda times the parameters added over it, in host-sized
+        blocks: ``q_A - q_B - lambda * (params_A - params_B) / host_params``."""
         added = (self.params - self.baseline_params) / max(self.host_params, 1)
-        return (self.val_accuracy - self.baseline_val_accuracy) - param_penalty * added
+        a = validation_quality(accuracy=self.val_accuracy, loss=self.val_loss, classifies=self.classifies)
+        b = validation_quality(
+            accuracy=self.baseline_val_accuracy, loss=self.baseline_val_loss, classifies=self.classifies
+        )
+        return (a - b) - param_penalty * added
 
     def to_json(self) -> str:
         """JSON text ``from_json`` reads back."""

@@ -183,6 +183,7 @@ def fork(
         baseline_params=b.params,
         host_params=record.state.current.host_params,
         fork_ms=(time.perf_counter() - start) * 1e3,
+        classifies=record.state.current.classifies,
     )
 
 

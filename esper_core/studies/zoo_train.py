@@ -22,10 +22,9 @@ where ``static_train_flops`` is the same member and seed trained without growth:
 trade-off (``esper_core.simic.dataset``) read on whole runs, so ``flops_penalty = 0.01`` costs
 one accuracy point for a run that doubles its training compute. ``quality`` is the validation
 accuracy (a fraction) of a classifier; a language model's accuracy is 0 (``classifies``), so its
-quality is ``-BITS_WORTH * `` its validation loss in bits per character: 0.01 bits is worth half a
+quality is ``-simic.record_types.BITS_WORTH`` (0.5) x its validation loss in bits per character: 0.01 bits is worth half a
 point, the exchange rate of the transfer goal (``yardstick.GOAL_BITS`` against ``GOAL_POINTS``).
-Before 2026-11-28 a language model was scored by its FLOPs alone. Simic's reward still reads
-accuracy only (a packet does not say which of the two a run is scored by).
+Before 2026-11-28 a language model was scored (and rewarded) by its FLOPs alone.
 
 ``exclude_families`` leaves a family out (leave-one-family-out): members are drawn from the
 zoo by index, skipping the excluded families' (and those of a family that has its share), so
@@ -44,9 +43,9 @@ from dataclasses import dataclass, field
 
 from esper_core.fanout import LOCAL, Pool
 from esper_core.run.kernels import publish_missing_kernels
-from esper_core.run.scores import bits
 from esper_core.settings import EsperSettings
 from esper_core.simic.learn import SimicConfig
+from esper_core.simic.record_types import validation_quality as record_quality
 from esper_core.simic.records import SimicStore
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.simic_train import TrainingPlan, episode_jobs, run_episodes, train_imitation, train_ppo
@@ -360,15 +359,11 @@ def publish_zoo_kernels(settings: EsperSettings, members: Sequence[ZooMember], *
     publish_missing_kernels(settings, [m.recipe() for m in members if m.slots], device=device)
 
 
-BITS_WORTH = 0.5
-"""Accuracy (a fraction) that one bit per character of validation loss is worth in a language
-model's selection score (module docstring)."""
-
-
 def validation_quality(result: EpisodeResult, *, language_model: bool) -> float:
-    """What a selection score reads of a run's validation split: its accuracy for a classifier,
-    ``-BITS_WORTH *`` its loss in bits per character for a language model."""
-    return -BITS_WORTH * bits(result.val_loss) if language_model else result.val_accuracy
+    """What a selection score reads of a run's validation split (``simic.record_types.
+    validation_quality``, which Simic's rewards read too): its accuracy for a classifier, minus
+    half its loss in bits per character for a language model."""
+    return record_quality(accuracy=result.val_accuracy, loss=result.val_loss, classifies=not language_model)
 
 
 def selection_score(
@@ -412,7 +407,6 @@ def score_episodes(
 
 
 __all__ = [
-    "BITS_WORTH",
     "VersionScore",
     "ZooSeeds",
     "ZooTraining",

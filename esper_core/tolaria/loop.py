@@ -53,10 +53,12 @@ from esper_core.tolaria.step import DecisionCache, StepEngine
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvalResult:
-    """Loss and accuracy of the model on one split."""
+    """Loss and accuracy of the model on one split; ``classified``: whether the accuracy means
+    anything (class targets; a language model's token targets read 0)."""
 
     loss: float
     accuracy: float
+    classified: bool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -355,6 +357,7 @@ class Trainer:
             train_loss=train_loss,
             val_loss=val.loss,
             val_accuracy=val.accuracy,
+            classifies=val.classified,
             train_accuracy=self.train_accuracy() if "train_accuracy" in self.signals else None,
             learning_rate=self.optimizer.param_groups[0]["lr"],
             epoch_latency_ms=train_ms,
@@ -438,14 +441,16 @@ class Trainer:
         """
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        classified = True
         with eval_mode(self.model), torch.inference_mode():
             for x, y in self._eval_batches(split):
                 logits = self.model(x)
                 loss_sum += self.loss_fn(logits, y).float() * y.shape[0]
-                if classifies(logits, y):
+                classified = classifies(logits, y)
+                if classified:
                     correct += (logits.argmax(dim=1) == y).sum()
         n = len(split)
-        return EvalResult(loss=loss_sum.item() / n, accuracy=correct.item() / n)
+        return EvalResult(loss=loss_sum.item() / n, accuracy=correct.item() / n, classified=classified)
 
     def _eval_batches(self, split: AnySplit) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         size = self.config.val_batch_size

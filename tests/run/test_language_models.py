@@ -90,6 +90,8 @@ def test_a_language_model_is_scored_in_bits_per_token_never_by_accuracy(esper_ho
     finally:
         session.close()
     assert summary.token_targets and summary.val_loss == session.history[-1].val_loss
+    # Its packets say that their accuracy means nothing: Simic's rewards read the loss instead.
+    assert all(not p.classifies and p.val_accuracy == 0.0 for p in session.history)
     report = (esper_home.runs_dir / "lm" / "report.md").read_text()
     assert f"Test loss **{summary.test_loss / 0.6931471805599453:.4f} bits per token**" in report
     assert "accuracy" not in report.lower() and "val bits/token" in report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from esper_core.simic.learn import (
     ppo_update,
     returns_and_advantages,
 )
+from esper_core.simic.record_types import BITS_WORTH, CounterfactualOutcome, validation_quality
 from esper_core.simic.records import DecisionRecord
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
 from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
@@ -55,6 +57,30 @@ def test_rewards_trade_accuracy_gained_against_parameters_added() -> None:
     assert sum(run_rewards(records, param_penalty=0.0)) == pytest.approx(
         records[-1].state.current.val_accuracy - records[0].state.current.val_accuracy
     )
+
+
+def test_a_language_models_rewards_read_its_validation_bits_not_its_accuracy_of_zero() -> None:
+    records = [r for r in _records("heuristic", runs=1) if r.command.run_id == "run0"]
+
+    def as_language_model(record: DecisionRecord, nats: float) -> DecisionRecord:
+        current = record.state.current.model_copy(update={"classifies": False, "val_accuracy": 0.0, "val_loss": nats})
+        state = dataclasses.replace(record.state, history=(*record.state.history[:-1], current))
+        return dataclasses.replace(record, state=state)
+
+    # Validation loss falls by 0.1 bit an epoch: each decision earns half of it (BITS_WORTH).
+    lm = [as_language_model(r, (3.0 - 0.1 * i) * math.log(2)) for i, r in enumerate(records)]
+    rewards = run_rewards(lm, param_penalty=0.0)
+    assert rewards[:-1] == pytest.approx([BITS_WORTH * 0.1] * (len(lm) - 1)) and rewards[-1] == 0.0
+    assert validation_quality(accuracy=0.0, loss=2 * math.log(2), classifies=False) == pytest.approx(-1.0)
+    assert validation_quality(accuracy=0.8, loss=9.0, classifies=True) == 0.8
+    # A fork of a language model compares its branches' losses the same way.
+    fork = CounterfactualOutcome(
+        baseline="wait", baseline_action="wait", horizon=2, val_accuracy=0.0, baseline_val_accuracy=0.0,
+        val_loss=1.9 * math.log(2), baseline_val_loss=2.0 * math.log(2), params=10, baseline_params=10,
+        host_params=10, fork_ms=1.0, classifies=False,
+    )  # fmt: skip
+    assert fork.reward(param_penalty=0.01) == pytest.approx(0.05)
+    assert CounterfactualOutcome.from_json(fork.to_json()) == fork
 
 
 def test_samples_carry_the_choice_and_skip_illegal_proposals() -> None:
