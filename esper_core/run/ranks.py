@@ -43,7 +43,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.outage import open_registry
 from esper_core.run.plan import check_recipe
 from esper_core.run.session import Run, RunHandle
-from esper_core.run.spec import PlannedRun, RunSpec, check_parallel
+from esper_core.run.spec import PlannedRun, RunSpec, check_parallel, check_same_controller
 from esper_core.run.spec_file import SPEC_FILE
 from esper_core.run.steps import decide_and_apply
 from esper_core.settings import EsperSettings
@@ -102,6 +102,8 @@ def launch(
         config, train_samples = planned.config, len(planned.data.train)  # plan_spec checked the recipe
     else:
         config = spec.config() if new else RunSpec.load(run_dir).config()
+        if not new:
+            check_same_controller(run_dir, config)
         check_recipe(config)
         train_samples = len(load_run_data(config).train)
     check_parallel(config, spec.nproc, train_samples=train_samples)
@@ -246,6 +248,8 @@ def join_torchrun(
             asked = RunSpec(recipe=recipe, epochs=epochs, device=device, seed=seed, run_id=run_id, nproc=group.world)
             try:
                 config = asked.config() if new else RunSpec.load(run_dir).config()
+                if not new:
+                    check_same_controller(run_dir, config)
                 check_recipe(config)
                 check_parallel(config, group.world, train_samples=len(load_run_data(config).train))
                 if new:

@@ -48,7 +48,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
 from esper_core.run.plan import RunPlan, plan_run
-from esper_core.run.spec import PlannedRun, RunSpec, resolve
+from esper_core.run.spec import PlannedRun, RunSpec, check_same_controller, resolve
 from esper_core.run.spec_file import SPEC_FILE
 from esper_core.run.state import RunRecord, RunState, Unsent
 from esper_core.run.stops import clear_stop
@@ -283,6 +283,7 @@ class Run:
             config = saved.config()
         else:
             config = planned.config
+        check_same_controller(settings.runs_dir / run_id, config)
         session = cls(
             config=config,
             settings=settings,

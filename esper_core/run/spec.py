@@ -163,6 +163,33 @@ class RunSpec:
         )
 
 
+def check_same_controller(run_dir: Path, config: RunConfig) -> None:
+    """Refuse to resume the run in ``run_dir`` with ``config`` (its saved request resolved now)
+    if what decides it resolves differently from when it started: a default that changed between
+    Esper versions (the heuristic's thresholds, the recipe's policy, the shipped policy's digest)
+    would otherwise switch a run's controller halfway, silently. A run whose ``run.json``
+    predates the record is not checked, nor is what it did not record.
+
+    Raises:
+        ValueError: the recorded and the resolved controller differ; the message names both.
+    """
+    recorded = read_spec_file(run_dir).get("decides")
+    if not recorded:
+        return
+    now = json.loads(json.dumps(policy_record(config.tamiyo, served=None)))
+    changed = sorted(k for k in recorded if k != "served" and recorded[k] != now.get(k))
+    if changed:
+        raise ValueError(
+            f"run {run_dir.name} was decided by {_fields(recorded, changed)}, but its recipe now resolves to "
+            f"{_fields(now, changed)} (Esper's defaults changed since it started): resume it with the Esper "
+            "version that started it, or start a new run"
+        )
+
+
+def _fields(record: dict[str, object], keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={record.get(k)!r}" for k in keys)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlannedRun:
     """A spec resolved and planned in this process: what ``Run.start`` builds the run from.

@@ -387,7 +387,7 @@ def format_table(result: Mapping[str, Any], *, top: int = 8) -> str:
     shown = ranked[:top] + [s for s in ranked[top:] if s["label"] == result["selection"]["scores"][0]["label"]]
     lines = [
         f"search: {len(ranked)} rules on {len(selection['members'])} members x seeds {selection['seeds']} "
-        f"(score = val accuracy - {selection['flops_penalty']:g} x (FLOPs / no growth's - 1))"
+        f"(score = val accuracy, or -0.5 x a language model's val bits, - {selection['flops_penalty']:g} x (FLOPs / no growth's - 1))"
     ]
     for s in [*shown, {**selection["none"], "germinations_mean": 0.0}]:
         lines.append(

@@ -267,6 +267,9 @@ def policy_record(tamiyo: TamiyoConfig, *, served: str | None) -> dict[str, Any]
             None before the run (``run.json``) or when none were.
     """
     record: dict[str, Any] = {"policy": tamiyo.policy, "served": served}
+    if tamiyo.policy == "heuristic":
+        # Its thresholds: their defaults change between versions (``HeuristicConfig``).
+        record["heuristic"] = dataclasses.asdict(tamiyo.heuristic)
     if tamiyo.policy == "shipped":
         record |= {"name": tamiyo.shipped, "sha256": SHIPPED[tamiyo.shipped]}
     elif tamiyo.policy == "gnn":

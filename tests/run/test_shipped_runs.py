@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -80,10 +81,37 @@ def test_a_run_pins_its_policy_and_a_resume_keeps_it(esper_home: EsperSettings) 
     assert spec.config().tamiyo.policy == "heuristic"
     assert RunSpec(recipe="mnist1d-cnn-grown", policy="zoo-1").config().tamiyo.schedule == ()
     summary = _run(esper_home, spec)
-    assert summary.policy == {"policy": "heuristic", "served": None}
+    heuristic = dataclasses.asdict(spec.config().tamiyo.heuristic)
+    assert summary.policy == {"policy": "heuristic", "served": None, "heuristic": heuristic}
     assert RunSpec.load(esper_home.runs_dir / "pinned").policy == "heuristic"
     with pytest.raises(ValueError, match="policy must be one of"):
         RunSpec(recipe="mnist1d-mlp-width", policy="zoo-99")
+
+
+def test_a_run_is_not_resumed_by_a_controller_whose_defaults_changed_since_it_started(
+    esper_home: EsperSettings,
+) -> None:
+    spec = RunSpec(recipe="digits-mlp", epochs=2, device="cpu", seed=0, run_id="older", policy="heuristic")
+    run = Run.start(spec, settings=esper_home)
+    grow_epoch(run, 0)
+    run.close()
+    path = esper_home.runs_dir / "older" / "run.json"
+    fields = json.loads(path.read_text())
+    probe = fields["decides"]["heuristic"]["probe_epoch"]
+    assert probe == spec.config().tamiyo.heuristic.probe_epoch
+    # As a version whose default probe came an epoch later would have recorded it.
+    fields["decides"]["heuristic"]["probe_epoch"] = probe + 1
+    path.write_text(json.dumps(fields))
+    with pytest.raises(
+        ValueError, match=rf"older was decided by heuristic=.*'probe_epoch': {probe + 1}.*now resolves to heuristic="
+    ):
+        Run.resume(settings=esper_home, run_id="older")
+    # A run.json from before the thresholds were recorded resumes as ever.
+    del fields["decides"]["heuristic"]
+    path.write_text(json.dumps(fields))
+    resumed = Run.resume(settings=esper_home, run_id="older")
+    assert resumed.epoch == 1
+    resumed.close()
 
 
 def test_a_run_whose_shipped_policy_cannot_serve_is_decided_by_the_rule_and_degraded(
