@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -121,11 +123,9 @@ def test_measuring_the_signals_does_not_change_the_run() -> None:
     assert all(s.activation_grad_norm is None for s in b[-1].seeds)
 
 
-def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode() -> None:
-    trainer = _trainer()
-    germinate_one(trainer, eager_recipe("digits-mlp"))
-    trainer.train_epoch()  # now TRAINING: its gate probe evaluates the validation split again
-    assert trainer.manager.probe_plan(), "no gate probe to batch into the eval block"
+@contextlib.contextmanager
+def _counted_switches(trainer: Trainer) -> Iterator[list[bool]]:
+    """The modes ``train()`` switches the trainer's whole model to within the block, in order."""
     switches: list[bool] = []
     train = type(trainer.model).train
 
@@ -135,11 +135,20 @@ def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode(
         return train(model, mode)
 
     type(trainer.model).train = counted  # type: ignore[method-assign]
-    stage = trainer.manager.slots["slot1"].stage
     try:
-        trainer.train_epoch()
+        yield switches
     finally:
         type(trainer.model).train = train  # type: ignore[method-assign]
+
+
+def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode() -> None:
+    trainer = _trainer()
+    germinate_one(trainer, eager_recipe("digits-mlp"))
+    trainer.train_epoch()  # now TRAINING: its gate probe evaluates the validation split again
+    assert trainer.manager.probe_plan(), "no gate probe to batch into the eval block"
+    stage = trainer.manager.slots["slot1"].stage
+    with _counted_switches(trainer) as switches:
+        trainer.train_epoch()
     # Start of epoch (the last epoch's gate moved the seed on: a new structure, see the test
     # below); one eval block for validation, the gate probe and the bottleneck signal; the train
     # accuracy after the gates (each used to switch and back on its own: nine).
@@ -150,20 +159,11 @@ def test_an_epoch_switches_modes_a_fixed_number_of_times_and_ends_in_train_mode(
 def test_an_epoch_walks_the_model_only_after_a_change_or_when_left_in_eval_mode() -> None:
     trainer = _trainer()
     trainer.train_epoch()
-    switches: list[bool] = []
-    train = type(trainer.model).train
-
-    def counted(model: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
-        if model is trainer.model:
-            switches.append(mode)
-        return train(model, mode)
-
     modes: list[bool] = []  # at each optimizer step: is every module training?
     trainer.optimizer.register_step_pre_hook(
         lambda *_: modes.append(all(m.training for m in trainer.model.modules()))  # type: ignore[func-returns-value]
     )
-    type(trainer.model).train = counted  # type: ignore[method-assign]
-    try:
+    with _counted_switches(trainer) as switches:
         trainer.train_epoch()  # the same structure: validation left every module training
         assert switches == [False, True, False, True]
         assert modes and all(modes)
@@ -180,8 +180,6 @@ def test_an_epoch_walks_the_model_only_after_a_change_or_when_left_in_eval_mode(
         trainer.train_epoch()  # a new structure: the seed, built in eval mode, trains in training mode
         assert switches[0] is True
         assert modes and all(modes)
-    finally:
-        type(trainer.model).train = train  # type: ignore[method-assign]
 
 
 def test_eval_mode_restores_the_mode_and_leaves_an_eval_model_alone() -> None:
