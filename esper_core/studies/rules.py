@@ -54,11 +54,13 @@ from esper_core.studies.simic_train import episode_jobs, run_episodes
 from esper_core.studies.yardstick import (
     ArmRunner,
     across_families,
+    arms_around,
     arms_png,
     check_evaluation,
     evaluated_members,
     format_arms,
     member_metric,
+    pairs_around,
     summarise_arms,
 )
 from esper_core.studies.zoo_train import ZooTraining, score_episodes, zoo_members
@@ -68,17 +70,10 @@ from esper_core.zoo import Family, ZooMember
 
 Progress = Callable[[str, int, int], None]
 
-ARMS = ("rule", "heuristic", "none", "static", "tuned")
+ARMS = arms_around("rule")
 """The arms of an evaluated (member, seed), in report order (module docstring)."""
 
-PAIRS = (
-    ("rule", "tuned"),
-    ("rule", "static"),
-    ("rule", "heuristic"),
-    ("rule", "none"),
-    ("heuristic", "tuned"),
-    ("heuristic", "none"),
-)
+PAIRS = pairs_around("rule")
 """The paired differences reported, ``a - b``."""
 
 

@@ -51,11 +51,13 @@ from esper_core.studies.yardstick import (
     GOAL_POINTS,
     ArmRunner,
     across_families,
+    arms_around,
     arms_png,
     check_evaluation,
     evaluated_members,
     format_arms,
     member_metric,
+    pairs_around,
     summarise_arms,
 )
 from esper_core.studies.zoo_train import ZooTraining, train_zoo_policy
@@ -66,17 +68,10 @@ from esper_core.zoo import Family, ZooMember
 
 Progress = Callable[[str, int, int], None]
 
-ARMS = ("heldout", "heuristic", "none", "static", "tuned")
+ARMS = arms_around("heldout")
 """The arms of a (member, seed), in report order (module docstring)."""
 
-PAIRS = (
-    ("heldout", "tuned"),
-    ("heldout", "static"),
-    ("heldout", "heuristic"),
-    ("heldout", "none"),
-    ("heuristic", "tuned"),
-    ("heuristic", "none"),
-)
+PAIRS = pairs_around("heldout")
 """The paired differences reported, ``a - b``."""
 
 

@@ -44,6 +44,26 @@ GOAL_BITS = 0.01
 """The same for a language model, in bits per character (upper bound)."""
 
 
+def arms_around(subject: str) -> tuple[str, ...]:
+    """The arms of an evaluated (member, seed) around the growing arm ``subject``, in report
+    order: it, the default heuristic, no growth, and the static network of its grown shape
+    untuned and tuned."""
+    return (subject, "heuristic", "none", "static", "tuned")
+
+
+def pairs_around(subject: str) -> tuple[tuple[str, str], ...]:
+    """The paired differences ``a - b`` reported around ``subject``: it against every other arm,
+    and the heuristic against the tuned static network and no growth."""
+    return (
+        (subject, "tuned"),
+        (subject, "static"),
+        (subject, "heuristic"),
+        (subject, "none"),
+        ("heuristic", "tuned"),
+        ("heuristic", "none"),
+    )
+
+
 def check_evaluation(
     training: ZooTraining,
     *,
@@ -367,6 +387,7 @@ __all__ = [
     "GOAL_POINTS",
     "ArmRunner",
     "across_families",
+    "arms_around",
     "arms_png",
     "best_on_validation",
     "check_evaluation",
@@ -374,6 +395,7 @@ __all__ = [
     "format_arms",
     "host_widths",
     "member_metric",
+    "pairs_around",
     "static_shape",
     "summarise_arms",
 ]
