@@ -22,7 +22,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from esper_core.run.preflight import preflight
     from esper_core.run.reports import frontier_lines
     from esper_core.run.scores import bits
-    from esper_core.run.spec import plan_spec
+    from esper_core.run.spec import check_resume, plan_spec
     from esper_core.settings import EsperSettings
 
     phases.mark("imports")
@@ -43,8 +43,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_flops=args.max_flops,
     )
     phases.mark("plan")
+    settings = EsperSettings()
+    if args.run_id is not None:
+        # A resume whose controller now resolves differently is refused here, not in a flow task.
+        check_resume(settings.runs_dir / args.run_id, planned)
     # The home, the registry and one batch through the model and loss: each failure one line, exit 2.
-    preflight(planned.config, planned.data, settings=EsperSettings())
+    preflight(planned.config, planned.data, settings=settings)
     phases.mark("checks")
     from flows.morphogenesis import morphogenesis
 

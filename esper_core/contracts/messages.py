@@ -295,8 +295,8 @@ class SystemStatePacket(Message):
     nobody reads it in the run, and in packets recorded before it existed.
 
     ``classifies`` says whether ``val_accuracy`` means anything: True for class targets; False
-    for a language model's token targets, whose accuracy reads 0 and whose score is ``val_loss``
-    (packets recorded before 2026-11-28 say True).
+    for any other (a language model's token targets, real-valued targets), whose accuracy reads 0
+    and whose score is ``val_loss`` (packets recorded before 2026-11-28 say True).
     """
 
     run_id: str = Field(min_length=1)

@@ -177,13 +177,32 @@ def check_same_controller(run_dir: Path, config: RunConfig) -> None:
     if not recorded:
         return
     now = json.loads(json.dumps(policy_record(config.tamiyo, served=None)))
-    changed = sorted(k for k in recorded if k != "served" and recorded[k] != now.get(k))
+    changed = sorted(k for k in recorded if k != "served" and not _same(recorded[k], now.get(k)))
     if changed:
         raise ValueError(
             f"run {run_dir.name} was decided by {_fields(recorded, changed)}, but its recipe now resolves to "
             f"{_fields(now, changed)} (Esper's defaults changed since it started): resume it with the Esper "
             "version that started it, or start a new run"
         )
+
+
+def _same(recorded: object, now: object) -> bool:
+    """Whether what a run recorded still holds: of a mapping (the heuristic's thresholds) only the
+    keys it recorded are compared, so a field a later version adds with a default does not
+    refuse every older run."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        return all(now.get(k) == v for k, v in recorded.items())
+    return recorded == now
+
+
+def check_resume(run_dir: Path, planned: PlannedRun) -> None:
+    """``check_same_controller`` before any work of a resume, for ``esper run --run-id``: the
+    saved request resolved as the resume will (``planned``'s when it asks for the same, else the
+    saved one's). A run not yet started is not checked."""
+    if not (run_dir / SPEC_FILE).exists():
+        return
+    saved = RunSpec.load(run_dir)
+    check_same_controller(run_dir, planned.config if planned.spec.key == saved.key else saved.config())
 
 
 def _fields(record: dict[str, object], keys: Sequence[str]) -> str:

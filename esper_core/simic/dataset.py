@@ -180,15 +180,19 @@ def run_rewards(records: Sequence[DecisionRecord], *, param_penalty: float, flop
         r = -param_penalty * params_added(record) / max(current.host_params, 1)
         if i + 1 < len(records):
             following = records[i + 1].state.current
-            r += _quality(following) - _quality(current)
+            # Both read the same way: a packet restored from before ``classifies`` existed says
+            # True, and a language model's pair across that boundary would otherwise mix
+            # accuracy and bits; its loss reads the same in either packet.
+            classifies = current.classifies and following.classifies
+            r += _quality(following, classifies) - _quality(current, classifies)
             if flops_penalty:
                 r -= flops_penalty * _flops_share(record, following, first)
         rewards.append(r)
     return rewards
 
 
-def _quality(packet: SystemStatePacket) -> float:
-    return validation_quality(accuracy=packet.val_accuracy, loss=packet.val_loss, classifies=packet.classifies)
+def _quality(packet: SystemStatePacket, classifies: bool) -> float:
+    return validation_quality(accuracy=packet.val_accuracy, loss=packet.val_loss, classifies=classifies)
 
 
 def _flops_share(record: DecisionRecord, following: SystemStatePacket, first: float | None) -> float:

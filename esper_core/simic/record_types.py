@@ -31,8 +31,10 @@ as much as 0.02 bits."""
 
 def validation_quality(*, accuracy: float, loss: float, classifies: bool) -> float:
     """What Simic's rewards and the zoo's selection scores read of a validation split: its
-    accuracy (a fraction) for class targets; for a language model, whose accuracy is 0,
-    ``-BITS_WORTH`` times its loss in bits per token (``loss`` in nats)."""
+    accuracy (a fraction) for class targets; otherwise (a language model, whose accuracy is 0)
+    ``-BITS_WORTH`` times its loss in bits per token (``loss`` in nats). A run with real-valued
+    targets is read the same way, its loss in nats taken as bits' worth: the sign is right, the
+    scale is its targets' units."""
     return accuracy if classifies else -BITS_WORTH * loss / math.log(2)
 
 

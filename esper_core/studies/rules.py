@@ -48,6 +48,7 @@ from esper_core.fanout import FanOut, Pool
 from esper_core.karn.width import WIDTH_MENU
 from esper_core.run.config import RunConfig
 from esper_core.settings import EsperSettings
+from esper_core.simic.record_types import BITS_WORTH
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.growth import in_home
 from esper_core.studies.simic_train import episode_jobs, run_episodes
@@ -382,7 +383,8 @@ def format_table(result: Mapping[str, Any], *, top: int = 8) -> str:
     shown = ranked[:top] + [s for s in ranked[top:] if s["label"] == result["selection"]["scores"][0]["label"]]
     lines = [
         f"search: {len(ranked)} rules on {len(selection['members'])} members x seeds {selection['seeds']} "
-        f"(score = val accuracy, or -0.5 x a language model's val bits, - {selection['flops_penalty']:g} x (FLOPs / no growth's - 1))"
+        f"(score = val accuracy, or -{BITS_WORTH:g} x a language model's val bits, "
+        f"- {selection['flops_penalty']:g} x (FLOPs / no growth's - 1))"
     ]
     for s in [*shown, {**selection["none"], "germinations_mean": 0.0}]:
         lines.append(

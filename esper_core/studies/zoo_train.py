@@ -359,7 +359,7 @@ def publish_zoo_kernels(settings: EsperSettings, members: Sequence[ZooMember], *
     publish_missing_kernels(settings, [m.recipe() for m in members if m.slots], device=device)
 
 
-def validation_quality(result: EpisodeResult, *, language_model: bool) -> float:
+def episode_quality(result: EpisodeResult, *, language_model: bool) -> float:
     """What a selection score reads of a run's validation split (``simic.record_types.
     validation_quality``, which Simic's rewards read too): its accuracy for a classifier, minus
     half its loss in bits per character for a language model."""
@@ -367,11 +367,11 @@ def validation_quality(result: EpisodeResult, *, language_model: bool) -> float:
 
 
 def selection_score(
-    result: EpisodeResult, static: EpisodeResult, *, flops_penalty: float, language_model: bool = False
+    result: EpisodeResult, static: EpisodeResult, *, flops_penalty: float, language_model: bool
 ) -> float:
     """``quality - flops_penalty * (train_flops / static_train_flops - 1)`` of one episode against
-    the same member and seed trained without growth (module docstring; ``validation_quality``)."""
-    quality = validation_quality(result, language_model=language_model)
+    the same member and seed trained without growth (module docstring; ``episode_quality``)."""
+    quality = episode_quality(result, language_model=language_model)
     return quality - flops_penalty * (_flops_ratio(result, static) - 1.0)
 
 
@@ -408,6 +408,7 @@ def score_episodes(
 
 __all__ = [
     "VersionScore",
+    "episode_quality",
     "ZooSeeds",
     "ZooTraining",
     "ZooTrainingResult",
@@ -415,6 +416,5 @@ __all__ = [
     "score_episodes",
     "selection_score",
     "train_zoo_policy",
-    "validation_quality",
     "zoo_members",
 ]

@@ -267,9 +267,10 @@ def policy_record(tamiyo: TamiyoConfig, *, served: str | None) -> dict[str, Any]
             None before the run (``run.json``) or when none were.
     """
     record: dict[str, Any] = {"policy": tamiyo.policy, "served": served}
-    if tamiyo.policy == "heuristic":
-        # Its thresholds: their defaults change between versions (``HeuristicConfig``).
-        record["heuristic"] = dataclasses.asdict(tamiyo.heuristic)
+    # The heuristic's thresholds, whatever the policy: their defaults change between versions
+    # (``HeuristicConfig``), and they also set the GNN's blend length, a shipped policy's
+    # fallback and the lifecycle steps of scheduled, random and periodic runs.
+    record["heuristic"] = dataclasses.asdict(tamiyo.heuristic)
     if tamiyo.policy == "shipped":
         record |= {"name": tamiyo.shipped, "sha256": SHIPPED[tamiyo.shipped]}
     elif tamiyo.policy == "gnn":

@@ -11,6 +11,7 @@ import torch
 
 from esper_core.run import Run, RunSpec, finish_run, grow_epoch
 from esper_core.run.reports import RunSummary
+from esper_core.run.spec import check_resume, plan_spec
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo import shipped
 from esper_core.tamiyo.config import TamiyoConfig
@@ -55,7 +56,14 @@ def test_a_run_pinned_to_the_shipped_policy_is_decided_by_it_and_records_it(
     assert commands and all(c["issued_by"].startswith("gnn:zoo-1/v") for c in commands), commands
     # run.json says who decides, before the run starts: a reader need not wait for the summary.
     saved = json.loads((esper_home.runs_dir / "default" / "run.json").read_text())
-    assert saved["decides"] == {"policy": "shipped", "served": None, "name": "zoo-1", "sha256": digest}
+    heuristic = json.loads(json.dumps(dataclasses.asdict(spec.config().tamiyo.heuristic)))
+    assert saved["decides"] == {
+        "policy": "shipped",
+        "served": None,
+        "name": "zoo-1",
+        "sha256": digest,
+        "heuristic": heuristic,
+    }
 
 
 def test_the_shipped_policy_decides_the_same_on_the_same_seed(esper_home: EsperSettings) -> None:
@@ -106,6 +114,18 @@ def test_a_run_is_not_resumed_by_a_controller_whose_defaults_changed_since_it_st
         ValueError, match=rf"older was decided by heuristic=.*'probe_epoch': {probe + 1}.*now resolves to heuristic="
     ):
         Run.resume(settings=esper_home, run_id="older")
+    with pytest.raises(ValueError, match="older was decided by heuristic="):
+        # ``esper run --run-id`` checks it before any work, on the request it planned.
+        check_resume(
+            path.parent, plan_spec("digits-mlp", epochs=2, device="cpu", seed=0, run_id="older", policy="heuristic")
+        )
+    # A threshold a later version added (here: one the record lacks) refuses nothing.
+    fields["decides"]["heuristic"]["probe_epoch"] = probe
+    del fields["decides"]["heuristic"]["prefer"]
+    path.write_text(json.dumps(fields))
+    check_resume(
+        path.parent, plan_spec("digits-mlp", epochs=2, device="cpu", seed=0, run_id="older", policy="heuristic")
+    )
     # A run.json from before the thresholds were recorded resumes as ever.
     del fields["decides"]["heuristic"]
     path.write_text(json.dumps(fields))

@@ -71,6 +71,13 @@ def test_a_language_models_rewards_read_its_validation_bits_not_its_accuracy_of_
     lm = [as_language_model(r, (3.0 - 0.1 * i) * math.log(2)) for i, r in enumerate(records)]
     rewards = run_rewards(lm, param_penalty=0.0)
     assert rewards[:-1] == pytest.approx([BITS_WORTH * 0.1] * (len(lm) - 1)) and rewards[-1] == 0.0
+    # A packet restored from before ``classifies`` existed says True: its pair with a newer one
+    # is read in bits on both sides (its loss is as good as ever), never accuracy against bits.
+    older = lm[0].state.current.model_copy(update={"classifies": True})
+    lm[0] = dataclasses.replace(
+        lm[0], state=dataclasses.replace(lm[0].state, history=(*lm[0].state.history[:-1], older))
+    )
+    assert run_rewards(lm, param_penalty=0.0)[0] == pytest.approx(BITS_WORTH * 0.1)
     assert validation_quality(accuracy=0.0, loss=2 * math.log(2), classifies=False) == pytest.approx(-1.0)
     assert validation_quality(accuracy=0.8, loss=9.0, classifies=True) == 0.8
     # A fork of a language model compares its branches' losses the same way.

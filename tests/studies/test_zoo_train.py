@@ -20,19 +20,21 @@ from esper_core.run.plan import plan_compile_jobs
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import build_samples, network_flops, run_rewards
 from esper_core.simic.learn import SimicConfig
+from esper_core.simic.record_types import BITS_WORTH
 from esper_core.simic.records import DecisionRecord, SimicStore
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.policy_files import publish_policy_file, save_policy_version
 from esper_core.studies.simic_train import TrainingPlan
+from esper_core.studies.yardstick import GOAL_BITS, GOAL_POINTS
 from esper_core.studies.zoo_train import (
     ZooSeeds,
     ZooTraining,
     ZooTrainingResult,
+    episode_quality,
     publish_zoo_kernels,
     score_episodes,
     selection_score,
     train_zoo_policy,
-    validation_quality,
     zoo_members,
 )
 from esper_core.tamiyo.config import PolicyCompileConfig, TamiyoConfig
@@ -143,9 +145,9 @@ def test_selection_scores_charge_training_flops_over_the_static_run() -> None:
         )  # fmt: skip
 
     static = result(0.80, 1000)
-    assert selection_score(result(0.80, 1000), static, flops_penalty=0.01) == pytest.approx(0.80)
+    assert selection_score(result(0.80, 1000), static, flops_penalty=0.01, language_model=False) == pytest.approx(0.80)
     # Twice the static run's compute costs one point.
-    assert selection_score(result(0.80, 2000), static, flops_penalty=0.01) == pytest.approx(0.79)
+    assert selection_score(result(0.80, 2000), static, flops_penalty=0.01, language_model=False) == pytest.approx(0.79)
 
 
 def test_a_language_model_is_selected_on_its_validation_bits_and_a_classifier_on_its_accuracy() -> None:
@@ -171,7 +173,9 @@ def test_a_language_model_is_selected_on_its_validation_bits_and_a_classifier_on
     by_name = {decoder.name: decoder, mlp.name: mlp}
     score = score_episodes("v1", [better, clf], {(r.recipe, r.seed): r for r in (static, clf_static)}, 0.01, by_name)
     assert score.by_family == pytest.approx({"decoder": -0.96, "mlp": 0.8})
-    assert validation_quality(clf, language_model=False) == 0.8
+    assert episode_quality(clf, language_model=False) == 0.8
+    # The exchange rate is the transfer goal's: half a point (GOAL_POINTS) per 0.01 bit (GOAL_BITS).
+    assert pytest.approx(GOAL_POINTS / 100 / GOAL_BITS) == BITS_WORTH
 
 
 @pytest.fixture(scope="module")
