@@ -21,7 +21,7 @@ from uuid import UUID
 
 import pytest
 
-from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, stop
+from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, pid_alive, stop
 from esper_core.run.reports import finish_run
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
@@ -144,6 +144,10 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     os.killpg(worker[0].pid, signal.SIGKILL)
     os.killpg(int(pid), signal.SIGKILL)
     worker[0].wait()
+    # SIGKILL returns before the process is gone: a worker started while it is still tearing
+    # down finds it alive and leaves the run to the 90 s zombie automation, which marks it
+    # Crashed with no worker start left to reschedule it (CI saw exactly that).
+    wait_for(lambda: not pid_alive(int(pid)), what="the killed flow-run process to be gone", timeout_s=60)
     at_kill = committed_epoch()
     assert at_kill < epochs - 1, "the run finished before the kill; give it more epochs"
     state = _client_call(local, lambda c: c.read_flow_run(flow_run.id).state)
