@@ -2,8 +2,8 @@
 
 Each limit is read from ``EsperSettings``, i.e. from the flow-run process's environment: set
 ``ESPER_COMPILE_TIMEOUT_S``, ``ESPER_BENCH_TIMEOUT_S`` or ``ESPER_TRAIN_TIMEOUT_S`` in the
-worker's environment. A task over its limit fails (it is not retried: the same work would run out
-of time again) and logs which setting to raise.
+worker's environment. A task over its limit fails (it is not retried, ``tasks._retry``: the same
+work would run out of time again) and logs which setting to raise.
 
 A limit must stop the work, wherever it runs:
 - Compiles, benchmark cases and Simic's steps run in a child process (``in_child``) that is
@@ -82,9 +82,3 @@ def in_child(kind: LimitKind, target: str, /, *args: Any, threads: int | None = 
         TimeoutError: The limit passed; the child and its children were killed.
     """
     return run_in_child(target, *args, limit_s=time_limit(kind), threads=threads, reuse=reuse)
-
-
-def retry_unless_timed_out(task: Task, task_run: TaskRun, state: State) -> bool:
-    """Retry condition of a limited task: anything but a timeout is worth the retry policy."""
-    del task, task_run
-    return not timed_out(state)

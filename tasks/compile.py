@@ -8,7 +8,7 @@ Compiles are capped per flow run by the task runner and across workers by the de
 
 Retries: a task is retried on transient failures (a locked or unreachable database, a full or
 flaky filesystem), never on a ``ValueError``: bad input (an unapproved blueprint, a refused
-status) fails the same way every time, so it fails at once with its message.
+status) fails the same way every time, so it fails at once with its message (``tasks._retry``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from prefect import Task, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.client.schemas.objects import State, TaskRun
 from prefect.runtime import flow_run
 
 from esper_core._capabilities import resolve_device
@@ -28,6 +27,7 @@ from esper_core.karn.entries import default_catalog
 from esper_core.pipeline import CompileJob, PublishPlan, find_published, new_compile_run, publish_staged
 from esper_core.urza.service import Urza
 from tasks._limits import in_child, limited
+from tasks._retry import transient
 from tasks._runtime import service_sink, settings
 
 COMPILE_CONCURRENCY = 2
@@ -52,14 +52,6 @@ class StagedKernel:
     artifact_json: str
     reused: bool
     tags: tuple[str, ...] = ()
-
-
-def transient(task: Task, task_run: TaskRun, state: State) -> bool:
-    """Retry condition: retry anything but a ``ValueError`` (bad input fails the same way again)
-    or a timeout (the same compile would run out of time again)."""
-    del task, task_run
-    error = state.result(raise_on_failure=False)
-    return not isinstance(error, ValueError | TimeoutError)
 
 
 def _urza() -> Urza:

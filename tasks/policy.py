@@ -14,7 +14,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks._limits import in_child, limited, retry_unless_timed_out
+from tasks._limits import in_child, limited
+from tasks._retry import transient
 from tasks._runtime import settings
 
 _JOBS = "esper_core.studies.simic_jobs"
@@ -24,7 +25,7 @@ _JOBS = "esper_core.studies.simic_jobs"
     name="collect-episodes",
     retries=1,
     retry_delay_seconds=1,
-    retry_condition_fn=retry_unless_timed_out,
+    retry_condition_fn=transient,
     cache_policy=NO_CACHE,
     **limited("train"),
 )
@@ -47,7 +48,7 @@ def collect(
     name="collect-demonstrations",
     retries=1,
     retry_delay_seconds=1,
-    retry_condition_fn=retry_unless_timed_out,
+    retry_condition_fn=transient,
     cache_policy=NO_CACHE,
     **limited("train"),
 )
@@ -60,7 +61,7 @@ def demonstrate(recipe: str, plan: str, device: str = "cpu") -> list[str]:
     name="imitate-policy",
     retries=1,
     retry_delay_seconds=1,
-    retry_condition_fn=retry_unless_timed_out,
+    retry_condition_fn=transient,
     cache_policy=NO_CACHE,
     **limited("train"),
 )
@@ -73,7 +74,7 @@ def imitate_policy(run_ids: list[str], plan: str) -> int:
     name="improve-policy",
     retries=1,
     retry_delay_seconds=1,
-    retry_condition_fn=retry_unless_timed_out,
+    retry_condition_fn=transient,
     cache_policy=NO_CACHE,
     **limited("train"),
 )

@@ -25,7 +25,8 @@ from esper_core.benchmarks.sweep import (
 )
 from esper_core.studies.growth import GrowthBenchConfig, save_baseline
 from esper_core.studies.growth import run as run_growth
-from tasks._limits import in_child, limited, retry_unless_timed_out
+from tasks._limits import in_child, limited
+from tasks._retry import transient
 from tasks._runtime import settings
 
 
@@ -70,7 +71,7 @@ def plan_sweep(
     name="bench-case",
     retries=1,
     retry_delay_seconds=2,
-    retry_condition_fn=retry_unless_timed_out,
+    retry_condition_fn=transient,
     cache_policy=NO_CACHE,
     **limited("bench"),
 )

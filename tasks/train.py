@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
 from prefect.context import FlowRunContext
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
@@ -45,6 +46,7 @@ from esper_core.run.stops import record_stop
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
 from tasks._limits import limited, time_limit, timeout_message
+from tasks._retry import transient
 from tasks._runtime import forget, prometheus, remember, run_sink, session_for, settings
 
 
@@ -127,7 +129,8 @@ def stop_recorded(run_id: str | None) -> Iterator[None]:
 
 
 # NO_CACHE: the registry changes under us (another worker may publish or retire kernels).
-@task(name="kernels-ready", retries=1, cache_policy=NO_CACHE)
+# Retried on a transient failure (a locked or unreachable registry), not on bad input (``transient``).
+@task(name="kernels-ready", retries=1, retry_condition_fn=transient, cache_policy=NO_CACHE)
 def kernels_ready(spec: RunSpec) -> bool:
     """Whether Urza holds an active kernel here for every job of ``spec``: each (blueprint, slot
     profile) the session may germinate, the recipe's approved blueprints included.
@@ -143,7 +146,9 @@ def kernels_ready(spec: RunSpec) -> bool:
         urza.close()
 
 
-@task(name="start-run", retries=1, cache_policy=NO_CACHE)
+# Retried on a transient failure, not on bad input (``transient``): a run whose controller changed
+# since it started (``check_same_controller``) or a configuration refused would be refused again.
+@task(name="start-run", retries=1, retry_condition_fn=transient, cache_policy=NO_CACHE)
 def start_run(planned: PlannedRun) -> RunStart:
     """Create the run from ``planned`` (or reopen it) and report which epoch comes next.
 
@@ -163,15 +168,11 @@ def start_run(planned: PlannedRun) -> RunStart:
     return RunStart(handle=session.handle, epochs=session.config.epochs, next_epoch=session.epoch)
 
 
-def _retry_unless_halted(task: Any, task_run: Any, state: Any) -> bool:
-    # A halt is the run's own verdict after repeated failed epochs: a retry would repeat it.
-    try:
-        state.result()
-    except (TrainingHalted, TimeoutError):  # a timed-out task would run out of time again
-        return False
-    except Exception:  # noqa: BLE001 - any other failure is worth the retry policy
-        return True
-    return True
+def _retry_unless_halted(task: Task, task_run: TaskRun, state: State) -> bool:
+    # A halt is the run's own verdict after repeated failed epochs: a retry would repeat it. Nor
+    # is bad input or a timeout retried (``transient``): a retry restores and reproduces the run
+    # exactly, so it would fail the same way (a resume refused, a recipe refused by the ranks).
+    return transient(task, task_run, state) and not isinstance(state.result(raise_on_failure=False), TrainingHalted)
 
 
 @task(
@@ -287,7 +288,8 @@ def history_rows(session: Run) -> list[dict[str, Any]]:
     return rows
 
 
-@task(name="finish-run", retries=1, cache_policy=NO_CACHE)
+# Retried on a transient failure, not on bad input (``transient``).
+@task(name="finish-run", retries=1, retry_condition_fn=transient, cache_policy=NO_CACHE)
 def finish(handle: RunHandle) -> RunResult:
     """Test accuracy, summary, baseline, report and the per-epoch history; closes the live session."""
     session = session_for(handle)

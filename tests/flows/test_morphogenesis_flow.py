@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,39 @@ def test_retried_grow_task_reproduces_the_run(compiled_home: EsperSettings, monk
     assert retried.test_loss == clean.test_loss and retried.seeds == clean.seeds
     packets = read_jsonl(compiled_home.runs_dir / "retried" / "telemetry.jsonl")
     assert [p.epoch for p in packets if p.source == "tolaria"] == [0, 1, 2]
+
+
+def test_a_resume_refused_as_bad_input_fails_at_once(
+    compiled_home: EsperSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose controller changed since it started is refused (a ``ValueError``) by ``start-run``
+    in one process and by ``grow-parallel`` on two, once each: a retry would be refused again."""
+    from esper_core.run import ranks
+    from esper_core.run import session as sessions
+    from esper_core.run.config import RunConfig
+    from esper_core.run.spec import RunSpec, check_same_controller
+    from flows.morphogenesis import morphogenesis
+
+    Run.start(
+        RunSpec(recipe="seed-reference", epochs=2, device="cpu", seed=0, run_id="older"), settings=compiled_home
+    ).close()
+    path = compiled_home.runs_dir / "older" / "run.json"
+    fields = json.loads(path.read_text())
+    fields["decides"]["heuristic"]["probe_epoch"] += 1  # as a version with another default recorded it
+    path.write_text(json.dumps(fields))
+    checks: list[str] = []
+
+    def counted(run_dir: Path, config: RunConfig) -> None:
+        checks.append(run_dir.name)
+        check_same_controller(run_dir, config)
+
+    monkeypatch.setattr(sessions, "check_same_controller", counted)
+    monkeypatch.setattr(ranks, "check_same_controller", counted)
+    for nproc in (1, 2):
+        checks.clear()
+        with pytest.raises(ValueError, match="older was decided by heuristic="):
+            morphogenesis(recipe="seed-reference", epochs=2, device="cpu", seed=0, run_id="older", nproc=nproc)
+        assert checks == ["older"], f"nproc={nproc}: the refusal was retried"
 
 
 def _grow_task_runs(flow_run_id: object, expected: int) -> int:

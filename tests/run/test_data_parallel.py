@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch.multiprocessing as mp
 
 from esper_core.contracts import AdaptationCommand, CommandType, SeedOperation, SeedStage
 from esper_core.data import DatasetSplit, Split
+from esper_core.run import ranks
 from esper_core.run.commits import epoch_tag, epochs_applied
 from esper_core.run.ranks import LAUNCHES_FILE, ParallelRunFailed, launch
 from esper_core.run.recipes import get_recipe
@@ -155,6 +157,57 @@ def test_a_command_one_rank_cannot_apply_is_undone_on_every_rank(esper_home: Esp
     assert session.manager.slots["fc2+width"].stage is SeedStage.DORMANT
     assert state_digest(session.trainer.model) == before
     session.close()
+
+
+def _files(run_dir: Path) -> dict[Path, bytes]:
+    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("path", ["launch", "torchrun"])
+def test_a_resume_whose_controller_changed_is_refused_before_any_rank_trains(
+    esper_home: EsperSettings, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Both data-parallel paths check a resumed run's controller before any rank trains, as
+    ``Run.resume`` does: ``launch`` in the parent, before it starts a rank; under torchrun, rank 0
+    before the group trains (here a group of one, in this process)."""
+    session = Run.start(RunSpec(recipe=LONG, device="cpu", run_id="older"), settings=esper_home)
+    grow_epoch(session, 0)
+    session.close()
+    run_dir = esper_home.runs_dir / "older"
+    fields = json.loads((run_dir / "run.json").read_text())
+    probe = fields["decides"]["heuristic"]["probe_epoch"]
+    fields["decides"]["heuristic"]["probe_epoch"] = probe + 1  # as a version with another default recorded it
+    (run_dir / "run.json").write_text(json.dumps(fields))
+    stored = _files(run_dir)
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a rank started training a run whose controller changed")
+
+    monkeypatch.setattr(mp, "start_processes", no_training)
+    monkeypatch.setattr(ranks, "train_rank", no_training)
+    refused = rf"older was decided by heuristic=.*'probe_epoch': {probe + 1}.*now resolves to heuristic="
+    with pytest.raises(ValueError, match=refused):
+        if path == "launch":
+            launch(RunSpec(run_id="older", recipe=LONG, nproc=2, device="cpu"), esper_home)
+        else:
+            with socket.socket() as s:  # a free port for the group's rendezvous
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            env = {
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            for key, value in env.items():
+                monkeypatch.setenv(key, value)
+            ranks.join_torchrun(run_id="older", recipe=LONG, settings=esper_home, device="cpu")
+    # The run is as it was: no launch recorded, no commit added or rewound, run.json unchanged.
+    assert _files(run_dir) == stored
+    assert not (run_dir / LAUNCHES_FILE).exists()
+    assert epochs_applied(CheckpointStore(run_dir / "checkpoints").latest()) == 1
+    assert not torch.distributed.is_initialized()  # the refused group was taken down
 
 
 # ---------------------------------------------------------------------- whole runs
