@@ -7,10 +7,13 @@ on a few seeds to measure what a learned controller could gain over the heuristi
 produces the demonstrations, imitation distils them into the GNN, PPO then refines it).
 
 ``search_schedules`` is successive halving: every candidate runs on the first seed, the best
-``1 / eta`` of them (by mean final validation accuracy over the seeds run so far) go on to the
+``1 / eta`` of them (by mean final validation quality over the seeds run so far) go on to the
 next seed, and so on, until one is left or the seeds run out. A family of 27 on four seeds costs
-27 + 9 + 3 + 1 = 40 episodes instead of 108. Ranking uses validation accuracy, never test: the
-search chooses what a policy learns, and the test split is what the policy is judged on.
+27 + 9 + 3 + 1 = 40 episodes instead of 108. Validation quality is what Simic's rewards and the
+zoo's selection read (``esper_core.simic.record_types.validation_quality``): a classifier's
+accuracy, and for a language model (whose accuracy is 0) minus half its loss in bits per token.
+Ranking reads the validation split, never test: the search chooses what a policy learns, and the
+test split is what the policy is judged on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from esper_core.fanout import LOCAL, Pool
 from esper_core.run.config import RunConfig
 from esper_core.run.plan import RunPlan
+from esper_core.simic.record_types import validation_quality
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.tamiyo.config import ScheduledGermination
 
@@ -62,8 +66,9 @@ class SearchOutcome:
 
     Attributes:
         best: The schedule that survived every round.
-        ranking: ``(name, mean val accuracy, episodes run)`` of every candidate, best first: the
-            ones that went further rank above the ones discarded earlier.
+        ranking: ``(name, mean validation quality, episodes run)`` of every candidate, best first:
+            the ones that went further rank above the ones discarded earlier. The quality is the
+            validation accuracy of a classifier (module docstring).
         episodes: Every episode the search ran, by schedule name.
     """
 
@@ -117,12 +122,15 @@ class HalvingSearch:
         seeds: One round per seed, in order; the winner runs on every one of them.
         run: Runs one episode, or one per task (all of them count toward the schedule's mean).
         eta: Each round keeps ``ceil(n / eta)`` of ``n``.
+        language_model: Whether the recipe predicts tokens (``esper_core.run.scores.token_targets``
+            of its data): its schedules are then ranked by validation loss, its accuracy being 0.
     """
 
     candidates: Sequence[Schedule]
     seeds: Sequence[int]
     run: RunSchedule
     eta: int
+    language_model: bool = False
 
     def __post_init__(self) -> None:
         if not self.candidates or not self.seeds:
@@ -152,7 +160,12 @@ class _Halving:
         return [(self.search.run, seed, self.by_name[name]) for name in self.alive]
 
     def score(self, name: str) -> float:
-        return statistics.fmean(r.val_accuracy for r in self.episodes[name])
+        """Mean validation quality of ``name``'s episodes so far (the module docstring)."""
+        classifies = not self.search.language_model
+        return statistics.fmean(
+            validation_quality(accuracy=r.val_accuracy, loss=r.val_loss, classifies=classifies)
+            for r in self.episodes[name]
+        )
 
     def finish_round(self, ran: Sequence[EpisodeResult | Sequence[EpisodeResult]]) -> None:
         """Record the round's episodes (in ``jobs``' order) and keep the best ``1 / eta``."""
@@ -204,16 +217,24 @@ def search_all(searches: Sequence[HalvingSearch], *, pool: Pool = LOCAL) -> list
 
 
 def search_schedules(
-    candidates: Sequence[Schedule], seeds: Sequence[int], run: RunSchedule, *, eta: int, pool: Pool = LOCAL
+    candidates: Sequence[Schedule],
+    seeds: Sequence[int],
+    run: RunSchedule,
+    *,
+    eta: int,
+    language_model: bool = False,
+    pool: Pool = LOCAL,
 ) -> SearchOutcome:
     """Successive halving of ``candidates`` over ``seeds`` (one ``HalvingSearch``, see there).
 
     Args:
+        language_model: Rank by validation loss (``HalvingSearch.language_model``).
         pool: Where a round's episodes run (``esper_core.fanout``): the candidates of a round are
             independent, so they may spread over workers; ``run`` then travels to them.
 
     Raises:
         ValueError: No candidates or seeds, or two candidates with one name.
     """
-    (outcome,) = search_all([HalvingSearch(candidates=candidates, seeds=seeds, run=run, eta=eta)], pool=pool)
+    search = HalvingSearch(candidates=candidates, seeds=seeds, run=run, eta=eta, language_model=language_model)
+    (outcome,) = search_all([search], pool=pool)
     return outcome

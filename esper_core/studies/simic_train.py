@@ -17,12 +17,14 @@ import torch
 
 from esper_core._capabilities import one_thread
 from esper_core.contracts import new_id
+from esper_core.data import load_dataset
 from esper_core.fanout import LOCAL, Pool
 from esper_core.karn.entries import default_catalog
 from esper_core.run.config import RunConfig
 from esper_core.run.kernels import publish_missing_kernels
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.scores import token_targets
 from esper_core.settings import EsperSettings
 from esper_core.simic.dataset import REWARDS, RewardKind, build_samples
 from esper_core.simic.learn import SimicConfig, imitate, ppo_update
@@ -68,8 +70,9 @@ class TrainingPlan:
         variation: What each episode's task is drawn from (host width, share of the training
             data, label noise; ``esper_core.studies.variation``); the default varies nothing.
         search: Imitate the best fixed schedule this search finds on the demonstration seeds
-            (``esper_core.studies.schedule_search``, ranked by validation accuracy) instead of the
-            heuristic; None: the heuristic is the demonstrator.
+            (``esper_core.studies.schedule_search``, ranked by validation accuracy, or a language
+            model's validation loss) instead of the heuristic; None: the heuristic is the
+            demonstrator.
     """
 
     demonstrations: int = 4
@@ -405,7 +408,8 @@ def demonstration_search(settings: EsperSettings, *, recipe: str, plan: Training
             "this training plan does not search: set TrainingPlan.search or use the heuristic's demonstrations"
         )
     config = get_recipe(recipe, epochs=plan.epochs)
-    candidates = candidate_schedules(config, plan_run(config, catalog=default_catalog()), plan.search.at)
+    data = load_dataset(config.data)
+    candidates = candidate_schedules(config, plan_run(config, catalog=default_catalog(), data=data), plan.search.at)
 
     def run(schedule: Schedule, seed: int) -> EpisodeResult:
         (result,) = collect_episodes(
@@ -420,7 +424,13 @@ def demonstration_search(settings: EsperSettings, *, recipe: str, plan: Training
         )
         return result
 
-    return HalvingSearch(candidates=candidates, seeds=plan.seeds("demonstrations"), run=run, eta=plan.search.eta)
+    return HalvingSearch(
+        candidates=candidates,
+        seeds=plan.seeds("demonstrations"),
+        run=run,
+        eta=plan.search.eta,
+        language_model=token_targets(data),
+    )
 
 
 def train_imitation(

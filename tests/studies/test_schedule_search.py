@@ -4,11 +4,13 @@ on digits-cnn whose winner's episodes become Simic's demonstrations (real runs, 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from esper_core.fanout import Pool
 from esper_core.settings import EsperSettings
+from esper_core.simic.record_types import BITS_WORTH
 from esper_core.simic.records import SimicStore
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.schedule_search import (
@@ -19,7 +21,13 @@ from esper_core.studies.schedule_search import (
     search_all,
     search_schedules,
 )
-from esper_core.studies.simic_train import collect_demonstrations, get_plan, search_demonstrations, train_imitation
+from esper_core.studies.simic_train import (
+    collect_demonstrations,
+    demonstration_search,
+    get_plan,
+    search_demonstrations,
+    train_imitation,
+)
 from esper_core.tamiyo.config import ScheduledGermination
 
 
@@ -125,6 +133,31 @@ def test_a_schedule_searched_over_several_tasks_is_scored_on_all_of_them() -> No
         ("s:b@0", pytest.approx(65.0), 2),
     ]
     assert len(outcome.best_episodes) == 4
+
+
+def test_a_language_model_s_schedules_are_ranked_by_validation_loss() -> None:
+    # A language model's accuracy is 0 whatever the schedule: ranked by it, every schedule ties
+    # and the first candidate wins, here the one with the highest loss. Its loss ranks them.
+    losses = {0: 2.0, 1: 1.5, 2: 1.8}  # validation nats per character, by the schedule's epoch
+
+    def run(schedule: Schedule, seed: int) -> EpisodeResult:
+        return dataclasses.replace(_result(schedule, seed, 0.0), val_loss=losses[schedule[0].epoch] + 0.01 * seed)
+
+    outcome = search_schedules(_schedules(3), [0, 1], run, eta=3, language_model=True)
+    assert schedule_name(outcome.best) == "s:b@1"
+    assert [name for name, _, _ in outcome.ranking] == ["s:b@1", "s:b@2", "s:b@0"]
+    # Scored as Simic's rewards and the zoo's selection score it: minus half the bits per character.
+    assert outcome.ranking[0][1] == pytest.approx(-BITS_WORTH * (1.5 + 1.51) / 2 / math.log(2))
+    assert outcome.ranking[1][1] == pytest.approx(-BITS_WORTH * 1.8 / math.log(2))
+    assert schedule_name(search_schedules(_schedules(3), [0, 1], run, eta=3).best) == "s:b@0"  # the tie
+
+
+def test_the_demonstration_search_ranks_a_language_model_by_loss(esper_home: EsperSettings) -> None:
+    # Told by the recipe's data (token targets), before any episode runs.
+    plan = get_plan("search-smoke")
+    gpt = demonstration_search(esper_home, recipe="tests.helpers.user_gpt:recipe", plan=plan, device="cpu")
+    digits = demonstration_search(esper_home, recipe="digits-cnn", plan=plan, device="cpu")
+    assert (gpt.language_model, digits.language_model) == (True, False)
 
 
 def test_a_search_without_candidates_or_seeds_or_with_bad_settings_is_refused() -> None:
