@@ -22,7 +22,7 @@ from typing import Any
 
 from esper_core.run.recipes import CHARS_CONTEXT, chars_gpt_model
 from esper_core.settings import EsperSettings
-from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.episodes import EpisodeResult, count_halted, episode_config, run_episode
 from esper_core.studies.growth import compile_kernels, fresh_run_id, in_home
 from esper_core.studies.growth_report import BITS_PER_CHAR, static_same_params
 from esper_core.telemetry.paired import paired_difference
@@ -81,8 +81,17 @@ def run(seeds: int, epochs: int, home: Path | None) -> dict[str, Any]:
             arm: {
                 "bits_mean": sum(b) / len(b),
                 "params_mean": sum(r.total_params for r in arms[arm]) / len(b),
+                # Halted runs stay in their pairs, scored at their last commit (run_episode).
+                "halted": count_halted(arms[arm]),
                 "runs": [
-                    {"seed": r.seed, "bits": x, "params": r.total_params, "wall_s": r.wall_s, "commands": r.commands}
+                    {
+                        "seed": r.seed,
+                        "bits": x,
+                        "params": r.total_params,
+                        "wall_s": r.wall_s,
+                        "commands": r.commands,
+                        "halted": r.halted,
+                    }
                     for r, x in zip(arms[arm], b, strict=True)
                 ],
             }

@@ -29,7 +29,7 @@ from esper_core.karn.entries import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
-from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.episodes import EpisodeResult, count_halted, episode_config, run_episode
 from esper_core.studies.growth import compile_kernels, fresh_run_id, in_home
 from esper_core.studies.schedule_search import GERMINATION_POINTS, Schedule, candidate_schedules, schedule_name
 from esper_core.studies.simic_train import get_plan
@@ -198,6 +198,8 @@ def _summary(runs: list[EpisodeResult]) -> dict[str, Any]:
         "params_mean": statistics.fmean(r.total_params for r in runs),
         "per_seed": _points(runs),
         "commands": [r.commands for r in runs],
+        # Halted runs stay in their pairs, scored at their last commit (run_episode).
+        "halted": count_halted(runs),
     }
 
 

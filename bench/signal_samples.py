@@ -66,6 +66,8 @@ def run_job(job: Job) -> dict[str, Any]:
         "samples": job.samples,
         "germinations": [[g.epoch, g.slot, g.blueprint] for g in schedule],
         "test_accuracy": 100.0 * result.test_accuracy,
+        # A halted run stays in its pair, scored at its last commit (run_episode).
+        "halted": result.halted,
     }
 
 
@@ -94,6 +96,8 @@ def run(recipe: str, *, home: Path, version: int, samples: list[int], seeds: int
             "same_germinations": sum(same),
             "seeds": len(same),
             "differing_seeds": [r["seed"] for r, s in zip(reference, same, strict=True) if not s],
+            "halted": sum(r["halted"] is not None for r in by_count[n]),
+            "reference_halted": sum(r["halted"] is not None for r in reference),
             "test_accuracy_minus_reference": paired_difference(
                 [r["test_accuracy"] for r in by_count[n]], [r["test_accuracy"] for r in reference]
             ).as_dict(),

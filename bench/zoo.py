@@ -53,6 +53,8 @@ def episode(member: ZooMember, settings: EsperSettings, *, seed: int) -> dict[st
         "test_accuracy": None if member.task.name == "chars" else round(result.test_accuracy, 4),
         "test_loss": round(result.test_loss, 4),
         "commands": result.commands,
+        # Why the run halted (scored at its last commit), None when it trained every epoch.
+        "halted": result.halted,
         "data_s": round(data_s, 3),
         "episode_s": round(result.wall_s, 3),
         "episode_s_per_epoch": round(result.wall_s / member.epochs, 3),

@@ -262,6 +262,7 @@ def main() -> None:
     for s in scores:
         print(
             f"{s['label']:<10} score {s['score']:.4f}  val acc {s['val_accuracy']:.4f}  FLOPs x{s['flops_ratio']:.3f}"
+            + (f"  halted {s['halted']}" if s["halted"] else "")
         )
     text = save_json(out, args.json)
     print(text if args.json is None else f"written to {args.json}")

@@ -7,8 +7,8 @@ arm alike) and sets the policy beside two fixed schedules on the same tasks and 
 
 - ``best-fixed``: the single schedule that does best over all the tasks together, searched by
   successive halving (``search_schedules``) on separate selection seeds, ranked by validation
-  accuracy (never test). Its family is the search family (``candidate_schedules``) plus
-  ``replay``;
+  accuracy, or a language model's validation loss (never test). Its family is the search family
+  (``candidate_schedules``) plus ``replay``;
 - ``replay``: the policy's own germinations on the recipe's task (read from one run on the first
   selection seed), replayed on every task: what a policy that does not adapt would do;
 - ``none``: the static host at the task's width, for what growth bought on that task.
@@ -33,14 +33,16 @@ from typing import Any
 import torch
 
 from esper_core.contracts.enums import SeedOperation
+from esper_core.data import load_dataset
 from esper_core.karn.entries import default_catalog
 from esper_core.run.plan import plan_run
 from esper_core.run.recipes import get_recipe
+from esper_core.run.scores import token_targets
 from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
 from esper_core.simic.record_types import PolicyVersion
 from esper_core.simic.records import SimicStore
-from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.episodes import EpisodeResult, count_halted, episode_config, run_episode
 from esper_core.studies.growth import fresh_run_id
 from esper_core.studies.schedule_search import (
     GERMINATION_POINTS,
@@ -146,11 +148,16 @@ def run(
     own = episode("gnn", Task(), selection[0])
     replay = germinations(settings, own.run_id)
     config = get_recipe(recipe, epochs=epochs)
-    family = candidate_schedules(config, plan_run(config, catalog=default_catalog()), GERMINATION_POINTS)
+    data = load_dataset(config.data)
+    family = candidate_schedules(config, plan_run(config, catalog=default_catalog(), data=data), GERMINATION_POINTS)
     if replay and replay not in family:
         family.append(replay)
     search = search_schedules(
-        family, selection, lambda schedule, seed: [episode("scheduled", t, seed, schedule) for t in tasks], eta=eta
+        family,
+        selection,
+        lambda schedule, seed: [episode("scheduled", t, seed, schedule) for t in tasks],
+        eta=eta,
+        language_model=token_targets(data),
     )
     best = search.best
     arms: dict[str, dict[str, list[EpisodeResult]]] = {t.name: {} for t in tasks}
@@ -191,6 +198,8 @@ def _task_summary(runs: dict[str, list[EpisodeResult]], chosen: list[str]) -> di
                 "params_mean": statistics.fmean(r.total_params for r in results),
                 "train_flops_mean": statistics.fmean(r.train_flops for r in results),
                 "per_seed": [round(100.0 * r.test_accuracy, 2) for r in results],
+                # Halted runs stay in their pairs, scored at their last commit (run_episode).
+                "halted": count_halted(results),
             }
             for arm, results in runs.items()
             if results

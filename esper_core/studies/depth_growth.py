@@ -25,6 +25,8 @@ x the training samples) and its validation loss (``EpisodeResult.curve``). The r
 ``static-final`` network's final validation loss (linear between epochs; the saving is
 ``1 - flops / static-final's``), and each arm's final loss against the ``static-final`` curve at
 the same FLOPs. Intervals are the paired bootstrap (BCa) of ``esper_core.telemetry.paired``.
+A run that halted keeps its pair, its curve ending at its last commit's validation loss
+(``episodes.run_episode``); each arm counts its halted runs (``halted``).
 
 Evaluation seeds are 0 .. seeds - 1; the recipe's learning rate was chosen on selection seeds
 from 1000 (``bench/chars_lr.py``), which this benchmark refuses.
@@ -464,6 +466,7 @@ def summarise(runs: dict[str, list[EpisodeResult]]) -> dict[str, Any]:
                     "params": r.total_params,
                     "commands": r.commands,
                     "wall_s": r.wall_s,
+                    "halted": r.halted,
                     "curve": [{"train_flops": fl, "val_bits": bits(loss)} for fl, loss in r.curve],
                 }
                 for r, t, sv, e in zip(arm_runs, to_target, savings, equal, strict=True)
@@ -480,6 +483,8 @@ def arm_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "final_val_bits_mean": statistics.fmean(final),
         "train_flops_mean": statistics.fmean(r["train_flops"] for r in runs),
         "params_mean": statistics.fmean(r["params"] for r in runs),
+        # .get: runs saved before halted runs were kept have no entry (none halted: it raised).
+        "halted": sum(r.get("halted") is not None for r in runs),
         "reached_target": len(reached),
         "flops_saving": _interval(reached, [0.0] * len(reached), higher_is_better=True)
         if len(reached) == len(runs)
@@ -677,6 +682,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"{s['reached_target']}/{len(result['seeds'])} | {_fmt(s['flops_saving'], '%')} | "
             f"{_fmt(s['minus_static_at_equal_flops'], 'bits')} | {versus if frontier else 'no budget arms'} |"
         )
+    if halted := [f"{arm} {s['halted']}" for arm, s in result["arms"].items() if s.get("halted")]:
+        lines += ["", f"halted runs (kept in their pairs, scored at their last commit): {', '.join(halted)}"]
     return "\n".join(lines)
 
 

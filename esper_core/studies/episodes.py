@@ -4,15 +4,22 @@ An episode is a real ``Run`` (Tolaria trains, Tamiyo decides, Kasmina applies, e
 step committed), so its decisions and field reports reach the registry exactly as a production
 run's do. Episodes share one ``TamiyoService`` when given one (one policy load and, if
 compiled, one compile for all of them).
+
+A run that halts (``TrainingHalted``: Tolaria's safety gave up after repeated failed epochs) is an
+outcome, not an error: ``run_episode`` puts the network back at the run's last commit (the state
+every failed attempt was rolled back to) and scores it as a finished run is scored, with the
+reason in ``EpisodeResult.halted``. Dropping it instead would bias every paired comparison toward
+the arms that halt. A damaged commit (``CommitLost``) is not a training outcome and still raises.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -24,7 +31,7 @@ from esper_core.kasmina.width import WidthSeed
 from esper_core.run.commits import epoch_tag
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import get_recipe, with_overrides
-from esper_core.run.session import Run
+from esper_core.run.session import CommitLost, Run
 from esper_core.run.task import EpisodeTask
 from esper_core.settings import EsperSettings
 from esper_core.studies.counterfactual import CounterfactualConfig, CounterfactualForks
@@ -32,6 +39,9 @@ from esper_core.tamiyo.config import PolicyCompileConfig, ScheduledGermination
 from esper_core.tamiyo.service import TamiyoService
 from esper_core.tolaria.flops import forward_flops
 from esper_core.tolaria.loop import count_parameters
+from esper_core.tolaria.safety import TrainingHalted
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,7 +53,8 @@ class EpisodeResult:
         recipe: Its recipe.
         policy: Who decided (``TamiyoConfig.policy``).
         seed: Its seed.
-        test_accuracy: Accuracy on the test split after the last epoch.
+        test_accuracy: Accuracy on the test split after the last epoch (of a halted run: of the
+            network at its last commit, as are the other scores).
         test_loss: Mean loss on the test split after the last epoch (a language model's score:
             nats per character).
         val_accuracy: Validation accuracy after the last epoch.
@@ -67,7 +78,11 @@ class EpisodeResult:
             in the final network, units of width seeds still attached included: the shape of
             the static network it is compared with (``esper_core.studies.transfer``).
         curve: After each epoch, ``(train_flops so far, validation loss)``: loss against
-            training compute, for comparing a grown network's path with a static one's.
+            training compute, for comparing a grown network's path with a static one's. A halted
+            run's ends with its ``train_flops`` and ``val_loss`` (the network it is scored as).
+        halted: Why the run halted (``TrainingHalted``'s message), None for a run that trained
+            all its epochs. A halted run's ``train_flops`` are those of the epochs it started,
+            the one it halted in included (each epoch counted once, as in every run).
     """
 
     run_id: str
@@ -90,6 +105,13 @@ class EpisodeResult:
     task: EpisodeTask | None = None
     widths: dict[str, int] = field(default_factory=dict)
     curve: tuple[tuple[int, float], ...] = ()
+    halted: str | None = None
+
+
+def count_halted(results: Iterable[EpisodeResult]) -> int:
+    """How many of ``results`` halted (``EpisodeResult.halted``): every summary that pairs arms
+    shows it, since a halted run is scored at its last commit, not dropped."""
+    return sum(r.halted is not None for r in results)
 
 
 def episode_config(
@@ -165,7 +187,11 @@ def run_episode(
             trains exactly as without.
 
     Returns:
-        The episode's result.
+        The episode's result; a run that halted (``TrainingHalted``) is scored at its last commit
+        and says why in ``halted`` (module docstring).
+
+    Raises:
+        CommitLost: A checkpoint the run stood on was damaged (not a training outcome).
     """
     run_id = run_id or f"{config.recipe}-{config.tamiyo.policy}-s{config.seed}-{new_id()[:6]}"
     (settings.runs_dir / run_id).mkdir(parents=True, exist_ok=False)
@@ -179,28 +205,47 @@ def run_episode(
     samples = len(session.trainer.data.train)
     train_flops, flops_of = 0, {}
     curve: list[tuple[int, float]] = []
+    halted: str | None = None
     try:
-        for epoch in range(config.epochs):
-            # The forward this epoch trains: a seed germinated by the last decision is promoted to
-            # TRAINING when the epoch starts, and counted only from then (measured at GERMINATED,
-            # its first epoch of training went uncounted). The trainer's own start_epoch below
-            # finds nothing left to promote.
-            session.manager.start_epoch()
-            # Measured once per architecture (a germination, a merge or a cull changes it).
-            structure = session.manager.structure_signature()
-            if structure not in flops_of:
-                flops_of[structure] = forward_flops(session.trainer.model, sample)
-            train_flops += 3 * flops_of[structure] * samples
-            session.train_epoch()
-            curve.append((train_flops, session.history[-1].val_loss))
-            session.commit(epoch_tag(epoch, "trained"))
-            command = session.decide()
-            if forks is not None and (outcome := forks.maybe_fork(session, command)) is not None:
-                fork_ms += outcome.fork_ms
-            session.apply(command)
-            session.commit(epoch_tag(epoch, "applied"))
+        try:
+            for epoch in range(config.epochs):
+                # The forward this epoch trains: a seed germinated by the last decision is promoted
+                # to TRAINING when the epoch starts, and counted only from then (measured at
+                # GERMINATED, its first epoch of training went uncounted). The trainer's own
+                # start_epoch below finds nothing left to promote.
+                session.manager.start_epoch()
+                # Measured once per architecture (a germination, a merge or a cull changes it).
+                structure = session.manager.structure_signature()
+                if structure not in flops_of:
+                    flops_of[structure] = forward_flops(session.trainer.model, sample)
+                train_flops += 3 * flops_of[structure] * samples
+                session.train_epoch()
+                curve.append((train_flops, session.history[-1].val_loss))
+                session.commit(epoch_tag(epoch, "trained"))
+                command = session.decide()
+                if forks is not None and (outcome := forks.maybe_fork(session, command)) is not None:
+                    fork_ms += outcome.fork_ms
+                session.apply(command)
+                session.commit(epoch_tag(epoch, "applied"))
+        except CommitLost:
+            raise  # a damaged checkpoint: the disk failed, not the training
+        except TrainingHalted as e:
+            halted = str(e)
+            # The failed attempt's weights are still live (a halt does not roll back): back to
+            # the last commit, the good state every earlier attempt was rolled back to.
+            assert session.committed_tag is not None, "run_episode commits before it trains"
+            session.ensure_at(session.committed_tag)
+            log.warning("episode %s halted; scored at its last commit %s: %s", run_id, session.committed_tag, e)
         test = session.trainer.evaluate(session.trainer.data.test)
-        last = session.history[-1]
+        if halted is None:
+            last = session.history[-1]
+            val_accuracy, val_loss, host_params = last.val_accuracy, last.val_loss, last.host_params
+        else:
+            # Validated as it stands now: its last packet (if any) predates the commit's decision.
+            val = session.trainer.evaluate(session.trainer.data.val)
+            val_accuracy, val_loss = val.accuracy, val.loss
+            host_params = sum(p.numel() for p in session.trainer.model.host_parameters())
+            curve.append((train_flops, val_loss))
         return EpisodeResult(
             run_id=run_id,
             recipe=config.recipe,
@@ -208,9 +253,9 @@ def run_episode(
             seed=config.seed,
             test_accuracy=test.accuracy,
             test_loss=test.loss,
-            val_accuracy=last.val_accuracy,
-            val_loss=last.val_loss,
-            host_params=last.host_params,
+            val_accuracy=val_accuracy,
+            val_loss=val_loss,
+            host_params=host_params,
             total_params=count_parameters(session.trainer.model),
             forward_flops=forward_flops(session.trainer.model, sample),
             train_flops=train_flops,
@@ -222,6 +267,7 @@ def run_episode(
             task=config.task,
             widths=grown_widths(session.trainer.model, config.host.widen if isinstance(config.host, ModelSpec) else ()),
             curve=tuple(curve),
+            halted=halted,
         )
     finally:
         if tamiyo is None:

@@ -9,6 +9,10 @@ log(parameters) between the two frontier widths around it (clamped at the ends, 
 ``extrapolated``). Interpolation rather than a static host trained at each grown size: grown sizes
 differ per seed and arm, so matching each would cost a run per (seed, arm), while the frontier is
 trained once per seed and is what the plot shows anyway.
+
+A run that halted (``EpisodeResult.halted``) keeps its seed's pair, scored at its last commit
+(``episodes.run_episode``); each arm and frontier width counts its halted runs (``halted``), and the
+table says which arms had any.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from esper_core.studies.arms import GROWING_ARMS
-from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.episodes import EpisodeResult, count_halted
 from esper_core.telemetry.paired import paired_difference
 from esper_core.telemetry.plots import figure_png
 
@@ -167,6 +171,7 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
         # What training cost: a grown network trains small first (EpisodeResult.train_flops).
         "train_flops_mean": statistics.fmean(r.train_flops for r in runs),
         "wall_s_mean": statistics.fmean(r.wall_s for r in runs),
+        "halted": count_halted(runs),
         "runs": [
             {
                 "seed": r.seed,
@@ -176,6 +181,7 @@ def _arm_summary(runs: Sequence[EpisodeResult], metric: Metric = ACCURACY) -> di
                 "train_flops": r.train_flops,
                 "wall_s": r.wall_s,
                 "commands": r.commands,
+                "halted": r.halted,
             }
             for r in runs
         ],
@@ -227,6 +233,9 @@ def format_table(result: dict[str, Any]) -> str:
                 f"| {name} | {s[f'{key}_mean']:.3f} ± {s[f'{key}_std']:.3f} | {s['params_mean']:.0f} | "
                 f"{s['flops_mean']:.0f} | {s.get('train_flops_mean', 0):.3g} | {s['wall_s_mean']:.2f} |"
             )
+        # .get: results saved before halted runs were counted have no count (none halted: it raised).
+        if halted := [f"{name} {s['halted']}" for name, s in rows if s.get("halted")]:
+            lines += ["", f"halted runs (scored at their last commit, kept in their pairs): {', '.join(halted)}"]
         better = "higher" if r.get("higher_is_better", True) else "lower"
         lines += ["", f"| paired difference ({better} is better) | mean | 95 % CI | n |", "|---|---:|---:|---:|"]
         for name, d in r["paired"].items():

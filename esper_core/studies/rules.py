@@ -390,6 +390,7 @@ def format_table(result: Mapping[str, Any], *, top: int = 8) -> str:
         lines.append(
             f"  {s['label']:<22} score {s['score']:.4f}  val acc {s['val_accuracy']:.4f}  "
             f"FLOPs x{s['flops_ratio']:.2f}  germinations {s['germinations_mean']:.2f}"
+            + (f"  halted {s['halted']}" if s.get("halted") else "")
         )
     lines.append(f"chosen: {selection['chosen']}")
     for family, r in result["results"].items():

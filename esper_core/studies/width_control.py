@@ -48,7 +48,7 @@ def at_widths(
 def run(recipe: str, widths: dict[str, int], growth: dict, arm: str) -> dict[str, object]:
     """Train the static shape on the growth result's seeds; pair it with ``arm``'s runs there."""
     grown = growth["results"][recipe]["arms"][arm]["runs"]
-    accuracy, params = [], []
+    accuracy, params, halted = [], [], 0
     with in_home(None, prefix="esper-width-control-") as home:
         settings = EsperSettings(home=home)
         for entry in grown:
@@ -59,6 +59,7 @@ def run(recipe: str, widths: dict[str, int], growth: dict, arm: str) -> dict[str
             result = run_episode(config, settings=settings, run_id=f"control-{recipe}-s{entry['seed']}")
             accuracy.append(100.0 * result.test_accuracy)
             params.append(result.total_params)
+            halted += result.halted is not None  # kept in its pair, scored at its last commit
     diff = paired_difference([r["test_acc"] for r in grown], accuracy, higher_is_better=True)
     return {
         "bench": "width_control",
@@ -66,7 +67,12 @@ def run(recipe: str, widths: dict[str, int], growth: dict, arm: str) -> dict[str
         "widths": widths,
         "arm": arm,
         "seeds": [r["seed"] for r in grown],
-        "static_shape": {"test_accuracy_mean": statistics.fmean(accuracy), "params": params[0], "runs": accuracy},
+        "static_shape": {
+            "test_accuracy_mean": statistics.fmean(accuracy),
+            "params": params[0],
+            "runs": accuracy,
+            "halted": halted,
+        },
         "arm_test_accuracy_mean": statistics.fmean(r["test_acc"] for r in grown),
         "arm_params_mean": statistics.fmean(r["params"] for r in grown),
         "arm_minus_static_shape": diff.as_dict(),

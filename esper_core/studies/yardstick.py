@@ -8,6 +8,10 @@ grown widths, trained from scratch) and the ``tuned`` one (that network with its
 chosen on validation). ``summarise_arms`` reads each family's scores, paired differences with BCa
 95 % intervals and the goal against the tuned network; ``arms_png`` and ``format_arms`` show them.
 
+A run that halted (``EpisodeResult.halted``) stays in its pair, scored at its last commit
+(``episodes.run_episode``): each arm's summary counts its halted runs (``halted``), each run says
+why, and ``format_arms`` prints a line when any arm has one.
+
 Width slots only (``check_evaluation``): the static network of a grown shape is then the host at
 other widths; a branch seed's module has no static counterpart defined here.
 """
@@ -27,7 +31,7 @@ from torch import nn
 from esper_core.data import load_dataset
 from esper_core.run.config import ModelSpec
 from esper_core.settings import EsperSettings
-from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
+from esper_core.studies.episodes import EpisodeResult, count_halted, episode_config, run_episode
 from esper_core.studies.growth import fresh_run_id
 from esper_core.studies.growth_report import ACCURACY, BITS_PER_CHAR, Metric
 from esper_core.studies.width_control import at_widths
@@ -238,7 +242,9 @@ def summarise_arms(
     subject: str,
 ) -> dict[str, Any]:
     """One family's arms (``outcome["runs"][arm]`` per job), the paired differences ``a - b`` of
-    ``pairs``, and whether ``subject`` met the goal against the tuned static network."""
+    ``pairs``, and whether ``subject`` met the goal against the tuned static network.
+
+    A halted run is paired at its scored value like any other; each arm's ``halted`` counts them."""
     scores: dict[str, list[float]] = {arm: [] for arm in arms}
     runs: list[dict[str, Any]] = []
     for job, outcome in zip(jobs, outcomes, strict=True):
@@ -260,6 +266,7 @@ def summarise_arms(
                         "total_params": r.total_params,
                         "wall_s": round(r.wall_s, 3),
                         "commands": r.commands,
+                        "halted": r.halted,
                     }
                     for arm, r in arm_runs.items()
                 },
@@ -272,6 +279,7 @@ def summarise_arms(
             "train_flops_mean": statistics.fmean(r["arms"][arm]["train_flops"] for r in runs),
             "wall_s_mean": statistics.fmean(r["arms"][arm]["wall_s"] for r in runs),
             "params_mean": statistics.fmean(r["arms"][arm]["total_params"] for r in runs),
+            "halted": count_halted(outcome["runs"][arm] for outcome in outcomes),
         }
         for arm in arms
     }
@@ -368,12 +376,17 @@ def arms_png(result: Mapping[str, Any], *, arms: Sequence[str], title: Callable[
 
 def format_arms(r: Mapping[str, Any], *, subject: str, label: str) -> list[str]:
     """A family's lines (``summarise_arms``' result ``r``): each arm's score, FLOPs and wall, the
-    paired differences, and whether ``subject`` (called ``label``) met the goal."""
+    halted runs when there are any, the paired differences, and whether ``subject`` (called
+    ``label``) met the goal."""
     key = r["metric"]
     lines = [
         f"  {arm:<10} {s[f'{key}_mean']:8.3f}  train FLOPs {s['train_flops_mean']:.3g}  wall {s['wall_s_mean']:.2f} s"
         for arm, s in r["arms"].items()
     ]
+    # .get: results saved before halted runs were counted have no count (none halted: it raised).
+    if halted := {arm: n for arm, s in r["arms"].items() if (n := s.get("halted", 0))}:
+        counts = ", ".join(f"{arm} {n}" for arm, n in halted.items())
+        lines.append(f"  halted runs (scored at their last commit): {counts} of {r['pairs']} pairs")
     lines += [
         f"  {name:<24} {d['mean']:+.3f} [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}]"
         for name, d in r["paired"].items()

@@ -26,6 +26,11 @@ quality is ``-simic.record_types.BITS_WORTH`` (0.5) x its validation loss in bit
 point, the exchange rate of the transfer goal (``yardstick.GOAL_BITS`` against ``GOAL_POINTS``).
 Before 2026-11-28 a language model was scored (and rewarded) by its FLOPs alone.
 
+An episode that halted (``EpisodeResult.halted``: its training failed past Tolaria's budget) counts
+as what it is: its scores are those of its network at its last commit (``episodes.run_episode``),
+so it is scored, and its recorded decisions rewarded, from that (``simic.dataset``'s returns
+telescope to the quality it reached); ``VersionScore.halted`` counts such episodes.
+
 ``exclude_families`` leaves a family out (leave-one-family-out): members are drawn from the
 zoo by index, skipping the excluded families' (and those of a family that has its share), so
 a held-out training runs the same procedure on the other families.
@@ -34,6 +39,7 @@ a held-out training runs the same procedure on the other families.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import statistics
 import time
@@ -47,10 +53,12 @@ from esper_core.settings import EsperSettings
 from esper_core.simic.learn import SimicConfig
 from esper_core.simic.record_types import validation_quality as record_quality
 from esper_core.simic.records import SimicStore
-from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.episodes import EpisodeResult, count_halted
 from esper_core.studies.simic_train import TrainingPlan, episode_jobs, run_episodes, train_imitation, train_ppo
 from esper_core.tamiyo.model import TamiyoGNNConfig
 from esper_core.zoo import FAMILIES, Family, ZooMember, ZooSpec, draw_member
+
+log = logging.getLogger(__name__)
 
 # Members drawn per member kept, at most, before a family exclusion is called unsatisfiable.
 _MAX_DRAWS_PER_MEMBER = 50
@@ -193,6 +201,7 @@ class VersionScore:
         val_accuracy: Mean validation accuracy.
         flops_ratio: Mean training FLOPs over the static run's.
         by_family: Family -> mean selection score.
+        halted: Episodes that halted, scored at their last commit (module docstring).
     """
 
     label: str
@@ -200,6 +209,7 @@ class VersionScore:
     val_accuracy: float
     flops_ratio: float
     by_family: dict[str, float]
+    halted: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -274,6 +284,16 @@ def train_zoo_policy(
             for m in members
         ]
         results = [r for batch in run_episodes(batches, pool=pool) for r in batch]
+        if halted := [r.run_id for r in results if r.halted is not None]:
+            # Said here as well as by each run: on a Dask worker the run's own warning stays there.
+            log.warning(
+                "zoo %s (%s): %d of %d episodes halted, scored at their last commit: %s",
+                phase,
+                label,
+                len(halted),
+                len(results),
+                ", ".join(halted),
+            )
         episodes[phase].extend(results)
         phase_s[phase] += time.perf_counter() - start
         return results
@@ -403,6 +423,7 @@ def score_episodes(
         val_accuracy=statistics.fmean(r.val_accuracy for r, _ in per),
         flops_ratio=statistics.fmean(_flops_ratio(r, s) for r, s in per),
         by_family={f: statistics.fmean(v) for f, v in sorted(by_family.items())},
+        halted=count_halted(results),
     )
 
 

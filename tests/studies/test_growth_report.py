@@ -85,3 +85,23 @@ def test_a_subset_of_arms_is_compared_where_it_can_be_and_its_goals_are_not_judg
     table = format_table(result)
     assert "no learned arm" in table and "goal on chars-gpt: not judged" in table
     assert "(kernels 2 s, evaluation 3 s on 2 workers)" in table.splitlines()[0]
+
+
+def test_a_halted_run_keeps_its_seeds_pair_and_each_arm_counts_them() -> None:
+    seeds = range(3)
+    arms = {arm: [_run(arm, s, 2.0 + 0.01 * s, 1000) for s in seeds] for arm in ("none", "heuristic")}
+    # The heuristic's seed-1 run halted, scored at its last commit: 3 bits instead of ~2.
+    arms["heuristic"][1] = dataclasses.replace(arms["heuristic"][1], test_loss=3.0 * math.log(2), halted="diverged")
+    frontier = {1.0: arms["none"], 2.0: [_run("none", s, 1.9, 3000) for s in seeds]}
+    report = summarise_recipe(arms, frontier, BITS_PER_CHAR)
+    assert report["arms"]["heuristic"]["halted"] == 1 and report["arms"]["none"]["halted"] == 0
+    assert [r["halted"] for r in report["arms"]["heuristic"]["runs"]] == [None, "diverged", None]
+    assert report["paired"]["heuristic_minus_none"]["n"] == 3
+    assert math.isclose(report["paired"]["heuristic_minus_none"]["mean"], (3.0 - 2.01) / 3)
+    result = {
+        "device": "cpu", "plan": "smoke", "seeds": list(seeds), "epochs": 2, "lr_schedule": "cosine",
+        "wall_s": 1.0, "policy": None, "results": {"chars-gpt": report},
+    }  # fmt: skip
+    assert "halted runs (scored at their last commit, kept in their pairs): heuristic 1" in format_table(result)
+    report["arms"]["heuristic"]["halted"] = 0
+    assert "halted" not in format_table(result)

@@ -148,6 +148,13 @@ def test_selection_scores_charge_training_flops_over_the_static_run() -> None:
     assert selection_score(result(0.80, 1000), static, flops_penalty=0.01, language_model=False) == pytest.approx(0.80)
     # Twice the static run's compute costs one point.
     assert selection_score(result(0.80, 2000), static, flops_penalty=0.01, language_model=False) == pytest.approx(0.79)
+    # A halted episode is scored at its last commit (its values here) and counted.
+    member = draw_member(ZooSpec(), 0)
+    halted = dataclasses.replace(result(0.40, 500), recipe=member.name, halted="diverged")
+    fine = dataclasses.replace(result(0.80, 1000), recipe=member.name, seed=2001)
+    statics = {(member.name, 2000): dataclasses.replace(static, recipe=member.name), (member.name, 2001): fine}
+    score = score_episodes("v1", [halted, fine], statics, 0.01, {member.name: member})
+    assert score.halted == 1 and score.val_accuracy == pytest.approx(0.60)
 
 
 def test_a_language_model_is_selected_on_its_validation_bits_and_a_classifier_on_its_accuracy() -> None:
