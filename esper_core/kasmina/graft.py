@@ -41,7 +41,7 @@ from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.depth import DepthSlot, find_depth_site, graft_depth_slot
 from esper_core.kasmina.dryrun import dry_forward
 from esper_core.kasmina.slot import SeedSlot
-from esper_core.kasmina.width import WidthSlot, graft_width_slot, trace_width_site
+from esper_core.kasmina.width import WidthSeed, WidthSlot, graft_width_slot, trace_width_site
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +395,17 @@ class GrowableModel(nn.Module):
     def layer_widths(self) -> tuple[int, ...]:
         """Each weight layer's current output width (a merged width seed changes it)."""
         return tuple(int(m.get_parameter("weight").shape[0]) for m in self.layers)
+
+    @property
+    def grown_widths(self) -> dict[str, int]:
+        """Output units of each layer width seeds may widen (``widen``), as the network stands:
+        merged units and those of a seed still attached. The shape a static network must have to
+        be compared with this one."""
+        return {
+            s.site.layer: s.site.width + (s.seed.units if isinstance(s.seed, WidthSeed) else 0)
+            for s in self.slots().values()
+            if isinstance(s, WidthSlot)
+        }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)

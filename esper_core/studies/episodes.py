@@ -22,14 +22,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from torch import nn
-
 from esper_core.contracts import new_id
 from esper_core.data import DataConfig
 from esper_core.kasmina.graft import GrowableModel
-from esper_core.kasmina.width import WidthSeed
 from esper_core.run.commits import epoch_tag
-from esper_core.run.config import ModelSpec, RunConfig
+from esper_core.run.config import RunConfig
 from esper_core.run.recipes import get_recipe, with_overrides
 from esper_core.run.session import CommitLost, Run
 from esper_core.run.task import EpisodeTask
@@ -80,6 +77,8 @@ class EpisodeResult:
         curve: After each epoch, ``(train_flops so far, validation loss)``: loss against
             training compute, for comparing a grown network's path with a static one's. A halted
             run's ends with its ``train_flops`` and ``val_loss`` (the network it is scored as).
+        early_stop: Where early stopping would have ended it (``run_episode``'s
+            ``early_stopping``; None without).
         halted: Why the run halted (``TrainingHalted``'s message), None for a run that trained
             all its epochs. A halted run's ``train_flops`` are those of the epochs it started,
             the one it halted in included (each epoch counted once, as in every run).
@@ -106,6 +105,31 @@ class EpisodeResult:
     widths: dict[str, int] = field(default_factory=dict)
     curve: tuple[tuple[int, float], ...] = ()
     halted: str | None = None
+    early_stop: EarlyStop | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EarlyStop:
+    """Where early stopping would have ended a run (``run_episode(early_stopping=True)``): the
+    epoch of its best validation score so far (accuracy; a language model's loss), with the test
+    split read at that epoch. The epoch is chosen on validation alone; the test scores are only
+    reported (the yardstick's tuned static arm, ``yardstick.early_stopped``).
+
+    Attributes:
+        epoch: The 0-based epoch whose end scored best on validation (the first of a tie).
+        val_accuracy: Validation accuracy there.
+        val_loss: Validation loss there.
+        test_accuracy: Test accuracy there.
+        test_loss: Test loss there.
+        train_flops: Training FLOPs up to the end of that epoch.
+    """
+
+    epoch: int
+    val_accuracy: float
+    val_loss: float
+    test_accuracy: float
+    test_loss: float
+    train_flops: int
 
 
 def count_halted(results: Iterable[EpisodeResult]) -> int:
@@ -173,6 +197,7 @@ def run_episode(
     run_id: str | None = None,
     tamiyo: TamiyoService | None = None,
     counterfactual: CounterfactualConfig | None = None,
+    early_stopping: bool = False,
 ) -> EpisodeResult:
     """Train ``config`` for all its epochs with Tamiyo deciding after each, then test it.
 
@@ -185,6 +210,9 @@ def run_episode(
         counterfactual: Fork some decisions (where a choice existed) and store each one's
             counterfactual outcome with it (``esper_core.studies.counterfactual``); the run itself
             trains exactly as without.
+        early_stopping: Read the test split at every epoch whose validation score is the best
+            so far, for ``EpisodeResult.early_stop`` (evaluation only: the run trains exactly
+            as without).
 
     Returns:
         The episode's result; a run that halted (``TrainingHalted``) is scored at its last commit
@@ -206,6 +234,7 @@ def run_episode(
     train_flops, flops_of = 0, {}
     curve: list[tuple[int, float]] = []
     halted: str | None = None
+    early: EarlyStop | None = None
     try:
         try:
             for epoch in range(config.epochs):
@@ -221,6 +250,8 @@ def run_episode(
                 train_flops += 3 * flops_of[structure] * samples
                 session.train_epoch()
                 curve.append((train_flops, session.history[-1].val_loss))
+                if early_stopping:
+                    early = _early_stop(session, epoch, train_flops, early)
                 session.commit(epoch_tag(epoch, "trained"))
                 command = session.decide()
                 if forks is not None and (outcome := forks.maybe_fork(session, command)) is not None:
@@ -265,9 +296,10 @@ def run_episode(
             forks=0 if forks is None else forks.forks,
             fork_ms=fork_ms,
             task=config.task,
-            widths=grown_widths(session.trainer.model, config.host.widen if isinstance(config.host, ModelSpec) else ()),
+            widths=model.grown_widths if isinstance(model := session.trainer.model, GrowableModel) else {},
             curve=tuple(curve),
             halted=halted,
+            early_stop=early,
         )
     finally:
         if tamiyo is None:
@@ -275,14 +307,22 @@ def run_episode(
         session.close()
 
 
-def grown_widths(model: nn.Module, layers: Sequence[str]) -> dict[str, int]:
-    """Output units of each of ``layers`` (names in the host) in ``model``, a grafted host
-    (``GrowableModel``), units of its width seeds not yet merged included."""
-    if not layers:
-        return {}
-    host = dict((model.model if isinstance(model, GrowableModel) else model).named_modules())
-    widths = {name: int(host[name].weight.shape[0]) for name in layers}
-    for module in model.modules():
-        if isinstance(module, WidthSeed) and module.site.layer in widths:
-            widths[module.site.layer] += module.units
-    return widths
+def _early_stop(session: Run, epoch: int, train_flops: int, best: EarlyStop | None) -> EarlyStop | None:
+    """``best``, or this epoch if it scored better on validation (then the test split is read)."""
+    last = session.history[-1]
+
+    def score(accuracy: float, loss: float) -> float:
+        return accuracy if last.classifies else -loss
+
+    if best is not None and score(last.val_accuracy, last.val_loss) <= score(best.val_accuracy, best.val_loss):
+        return best
+    # Evaluation under inference mode, in order, no random draw: the training goes on as without.
+    test = session.trainer.evaluate(session.trainer.data.test)
+    return EarlyStop(
+        epoch=epoch,
+        val_accuracy=last.val_accuracy,
+        val_loss=last.val_loss,
+        test_accuracy=test.accuracy,
+        test_loss=test.loss,
+        train_flops=train_flops,
+    )

@@ -1,5 +1,7 @@
-"""A run that halts is an episode's outcome: scored at its last commit, never an exception that
-ends the study around it. Real runs of the smallest recipe, made to diverge deterministically."""
+"""What an episode reports beyond its last epoch. A run that halts is an outcome: scored at its last
+commit, never an exception that ends the study around it (real runs of the smallest recipe, made
+to diverge deterministically). Early stopping reads the best validation epoch without changing the
+training."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from esper_core.simic.dataset import build_samples
 from esper_core.simic.records import SimicStore
 from esper_core.studies.episodes import count_halted, episode_config, run_episode
 from esper_core.studies.simic_train import collect_episodes, get_plan
+from esper_core.studies.yardstick import early_stopped
 from esper_core.tolaria.safety import SafetyConfig
 
 
@@ -75,3 +78,28 @@ def test_simic_episodes_go_on_past_a_halted_one_and_learn_from_its_decisions(com
     assert sorted({r.command.run_id for r in records}) == sorted(r.run_id for r in results)
     samples, skipped = build_samples(records, reports, param_penalty=plan.simic.param_penalty)
     assert len(samples) + skipped == len(records) and all(math.isfinite(s.reward) for s in samples)
+
+
+def test_early_stopping_reads_the_best_validation_epoch_and_trains_exactly_as_without(
+    esper_home: EsperSettings,
+) -> None:
+    config = episode_config("seed-reference", seed=3, policy="none", epochs=6)
+    plain = run_episode(config, settings=esper_home)
+    watched = run_episode(config, settings=esper_home, early_stopping=True)
+    assert plain.early_stop is None and watched.early_stop is not None
+    # Evaluation only: the same training, to the bit.
+    for name in ("test_accuracy", "test_loss", "val_accuracy", "val_loss", "train_flops", "curve"):
+        assert getattr(watched, name) == getattr(plain, name), name
+    early = watched.early_stop
+    assert (early.train_flops, early.val_loss) == watched.curve[early.epoch]
+    assert early.val_accuracy >= watched.val_accuracy
+    if early.epoch == 5:  # the last epoch was the best: its test scores are the run's own
+        assert (early.test_accuracy, early.test_loss) == (watched.test_accuracy, watched.test_loss)
+    stopped = early_stopped(watched)
+    assert (stopped.val_accuracy, stopped.test_accuracy, stopped.train_flops) == (
+        early.val_accuracy,
+        early.test_accuracy,
+        early.train_flops,
+    )
+    with pytest.raises(ValueError, match="early_stopping=True"):
+        early_stopped(plain)
