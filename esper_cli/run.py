@@ -20,7 +20,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     phases = StartupPhases()
     server = prefect_for_command()
     from esper_core.run.preflight import preflight
-    from esper_core.run.reports import frontier_lines
+    from esper_core.run.reports import frontier_lines, yardstick_lines
     from esper_core.run.scores import bits
     from esper_core.run.spec import check_resume, plan_spec
     from esper_core.settings import EsperSettings
@@ -88,6 +88,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     for slot, stage in summary.seeds.items():
         print(f"seed       {slot}: {stage}")
+    if summary.yardstick is not None:
+        for line in yardstick_lines(summary.yardstick):
+            print(f"yardstick  {line.removeprefix('- ')}")
     if summary.frontier is not None:
         for line in frontier_lines(summary.frontier):
             print(f"frontier   {line.removeprefix('- ')}")

@@ -1,16 +1,22 @@
-"""The static frontier a grown network is judged against: what a network trained at a fixed size
-from scratch reaches, per parameter count, as the growth benchmark measured it.
+"""What a grown network is judged against, for a run's summary.
 
-A run's summary sets its grown network beside the static host of the same parameter count
-(interpolated as the growth benchmark interpolates: linearly in log(parameters) between the two
-nearest frontier widths) and beside its own starting size, so a run shows what growth bought.
-The tables are the committed baselines' means (a test keeps them equal to the files); a single
-run is one draw against a mean over many seeds, so the summary gives the frontier's spread too.
+- ``ShapeYardstick``: the static network **of the grown network's own final shape**, trained from
+  scratch, plain and with its weight decay tuned on validation, paired seed by seed with the grown
+  network on seeds nothing was chosen on (``bench/main_job.py``). This is the yardstick: it says
+  whether growing beat simply training the network it grew into.
+- ``StaticFrontier``: the host scaled uniformly (every layer by the same factor), per parameter
+  count, as the growth benchmark measured it, read at the grown network's parameter count
+  (linearly in log(parameters) between the two nearest widths). Context only: a uniformly scaled
+  network is not the grown shape, and it was not tuned.
+
+The tables are the committed baselines' numbers (tests keep them equal to the files); a single
+run is one draw against means over many seeds, so the summary gives the spread too.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,3 +97,76 @@ MNIST1D_CNN = StaticFrontier(
 
 FRONTIERS: dict[str, StaticFrontier] = {"mnist1d-cnn-width": MNIST1D_CNN, "mnist1d-cnn-grown": MNIST1D_CNN}
 """Built-in recipes with a committed static frontier, by name."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PairedGap:
+    """A paired mean difference in points with its bootstrap 95 % interval."""
+
+    mean: float
+    ci95_low: float
+    ci95_high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:+.2f} [{self.ci95_low:+.2f}, {self.ci95_high:+.2f}]"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapeYardstick:
+    """The static network of a grown network's own shape, from one committed ``bench.main_job`` run.
+
+    Attributes:
+        source: The baseline file (relative to the repository).
+        seeds: Paired seeds the gaps are over (none of them chose anything the run does).
+        epochs: Epochs every arm trained (a run of another length is not compared).
+        widths: The shape (layer -> output units) most seeds grew to; the static means are at it.
+        static_test_accuracy: That shape trained from scratch, weight decay 0: mean test accuracy (%).
+        tuned_test_accuracy: The same with weight decay chosen on validation: mean test accuracy (%).
+        grown_test_accuracy_sd: One grown run's spread (standard deviation over the seeds, points).
+        grown_minus_static: Grown minus ``static``, paired by seed.
+        grown_minus_tuned: Grown minus ``tuned``, paired by seed.
+    """
+
+    source: str
+    seeds: int
+    epochs: int
+    widths: tuple[tuple[str, int], ...]
+    static_test_accuracy: float
+    tuned_test_accuracy: float
+    grown_test_accuracy_sd: float
+    grown_minus_static: PairedGap
+    grown_minus_tuned: PairedGap
+
+    def compare(self, *, widths: Mapping[str, int], test_accuracy: float) -> dict[str, Any]:
+        """A grown network (its final ``widths``, test accuracy as a fraction) against the yardstick:
+        the static means apply only to a network of the measured shape (``same_shape``)."""
+        return {
+            "source": self.source,
+            "seeds": self.seeds,
+            "widths": dict(self.widths),
+            "grown_widths": dict(widths),
+            "same_shape": dict(widths) == dict(self.widths),
+            "grown_test_accuracy": round(100.0 * test_accuracy, 2),
+            "static_test_accuracy": self.static_test_accuracy,
+            "tuned_test_accuracy": self.tuned_test_accuracy,
+            "grown_test_accuracy_sd": self.grown_test_accuracy_sd,
+            "grown_minus_static": str(self.grown_minus_static),
+            "grown_minus_tuned": str(self.grown_minus_tuned),
+        }
+
+
+MNIST1D_CNN_GROWN = ShapeYardstick(
+    source="baselines/main-job/mnist1d-cnn-grown.json",
+    seeds=40,
+    epochs=60,
+    widths=(("conv1", 16), ("conv2", 8), ("conv3", 16)),
+    static_test_accuracy=86.02,
+    tuned_test_accuracy=86.85,
+    grown_test_accuracy_sd=1.73,
+    grown_minus_static=PairedGap(mean=1.56, ci95_low=0.9, ci95_high=2.24),
+    grown_minus_tuned=PairedGap(mean=0.73, ci95_low=0.06, ci95_high=1.33),
+)
+"""``make run``'s recipe on seeds 20-59 and the published MNIST-1D (10,000 test signals)."""
+
+SHAPE_YARDSTICKS: dict[str, ShapeYardstick] = {"mnist1d-cnn-grown": MNIST1D_CNN_GROWN}
+"""Built-in recipes with a committed shape-matched yardstick, by name."""

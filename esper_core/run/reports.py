@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from esper_core.contracts import SeedStage, TelemetryPacket
+from esper_core.kasmina.graft import GrowableModel
 from esper_core.run.config import RunConfig
-from esper_core.run.frontier import FRONTIERS
+from esper_core.run.frontier import FRONTIERS, SHAPE_YARDSTICKS
 from esper_core.run.ranks import launches
 from esper_core.run.scores import bits, token_targets
 from esper_core.run.session import Run
@@ -53,9 +54,12 @@ class RunSummary:
     """Each process's share of every global batch."""
     learning_rate: float = 0.0
     """The recipe's learning rate, which the global batch keeps (no rescaling for processes)."""
+    yardstick: dict[str, Any] | None = None
+    """The grown network beside the static network of its own shape, plain and tuned
+    (``ShapeYardstick.compare``), for a recipe that has one and a run of its length."""
     frontier: dict[str, Any] | None = None
-    """The grown network beside the committed static frontier of its recipe
-    (``StaticFrontier.compare``), for a recipe that has one and a run of its length."""
+    """The grown network beside the committed uniformly scaled static frontier of its recipe
+    (``StaticFrontier.compare``), for a recipe that has one and a run of its length: context."""
     deadline_overruns: int = 0
     """Tamiyo decisions and Kasmina commands past their deadline that were observed only."""
     reproducible: bool = True
@@ -135,6 +139,7 @@ def finish_run(session: Run) -> RunSummary:
         **_step_path(telemetry),
         reproducible=not load_dependence(session.config),
         load_dependence=load_dependence(session.config),
+        yardstick=_yardstick(session, test.accuracy),
         frontier=_frontier(session, test.accuracy),
         token_targets=token_targets(session.trainer.data),
     )
@@ -167,6 +172,14 @@ def finish_run(session: Run) -> RunSummary:
     )
     (run_dir / "report.md").write_text(render_report(session, summary))
     return summary
+
+
+def _yardstick(session: Run, test_accuracy: float) -> dict[str, Any] | None:
+    yardstick = SHAPE_YARDSTICKS.get(session.config.recipe)
+    model = session.trainer.model
+    if yardstick is None or len(session.history) != yardstick.epochs or not isinstance(model, GrowableModel):
+        return None
+    return yardstick.compare(widths=model.grown_widths, test_accuracy=test_accuracy)
 
 
 def _frontier(session: Run, test_accuracy: float) -> dict[str, Any] | None:
@@ -269,19 +282,42 @@ def degradation(
     return tuple(reasons)
 
 
+def _shape(widths: dict[str, int]) -> str:
+    return ", ".join(f"{layer} {units}" for layer, units in widths.items())
+
+
+def yardstick_lines(y: dict[str, Any]) -> list[str]:
+    """What growth bought, in words: the grown network against the static network of its shape."""
+    if not y["same_shape"]:
+        return [
+            f"- grew to {_shape(y['grown_widths'])}, not the shape measured ({_shape(y['widths'])}): "
+            "no shape-matched yardstick for this run",
+            f"- (measured by `python -m bench.main_job`: `{y['source']}`)",
+        ]
+    return [
+        f"- grown: {y['grown_test_accuracy']:.2f} % test accuracy, shape {_shape(y['widths'])}",
+        f"- the static network of that shape trained from scratch reaches {y['static_test_accuracy']:.2f} %, "
+        f"{y['tuned_test_accuracy']:.2f} % with its weight decay tuned on validation (means of {y['seeds']} seeds; "
+        f"one grown run's spread is about {y['grown_test_accuracy_sd']:.1f} points)",
+        f"- over those seeds, paired: grown minus static {y['grown_minus_static']} points, "
+        f"minus tuned {y['grown_minus_tuned']} (95 % intervals)",
+        f"- (measured by `python -m bench.main_job`: `{y['source']}`)",
+    ]
+
+
 def frontier_lines(f: dict[str, Any]) -> list[str]:
-    """What growth bought, in words: the grown network, the static host of its size, its start."""
+    """The uniformly scaled static frontier at the grown network's size, as context: not its shape,
+    not tuned (``yardstick_lines`` is the comparison that says what growth bought)."""
     spread = f"mean of {f['seeds']} seeds; one run's spread is about {f['start_test_accuracy_sd']:.1f} points"
     if f["static_same_params"] is None:
         same = f"beyond the committed frontier (widest static host: {f['widest_params']} parameters)"
     else:
         same = (
-            f"a static network of the same size trained from scratch reaches {f['static_same_params']:.2f} % "
+            f"the host scaled uniformly to the same size reaches {f['static_same_params']:.2f} % "
             f"({spread}): {f['grown_minus_static']:+.2f} points"
         )
     return [
-        f"- grown: {f['grown_test_accuracy']:.2f} % test accuracy with {f['grown_params']} parameters",
-        f"- {same}",
+        f"- context, not the grown shape: {f['grown_params']} parameters grown; {same}",
         f"- its starting size, {f['start_params']} parameters, reaches {f['start_test_accuracy']:.2f} % static",
         f"- (frontier: `{f['source']}`)",
     ]
@@ -376,6 +412,13 @@ def render_report(session: Run, summary: RunSummary) -> str:
             f"| {c.epoch} | {c.action} | {c.slot_id or '-'} | {c.blueprint_id or '-'} | {c.issued_by} | {c.reason} |"
         )
     lines += ["", "## Seeds", ""] + [f"- {slot}: {stage}" for slot, stage in summary.seeds.items()]
+    if summary.yardstick is not None:
+        lines += ["", "## Against the static network of its shape", "", *yardstick_lines(summary.yardstick)]
     if summary.frontier is not None:
-        lines += ["", "## Against the static frontier", "", *frontier_lines(summary.frontier)]
+        lines += [
+            "",
+            "## Against the uniformly scaled static frontier (context)",
+            "",
+            *frontier_lines(summary.frontier),
+        ]
     return "\n".join(lines) + "\n"
