@@ -26,7 +26,8 @@ ZOMBIE_AFTER_S = 90
 heartbeats at prefect.yaml's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` of 30 s."""
 
 ZOMBIE_MESSAGE = f"no heartbeat for {ZOMBIE_AFTER_S} s: the flow-run process or its machine died"
-"""The Crashed state's message the automation sets (``esper server worker`` reschedules such runs)."""
+"""The Crashed state's message the automation sets (``esper server start`` and ``esper server worker``
+reschedule such runs)."""
 
 ScheduleKey = tuple[str, str]
 """(``flow/deployment``, schedule slug, or the schedule itself where it has no slug)."""

@@ -22,8 +22,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import psutil
 
@@ -47,6 +49,13 @@ SERVER_MARKER = "server.json"
 """Under ``$ESPER_HOME/prefect``: the API URL and pid of the running ``esper server start``."""
 RESUMABLE = "Resumable"
 """Name of the Scheduled state a flow run stopped by ``esper server``'s shutdown is left in."""
+WORKER_LABEL = "prefect.worker.name"
+"""The label a Prefect worker gives each flow run it executes: its own name (see ``worker_name_prefix``)."""
+PENDING_GRACE_S = 120.0
+"""``recover_orphans`` leaves a Pending flow run alone this long. A worker sets Pending, starts the
+flow-run process and only then records its pid, so meanwhile a run that ran before carries the pid
+of its previous, dead process; rescheduling it then would run it twice. Recording the pid takes one
+API call after the process starts: a run still Pending after this long lost its worker."""
 
 
 def prefect_defaults() -> None:
@@ -224,6 +233,15 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def worker_name_prefix() -> str:
+    """How the names of the workers ``LocalPrefect`` starts on this machine begin: ``esper <host> ``.
+
+    A worker labels each flow run it executes with its name (``WORKER_LABEL``), so a run so
+    labelled has its ``infrastructure_pid`` on this machine. Prefect's pids name no machine.
+    """
+    return f"esper {socket.gethostname()} "
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -520,7 +538,10 @@ class LocalPrefect:
                     work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])),
                 )
         except Exception as e:  # noqa: BLE001 - a server that no longer answers must not stop the shutdown
-            print(f"could not list the flow runs in progress ({e}); the next worker start reschedules them")
+            print(
+                f"could not list the flow runs in progress ({e}); the next `esper server start` or `esper server "
+                "worker` reschedules those left Running, `prefect flow-run retry <id>` the others"
+            )
             return []
         return [str(run.id) for run in runs if run.infrastructure_pid in pids]
 
@@ -536,23 +557,34 @@ class LocalPrefect:
                     client.set_flow_run_state(run_id, Scheduled(name=RESUMABLE, message=message), force=True)
                     done.append(run_id)
         except Exception as e:  # noqa: BLE001 - as above: the shutdown goes on
-            print(f"could not mark flow runs resumable ({e}); the next worker start reschedules them")
+            left = ", ".join(i for i in flow_run_ids if i not in done)
+            print(
+                f"could not mark flow runs resumable ({e}): {left}; the next `esper server start` or `esper server "
+                "worker` reschedules those left Running, `prefect flow-run retry <id>` the others"
+            )
         return done
 
     def start_worker(self) -> subprocess.Popen:
-        """Reschedule runs orphaned by a dead worker, then start a process worker on the pool."""
-        self.recover_orphans()
-        return self._spawn(_prefect("worker", "start", "--pool", POOL, "--type", "process"), "worker.log")
+        """Start a process worker on the pool (``esper server`` sweeps with ``recover_orphans`` beside it)."""
+        name = worker_name_prefix() + uuid4().hex[:8]
+        return self._spawn(
+            _prefect("worker", "start", "--pool", POOL, "--type", "process", "--name", name), "worker.log"
+        )
 
     def recover_orphans(self) -> list[str]:
         """Reschedule the pool's flow runs whose process died with its worker.
 
-        A run left RUNNING or PENDING whose flow-run process (``infrastructure_pid``) no longer
-        exists on this machine is marked Crashed and scheduled again, as ``prefect flow-run
-        retry`` would; its next execution resumes from the last committed epoch. So is a run the
-        zombie automation already marked Crashed (its heartbeats stopped; ``deploy_ops``). The
-        pid check is the local fallback for a worker restarted within the automation's 90 s, on
-        the single machine of ``esper server``; across machines the heartbeats decide.
+        A run left RUNNING or PENDING by a worker of this machine whose flow-run process
+        (``infrastructure_pid``) no longer exists is marked Crashed and scheduled again, as
+        ``prefect flow-run retry`` would; its next execution resumes from the last committed epoch.
+        So is a run the zombie automation marked Crashed (its heartbeats stopped; ``deploy_ops``),
+        unless it ran here and its process still does. The pid check is the local fallback, faster
+        than the automation's 90 s; a run of another machine is left to the heartbeats.
+
+        Safe beside live workers (``esper server`` calls it every ``server.ORPHAN_SWEEP_S``): a
+        run without a pid yet, or whose pid runs here, is not touched, nor one Pending for less
+        than ``PENDING_GRACE_S`` (its pid may be its previous execution's), nor one that moved on
+        between the listing and the check. A run Crashed for another reason is left to a person.
 
         Returns:
             The ids of the rescheduled flow runs.
@@ -567,6 +599,7 @@ class LocalPrefect:
             WorkPoolFilterName,
         )
         from prefect.client.schemas.objects import StateType
+        from prefect.exceptions import ObjectNotFound
         from prefect.settings import PREFECT_API_URL, temporary_settings
         from prefect.states import Crashed, Scheduled
 
@@ -580,15 +613,41 @@ class LocalPrefect:
                 ),
                 work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])),
             )
+            now, here = datetime.now(UTC), worker_name_prefix()
             for run in runs:
-                message = run.state.message if run.state else None
-                if run.state_type is StateType.CRASHED and message != deploy_ops.ZOMBIE_MESSAGE:
-                    continue  # crashed for another reason: a person decides whether to retry it
+                if not _orphaned(run, now, here):
+                    continue
+                # The listing is a moment old: act only on a run still where it was then. Its process
+                # is gone and can no longer move it on; a run that ended or restarted meanwhile can.
+                try:
+                    current = client.read_flow_run(run.id)
+                except ObjectNotFound:
+                    continue  # deleted meanwhile
                 pid = run.infrastructure_pid
-                if not pid or not pid.isdigit() or pid_alive(int(pid)):
+                if (current.state_id, current.infrastructure_pid) != (run.state_id, pid):
                     continue
                 message = f"flow-run process {pid} is gone (its worker died); rescheduled by esper server"
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
                 client.set_flow_run_state(run.id, Scheduled(message=message), force=True)
                 rescheduled.append(str(run.id))
         return rescheduled
+
+
+def _orphaned(run: Any, now: datetime, here: str) -> bool:
+    """Whether the Running, Pending or Crashed flow run ``run`` lost its process; ``here`` as
+    ``worker_name_prefix()``."""
+    from prefect.client.schemas.objects import StateType
+
+    state, pid = run.state, run.infrastructure_pid
+    if state is None or not pid or not pid.isdigit():
+        return False  # no pid: the worker has not started its process yet
+    zombie = state.type is StateType.CRASHED
+    if zombie and state.message != deploy_ops.ZOMBIE_MESSAGE:
+        return False  # crashed for another reason: a person decides whether to retry it
+    if state.type is StateType.PENDING and (now - state.timestamp).total_seconds() < PENDING_GRACE_S:
+        return False  # being submitted: its pid (and worker) may still be the previous execution's
+    if not str(run.labels.get(WORKER_LABEL, "")).startswith(here):
+        return zombie  # its pid is another machine's: only the heartbeats can tell
+    # A pid reused by another process looks alive: that run is never run twice, only left to the
+    # zombie automation and then to a person.
+    return not pid_alive(int(pid))

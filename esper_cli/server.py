@@ -3,16 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
 from pathlib import Path
 
 from esper_cli.local_prefect import LocalPrefect, stop
+
+ORPHAN_SWEEP_S = 30.0
+"""While their worker runs, ``esper server start`` and ``esper server worker`` look this often for
+flow runs orphaned by a dead worker (one API query). A third of the zombie automation's 90 s: a run
+it marks Crashed, or whose process died with a worker that was then restarted, waits at most this
+long to be rescheduled, not until a person retries it."""
 
 
 def _local(args: argparse.Namespace) -> LocalPrefect:
     from esper_core.settings import EsperSettings
 
     return LocalPrefect(home=EsperSettings().home, port=args.port)
+
+
+def sweep_orphans(local: LocalPrefect, *, next_in_s: float) -> list[str]:
+    """Reschedule the flow runs a dead worker left behind (``LocalPrefect.recover_orphans``), saying so.
+
+    Each rescheduled run is printed. A sweep that fails (the server briefly unreachable) prints
+    one line and returns nothing; the next one, ``next_in_s`` later, tries again.
+
+    Returns:
+        The ids of the rescheduled flow runs.
+    """
+    try:
+        rescheduled = local.recover_orphans()
+    except Exception as e:  # noqa: BLE001 - a failed sweep must not stop the worker or the server; it is printed
+        print(
+            f"could not look for flow runs orphaned by a dead worker ({type(e).__name__}: {e}); "
+            f"trying again in {next_in_s:.0f} s",
+            flush=True,
+        )
+        return []
+    if rescheduled:
+        print(
+            f"rescheduled {len(rescheduled)} flow run(s) orphaned by a dead worker: {', '.join(rescheduled)}",
+            flush=True,
+        )
+    return rescheduled
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -25,6 +58,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         local.announce(server)  # `esper run` in this home uses this server from now on
         local.ensure_pool()
         if not args.no_worker:
+            sweep_orphans(local, next_in_s=ORPHAN_SWEEP_S)
             worker = local.start_worker()
         print(f"Prefect UI   {local.ui_url}")
         print(f"API          {local.api_url}  (database and logs in {local.prefect_home})")
@@ -34,12 +68,18 @@ def _cmd_start(args: argparse.Namespace) -> int:
             "Ctrl-C (or SIGTERM) stops the server, the worker and its flow runs (resumed at the next start).",
             flush=True,
         )
+        next_sweep = time.monotonic() + ORPHAN_SWEEP_S
         while server.poll() is None:
             if worker is not None and worker.poll() is not None:
                 print(
-                    f"the worker exited ({worker.returncode}); restarting it (log: {local.prefect_home / 'worker.log'})"
+                    f"the worker exited ({worker.returncode}); restarting it (log: {local.prefect_home / 'worker.log'})",
+                    flush=True,
                 )
                 worker = local.start_worker()
+                next_sweep = 0.0  # the runs the dead worker was executing: at once
+            if worker is not None and time.monotonic() >= next_sweep:
+                sweep_orphans(local, next_in_s=ORPHAN_SWEEP_S)
+                next_sweep = time.monotonic() + ORPHAN_SWEEP_S
             time.sleep(1.0)
         print(f"the Prefect server exited ({server.returncode}); see {local.prefect_home / 'server.log'}")
         return 1
@@ -54,17 +94,33 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_worker(args: argparse.Namespace) -> int:
-    local = _local(args)
-    rescheduled = local.recover_orphans()
-    if rescheduled:
-        print(f"rescheduled {len(rescheduled)} flow run(s) orphaned by a dead worker: {', '.join(rescheduled)}")
+def run_worker(local: LocalPrefect, *, sweep_every_s: float) -> int:
+    """Run a worker on the pool until it exits, sweeping for orphaned flow runs meanwhile.
+
+    One sweep (``sweep_orphans``) before the worker starts and one every ``sweep_every_s``
+    while it runs. Ctrl-C or SIGTERM (``KeyboardInterrupt``) stops the worker and its flow runs.
+
+    Returns:
+        The worker's exit status.
+    """
+    sweep_orphans(local, next_in_s=sweep_every_s)
     worker = local.start_worker()
-    print(f"worker on pool esper against {local.api_url}; log {local.prefect_home / 'worker.log'}; Ctrl-C stops it")
+    print(
+        f"worker on pool esper against {local.api_url}; log {local.prefect_home / 'worker.log'}; Ctrl-C stops it",
+        flush=True,
+    )
     try:
-        return worker.wait()
+        while True:
+            try:
+                return worker.wait(timeout=sweep_every_s)
+            except subprocess.TimeoutExpired:
+                sweep_orphans(local, next_in_s=sweep_every_s)
     finally:
         stop(worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    return run_worker(_local(args), sweep_every_s=ORPHAN_SWEEP_S)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -92,7 +148,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "on/off switch) and the automation that marks zombie flow runs Crashed",
             _cmd_deploy,
         ),
-        ("worker", "run only a worker (after rescheduling runs a dead worker left behind)", _cmd_worker),
+        (
+            "worker",
+            "run only a worker, rescheduling the runs a dead worker left behind (at its start and every "
+            f"{ORPHAN_SWEEP_S:.0f} s)",
+            _cmd_worker,
+        ),
         ("status", "the server, its deployments and whether each schedule is switched on", _cmd_status),
         ("env", "print the export lines that point the prefect CLI at the server", _cmd_env),
     )

@@ -21,7 +21,8 @@ from uuid import UUID
 
 import pytest
 
-from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, pid_alive, stop
+from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, pid_alive, stop, worker_name_prefix
+from esper_cli.server import sweep_orphans
 from esper_core.run.reports import finish_run
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
@@ -153,7 +154,9 @@ def test_killed_worker_resumes_from_last_committed_epoch(
     state = _client_call(local, lambda c: c.read_flow_run(flow_run.id).state)
     assert state.type is StateType.RUNNING  # the server cannot know yet
 
-    worker[0] = local.start_worker()  # reschedules the orphaned run, then picks it up again
+    # What `esper server worker` does at its start: sweep (the run is orphaned), then a worker.
+    assert str(flow_run.id) in local.recover_orphans()
+    worker[0] = local.start_worker()
     wait_for(
         lambda: _client_call(local, lambda c: c.read_flow_run(flow_run.id).state).is_final(),
         what="the resumed run",
@@ -267,36 +270,166 @@ def test_the_server_refuses_a_bad_parameter_before_a_run_exists(local: LocalPref
     assert _client_call(local, lambda c: len(c.read_flow_runs())) == before
 
 
-def test_a_restarted_worker_reschedules_runs_the_zombie_automation_crashed(local: LocalPrefect) -> None:
+def test_a_sweep_reschedules_only_runs_that_lost_their_process(local: LocalPrefect) -> None:
+    """What `esper server` sweeps every 30 s beside a live worker: a run it reschedules runs again,
+    so a run that may still run (or is being submitted) must never be touched."""
     from prefect.client.schemas.objects import StateType
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect.states import Crashed, Running
+    from prefect.states import Crashed, Pending, Running
 
     from esper_cli.deploy_ops import ZOMBIE_MESSAGE
+    from esper_cli.local_prefect import WORKER_LABEL
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid no process has any more
+    alive, here, elsewhere = os.getpid(), worker_name_prefix() + "test", "esper another-machine 0000"
+    cases = {  # (state, infrastructure_pid, the worker that ran it): rescheduled?
+        "crashed by the zombie automation": ((Crashed(message=ZOMBIE_MESSAGE), gone.pid, None), True),
+        "crashed for another reason": ((Crashed(message="the flow raised SystemExit"), gone.pid, here), False),
+        "crashed by the automation, alive here": ((Crashed(message=ZOMBIE_MESSAGE), alive, here), False),
+        "crashed by the automation elsewhere": ((Crashed(message=ZOMBIE_MESSAGE), alive, elsewhere), True),
+        "running here, its process gone": ((Running(), gone.pid, here), True),
+        "running here, its process alive": ((Running(), alive, here), False),
+        "running without a pid yet": ((Running(), None, here), False),
+        "running elsewhere (its pid names no process here)": ((Running(), gone.pid, elsewhere), False),
+        "just Pending with its previous execution's pid": ((Pending(), gone.pid, here), False),
+    }
     runs = {}
     with temporary_settings({PREFECT_API_URL: local.api_url}):
-        for reason in (ZOMBIE_MESSAGE, "the flow-run process raised SystemExit"):
+        for case, ((state, pid, worker_name), _) in cases.items():
             run = run_deployment("fault_drills/default", timeout=0)
-            _client_call(local, lambda c, r=run: c.update_flow_run(r.id, infrastructure_pid=str(gone.pid)))
-            _client_call(local, lambda c, r=run: c.set_flow_run_state(r.id, Running(), force=True))
-            _client_call(local, lambda c, r=run, m=reason: c.set_flow_run_state(r.id, Crashed(message=m), force=True))
-            runs[reason] = run.id
+            runs[case] = run.id
+            if pid is not None:
+                _client_call(local, lambda c, r=run, p=pid: c.update_flow_run(r.id, infrastructure_pid=str(p)))
+            if worker_name is not None:
+                _client_call(local, lambda c, r=run, w=worker_name: c.update_flow_run_labels(r.id, {WORKER_LABEL: w}))
+            if state.type is StateType.CRASHED:
+                _client_call(local, lambda c, r=run: c.set_flow_run_state(r.id, Running(), force=True))
+            _client_call(local, lambda c, r=run, s=state: c.set_flow_run_state(r.id, s, force=True))
     try:
-        rescheduled = local.recover_orphans()
-        assert str(runs[ZOMBIE_MESSAGE]) in rescheduled
-        assert str(runs["the flow-run process raised SystemExit"]) not in rescheduled  # a person decides
-        states = {r: _client_call(local, lambda c, i=i: c.read_flow_run(i).state_type) for r, i in runs.items()}
-        assert states == {
-            ZOMBIE_MESSAGE: StateType.SCHEDULED,
-            "the flow-run process raised SystemExit": StateType.CRASHED,
+        rescheduled = set(local.recover_orphans())
+        assert {case for case, run_id in runs.items() if str(run_id) in rescheduled} == {
+            case for case, (_, expected) in cases.items() if expected
         }
+        for case, run_id in runs.items():
+            (state, _, _), expected = cases[case]
+            after = _client_call(local, lambda c, i=run_id: c.read_flow_run(i).state_type)
+            assert after is (StateType.SCHEDULED if expected else state.type), case
     finally:
         for run_id in runs.values():  # no worker of a later test may run them
             _client_call(local, lambda c, i=run_id: c.delete_flow_run(i))
+
+
+WORKER_LOOP = """
+import sys
+from pathlib import Path
+from esper_cli.local_prefect import LocalPrefect
+from esper_cli.server import run_worker
+local = LocalPrefect(home=Path(sys.argv[1]), port=int(sys.argv[2]))
+try:
+    sys.exit(run_worker(local, sweep_every_s=float(sys.argv[3])))
+except KeyboardInterrupt:  # as `esper` exits after Ctrl-C
+    sys.exit(130)
+"""
+"""`esper server worker` with a sweep every ``argv[3]`` s instead of ``ORPHAN_SWEEP_S``."""
+
+
+def test_a_running_worker_reschedules_a_run_whose_worker_died_after_it_started(
+    local: LocalPrefect, worker: list[subprocess.Popen], tmp_path: Path
+) -> None:
+    """`esper server worker` sweeps while its worker runs: a run whose flow-run process dies
+    together with another worker (an OOM kill, a crash) goes on from its last commit on this
+    worker, with no worker start, and only once."""
+    import psutil
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: local.api_url}):
+        # Long enough never to finish here: the test stops it once it has gone on.
+        flow_run = run_deployment("morphogenesis/default", parameters={**RECIPE, "epochs": 50000}, timeout=0)
+    run_key = str(flow_run.id).replace("-", "")[:8]
+
+    def read() -> Any:
+        return _client_call(local, lambda c: c.read_flow_run(flow_run.id))
+
+    def committed_epoch() -> int:
+        found = list((local.home / "runs").glob(f"*-{run_key}/checkpoints/LATEST"))
+        tag = found[0].read_text().strip() if found else ""
+        return int(tag.split("-")[1]) if tag.startswith("epoch-") else -1
+
+    def rescheduled() -> list[str]:
+        """The loop's lines that say it rescheduled this run."""
+        lines = log.read_text(errors="replace").splitlines()
+        return [line for line in lines if line.startswith("rescheduled") and str(flow_run.id) in line]
+
+    # The fixture's worker runs it (the only worker of the pool yet) and commits.
+    wait_for(lambda: committed_epoch() >= 1, what="the run to commit on the first worker", timeout_s=300)
+    pid = int(read().infrastructure_pid)
+    assert pid in {p.pid for p in psutil.Process(worker[0].pid).children(recursive=True)}
+
+    log = tmp_path / "worker-loop.log"
+    with open(log, "wb") as out:
+        loop = subprocess.Popen(
+            [sys.executable, "-c", WORKER_LOOP, str(local.home), str(local.port), "1"],
+            cwd=PROJECT_DIR,
+            env=local.env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(
+            lambda: "Ctrl-C stops it" in log.read_text() or loop.poll() is not None,
+            what="the second worker to start (after its first sweep)",
+            timeout_s=300,
+        )
+        assert loop.poll() is None, log.read_text(errors="replace")[-4000:]
+        # As a machine's OOM killer or a crash would: the first worker and its flow run die at once.
+        os.killpg(worker[0].pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
+        worker[0].wait()
+        wait_for(lambda: not pid_alive(pid), what="the killed flow-run process to be gone", timeout_s=60)
+        at_kill = committed_epoch()
+
+        # No worker starts now: the running loop's sweep reschedules the run, its worker runs it.
+        wait_for(rescheduled, what=f"the loop to reschedule the run (its output: {log})", timeout_s=120)
+        wait_for(lambda: committed_epoch() > at_kill + 2, what="the run to go on from its commit", timeout_s=300)
+        resumed = read()
+        assert resumed.state_type is StateType.RUNNING and resumed.run_count >= 2, resumed.state
+        assert int(resumed.infrastructure_pid) in {p.pid for p in psutil.Process(loop.pid).children(recursive=True)}
+        # Once: a sweep while the worker submitted it again (its pid still the dead one) left it alone.
+        assert len(rescheduled()) == 1, log.read_text()
+
+        # Ctrl-C stops the loop, its worker and the flow run.
+        children = psutil.Process(loop.pid).children(recursive=True)
+        loop.send_signal(signal.SIGINT)
+        loop.wait(timeout=120)
+        wait_for(
+            lambda: not any(pid_alive(p.pid) for p in children),
+            what="the loop's worker and flow run to stop",
+            timeout_s=60,
+        )
+        # Nothing lost, nothing run twice: one Tolaria packet per committed epoch, in order.
+        (run_dir,) = (local.home / "runs").glob(f"*-{run_key}")
+        packets = read_jsonl(run_dir / "telemetry.jsonl")
+        epochs = [p.epoch for p in packets if p.source == "tolaria"]
+        assert epochs == list(range(len(epochs))), "an epoch was lost or trained twice"
+    finally:
+        if loop.poll() is None:
+            stop(loop)
+        _client_call(local, lambda c: c.delete_flow_run(flow_run.id))  # no later worker may pick it up
+
+
+def test_a_sweep_that_cannot_reach_the_server_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    idle = LocalPrefect(home=tmp_path / "esper", port=_free_port())
+    assert sweep_orphans(idle, next_in_s=30) == []
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("could not look for flow runs orphaned by a dead worker (ConnectError: "), line
+    assert line.endswith("; trying again in 30 s"), line
 
 
 def test_status_says_whether_each_schedule_is_on(local: LocalPrefect) -> None:
