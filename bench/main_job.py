@@ -1,8 +1,8 @@
-"""main_job: does the main job's grown network beat the static network of its own shape?
+"""main_job: does a grown network beat the static network of its own shape?
 
 ``make run`` grows ``mnist1d-cnn-grown`` (the learned width policy's schedule, replayed) and its
 summary sets the one network it grows beside a yardstick measured here. Per seed, paired (same
-initialisation stream, data order and data), three things are trained:
+initialisation stream, data order and data), these are trained:
 
 - ``grown``: the recipe as ``make run`` runs it (the episodes' eager step);
 - ``static``: the host at the grown network's final widths, trained from scratch, no growth;
@@ -13,15 +13,21 @@ initialisation stream, data order and data), three things are trained:
   test than ``tuned`` (the best of 60 noisy validation readings on 1,000 signals is mostly noise:
   docs/growth-results.md), so it is reported beside the yardstick, not as it.
 
-The schedule was read off the learned policy's behaviour on seeds 0-19, and the static frontier
-was trained on them, so the seeds here start at 20 by default: nothing was chosen on them.
-``--data-per-seed`` draws a fresh MNIST-1D data set per seed (``mnist1d_splits(seed=...)``, from
-the generator's seed 10,000 + seed) so that the interval covers the data's spread too; without it
-every seed trains and tests on the published data set, the one ``make run`` uses, which is what
-the run summary compares a run with (``esper_core.run.frontier.SHAPE_YARDSTICKS``).
+The same protocol measures any MNIST-1D width recipe under any policy (``--recipe``,
+``--policy``): e.g. the default controller on a recipe, ``--default-heuristic`` replacing the
+recipe's own thresholds with the rule ``HeuristicConfig()`` ships (the one searched over the zoo),
+as a model Esper never saw would run it.
 
-    OMP_NUM_THREADS=1 python -m bench.main_job [--seeds 40] [--first-seed 20] [--workers 2] \
-        [--data-per-seed] [--json PATH]
+The schedule was read off the learned policy's behaviour on seeds 0-19, the recipes' thresholds
+were chosen and their static frontiers trained on them, so the seeds here start at 20: nothing
+was chosen on them. ``--data-per-seed`` draws a fresh MNIST-1D data set per seed
+(``mnist1d_splits(seed=...)``, from the generator's seed 10,000 + seed) so that the interval
+covers the data's spread too; without it every seed trains and tests on the published data set,
+the one ``make run`` uses, which is what the run summary compares a run with
+(``esper_core.run.frontier.SHAPE_YARDSTICKS``).
+
+    OMP_NUM_THREADS=1 python -m bench.main_job [--recipe R] [--policy P] [--default-heuristic] \
+        [--seeds 40] [--first-seed 20] [--workers 2] [--data-per-seed] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +54,13 @@ from esper_core.run.recipes import get_recipe, mnist1d_splits
 from esper_core.settings import EsperSettings
 from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.studies.yardstick import best_on_validation, early_stopped, static_shape
+from esper_core.tamiyo.config import POLICIES
+from esper_core.tamiyo.heuristic import HeuristicConfig
 from esper_core.telemetry.paired import paired_difference
 
-RECIPE = "mnist1d-cnn-grown"
+RECIPES = ("mnist1d-cnn-grown", "mnist1d-cnn-width", "mnist1d-mlp-width")
+"""The MNIST-1D recipes with width slots: their static network of a grown shape is the host at
+other widths, and their data can be drawn per seed."""
 WEIGHT_DECAYS = (0.0, 1e-4, 1e-3)
 """The tuned arm's grid, the transfer benchmark's (0 is the ``static`` arm)."""
 ARMS = ("grown", "static", "tuned", "tuned_early")
@@ -57,14 +68,36 @@ DATA_SEED_OFFSET = 10_000
 """A seed's own data set is the generator's seed ``10,000 + seed``: far from the published 42."""
 
 
-def _config(seed: int, data_per_seed: bool) -> RunConfig:
-    config = get_recipe(RECIPE)
-    if data_per_seed:
-        assert isinstance(config.data, DataSpec), "mnist1d-cnn-grown loads MNIST-1D through a DataSpec"
-        config.data = dataclasses.replace(
-            config.data, load=functools.partial(mnist1d_splits, seed=DATA_SEED_OFFSET + seed)
-        )
-    return episode_config(config, seed=seed, policy=config.tamiyo.policy, schedule=config.tamiyo.schedule)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Subject:
+    """What grows: a recipe, its policy (None: the recipe's own) and whose heuristic thresholds."""
+
+    recipe: str = "mnist1d-cnn-grown"
+    policy: str | None = None
+    default_heuristic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(
+                f"--recipe {self.recipe!r}: the own-shape yardstick needs an MNIST-1D recipe with width slots, one of {RECIPES}"
+            )
+        if self.policy is not None and self.policy not in POLICIES:
+            raise ValueError(f"--policy {self.policy!r}: must be one of {POLICIES}")
+        if self.policy == "scheduled" and not get_recipe(self.recipe).tamiyo.schedule:
+            raise ValueError(f"--policy scheduled: {self.recipe} has no schedule to replay; use mnist1d-cnn-grown")
+
+    def config(self, seed: int, data_per_seed: bool) -> RunConfig:
+        config = get_recipe(self.recipe)
+        if self.default_heuristic:
+            config.tamiyo = dataclasses.replace(config.tamiyo, heuristic=HeuristicConfig())
+        if data_per_seed:
+            assert isinstance(config.data, DataSpec), "the MNIST-1D recipes load through a DataSpec"
+            config.data = dataclasses.replace(
+                config.data, load=functools.partial(mnist1d_splits, seed=DATA_SEED_OFFSET + seed)
+            )
+        policy = self.policy or config.tamiyo.policy
+        schedule = config.tamiyo.schedule if policy == "scheduled" else ()
+        return episode_config(config, seed=seed, policy=policy, schedule=schedule)
 
 
 def _score(r: EpisodeResult) -> dict[str, Any]:
@@ -77,10 +110,10 @@ def _score(r: EpisodeResult) -> dict[str, Any]:
     }
 
 
-def run_seed(seed: int, *, data_per_seed: bool, weight_decays: Sequence[float]) -> dict[str, Any]:
-    """One seed's three arms (the grid's every run recorded)."""
+def run_seed(seed: int, *, subject: Subject, data_per_seed: bool, weight_decays: Sequence[float]) -> dict[str, Any]:
+    """One seed's arms (the grid's every run recorded)."""
     torch.set_num_threads(1)
-    config = _config(seed, data_per_seed)
+    config = subject.config(seed, data_per_seed)
     with tempfile.TemporaryDirectory(prefix="esper-main-job-") as home:
         settings = EsperSettings(home=home)
         grown = run_episode(config, settings=settings, run_id=f"grown-{seed}")
@@ -117,7 +150,7 @@ def _diff(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     return {"mean": round(d.mean, 2), "ci95_low": round(d.ci95_low, 2), "ci95_high": round(d.ci95_high, 2), "n": d.n}
 
 
-def summarise(runs: Sequence[dict[str, Any]], *, data_per_seed: bool) -> dict[str, Any]:
+def summarise(runs: Sequence[dict[str, Any]], *, subject: Subject, data_per_seed: bool) -> dict[str, Any]:
     """Paired differences over every seed (each grown network against the static network of its
     own shape), and the static arms' means at the shape most seeds grew to (what one run of that
     shape is compared with)."""
@@ -130,8 +163,10 @@ def summarise(runs: Sequence[dict[str, Any]], *, data_per_seed: bool) -> dict[st
 
     return {
         "bench": "main_job",
-        "recipe": RECIPE,
-        "epochs": get_recipe(RECIPE).epochs,
+        "recipe": subject.recipe,
+        "policy": subject.policy or get_recipe(subject.recipe).tamiyo.policy,
+        "heuristic": "HeuristicConfig() (the default rule)" if subject.default_heuristic else "the recipe's",
+        "epochs": get_recipe(subject.recipe).epochs,
         "data": "a fresh MNIST-1D draw per seed" if data_per_seed else "the published MNIST-1D (make run's)",
         "data_per_seed": data_per_seed,
         "seeds": [r["seed"] for r in runs],
@@ -167,25 +202,30 @@ def summarise(runs: Sequence[dict[str, Any]], *, data_per_seed: bool) -> dict[st
     }
 
 
-def run(*, seeds: int, first_seed: int, workers: int, data_per_seed: bool) -> dict[str, Any]:
+def run(*, subject: Subject, seeds: int, first_seed: int, workers: int, data_per_seed: bool) -> dict[str, Any]:
     """Every seed's arms (``workers`` processes), summarised."""
     if first_seed < 20:
         raise ValueError(
-            f"--first-seed {first_seed}: seeds 0-19 chose the main job's schedule and trained its frontier; "
-            "start at 20 or later so that nothing measured here was chosen on the same seeds"
+            f"--first-seed {first_seed}: seeds 0-19 chose the main job's schedule and the recipes' thresholds "
+            "and trained their frontiers; start at 20 or later so that nothing measured here was chosen on the same seeds"
         )
-    job = functools.partial(run_seed, data_per_seed=data_per_seed, weight_decays=WEIGHT_DECAYS)
+    job = functools.partial(run_seed, subject=subject, data_per_seed=data_per_seed, weight_decays=WEIGHT_DECAYS)
     order = range(first_seed, first_seed + seeds)
     if workers <= 1:
         runs = [job(s) for s in order]
     else:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             runs = list(pool.map(job, order))
-    return summarise(runs, data_per_seed=data_per_seed)
+    return summarise(runs, subject=subject, data_per_seed=data_per_seed)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="mnist1d-cnn-grown", choices=RECIPES)
+    parser.add_argument("--policy", default=None, choices=POLICIES, help="default: the recipe's own")
+    parser.add_argument(
+        "--default-heuristic", action="store_true", help="the rule HeuristicConfig() ships, not the recipe's thresholds"
+    )
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--first-seed", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1)
@@ -195,8 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 2:
         parser.error("--seeds must be at least 2: the paired interval needs two seeds")
     try:
+        subject = Subject(recipe=args.recipe, policy=args.policy, default_heuristic=args.default_heuristic)
         result = run(
-            seeds=args.seeds, first_seed=args.first_seed, workers=args.workers, data_per_seed=args.data_per_seed
+            subject=subject,
+            seeds=args.seeds,
+            first_seed=args.first_seed,
+            workers=args.workers,
+            data_per_seed=args.data_per_seed,
         )
     except ValueError as e:
         parser.error(str(e))

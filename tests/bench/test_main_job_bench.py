@@ -8,7 +8,8 @@ import pytest
 
 from bench import main_job
 from esper_core.data import DataSpec
-from esper_core.run.recipes import mnist1d_splits
+from esper_core.run.recipes import get_recipe, mnist1d_splits
+from esper_core.tamiyo.heuristic import HeuristicConfig
 
 
 def test_seeds_that_chose_the_schedule_are_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -21,11 +22,26 @@ def test_seeds_that_chose_the_schedule_are_refused_before_any_work(capsys: pytes
     assert "at least 2" in capsys.readouterr().err
 
 
+def test_a_subject_is_checked_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="no schedule to replay"):
+        main_job.Subject(recipe="mnist1d-mlp-width", policy="scheduled")
+    with pytest.raises(SystemExit):
+        main_job.main(["--recipe", "digits-mlp"])
+    assert "invalid choice" in capsys.readouterr().err
+    # The default controller on a recipe, with the rule HeuristicConfig() ships instead of the recipe's thresholds.
+    config = main_job.Subject(recipe="mnist1d-mlp-width", default_heuristic=True).config(20, data_per_seed=False)
+    assert config.tamiyo.policy == "heuristic" and config.tamiyo.heuristic == HeuristicConfig()
+    assert config.tamiyo.schedule == ()
+    own = main_job.Subject(recipe="mnist1d-mlp-width").config(20, data_per_seed=False)
+    assert own.tamiyo.heuristic == get_recipe("mnist1d-mlp-width").tamiyo.heuristic != HeuristicConfig()
+
+
 def test_a_seed_draws_its_own_data_only_when_asked() -> None:
-    own = main_job._config(21, data_per_seed=True).data
+    subject = main_job.Subject()
+    own = subject.config(21, data_per_seed=True).data
     assert isinstance(own, DataSpec) and isinstance(own.load, functools.partial)
     assert own.load.func is mnist1d_splits and own.load.keywords == {"seed": main_job.DATA_SEED_OFFSET + 21}
-    published = main_job._config(21, data_per_seed=False).data
+    published = subject.config(21, data_per_seed=False).data
     assert isinstance(published, DataSpec) and published.load is mnist1d_splits
 
 
@@ -52,7 +68,7 @@ def test_the_summary_pairs_every_seed_and_means_the_static_arms_at_the_modal_sha
         _run(21, doubled, 90.0, 87.0, 89.0),
         _run(22, other, 80.0, 84.0, 85.0, halted="loss spiked"),
     ]
-    out = main_job.summarise(runs, data_per_seed=False)
+    out = main_job.summarise(runs, subject=main_job.Subject(), data_per_seed=False)
     assert out["grown_minus_static"]["n"] == 3
     assert out["grown_minus_static"]["mean"] == pytest.approx((2 + 3 - 4) / 3, abs=0.01)
     assert out["grown_minus_tuned"]["mean"] == pytest.approx((1 + 1 - 5) / 3, abs=0.01)
@@ -72,7 +88,7 @@ def test_the_summary_pairs_every_seed_and_means_the_static_arms_at_the_modal_sha
 
 @pytest.mark.slow
 def test_one_seed_trains_the_static_network_at_the_grown_widths() -> None:
-    out = main_job.run_seed(20, data_per_seed=False, weight_decays=(0.0, 1e-3))
+    out = main_job.run_seed(20, subject=main_job.Subject(), data_per_seed=False, weight_decays=(0.0, 1e-3))
     # The scheduled seeds merged: conv1 and conv3 doubled; the static arms have that shape's parameters.
     assert out["widths"] == {"conv1": 16, "conv2": 8, "conv3": 16}
     assert out["static"]["params"] == out["grown"]["params"] == out["tuned"]["params"]
