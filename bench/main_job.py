@@ -27,7 +27,7 @@ the one ``make run`` uses, which is what the run summary compares a run with
 (``esper_core.run.frontier.SHAPE_YARDSTICKS``).
 
     OMP_NUM_THREADS=1 python -m bench.main_job [--recipe R] [--policy P] [--default-heuristic] \
-        [--seeds 40] [--first-seed 20] [--workers 2] [--data-per-seed] [--json PATH]
+        [--seeds 40] [--first-seed 20] [--workers 1] [--data-per-seed] [--json PATH]
 """
 
 from __future__ import annotations
@@ -83,8 +83,14 @@ class Subject:
             )
         if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"--policy {self.policy!r}: must be one of {POLICIES}")
-        if self.policy == "scheduled" and not get_recipe(self.recipe).tamiyo.schedule:
+        policy = self.policy or get_recipe(self.recipe).tamiyo.policy
+        if policy == "scheduled" and not get_recipe(self.recipe).tamiyo.schedule:
             raise ValueError(f"--policy scheduled: {self.recipe} has no schedule to replay; use mnist1d-cnn-grown")
+        if self.default_heuristic and policy != "heuristic":
+            raise ValueError(
+                f"--default-heuristic: the rule decides only under policy heuristic, and {self.recipe} runs {policy}; "
+                "add --policy heuristic"
+            )
 
     def config(self, seed: int, data_per_seed: bool) -> RunConfig:
         config = get_recipe(self.recipe)
@@ -131,15 +137,19 @@ def run_seed(seed: int, *, subject: Subject, data_per_seed: bool, weight_decays:
     best = best_on_validation(grid, language_model=False)
     stopped = {wd: early_stopped(r) for wd, r in grid.items()}
     best_early = best_on_validation(stopped, language_model=False)
+    # None: a run that halted before its first epoch ended (scored at its start commit).
     early = grid[best_early].early_stop
-    assert early is not None
     return {
         "seed": seed,
         "widths": dict(grown.widths),
         "grown": _score(grown),
         "static": _score(grid[0.0]),
         "tuned": {**_score(grid[best]), "weight_decay": best},
-        "tuned_early": {**_score(stopped[best_early]), "weight_decay": best_early, "epoch": early.epoch},
+        "tuned_early": {
+            **_score(stopped[best_early]),
+            "weight_decay": best_early,
+            "epoch": None if early is None else early.epoch,
+        },
         "grid": {f"{wd:g}": _score(r) for wd, r in grid.items()},
         "grid_early_stopped": {f"{wd:g}": _score(r) for wd, r in stopped.items()},
     }
@@ -178,7 +188,7 @@ def summarise(runs: Sequence[dict[str, Any]], *, subject: Subject, data_per_seed
         # A halted run stays in its pair, scored at its last commit (``run_episode``).
         "halted": {arm: sum(r[arm]["halted"] is not None for r in runs) for arm in ARMS},
         "tuned_weight_decays": dict(Counter(f"{r['tuned']['weight_decay']:g}" for r in runs)),
-        "tuned_early_epochs": sorted(r["tuned_early"]["epoch"] for r in runs),
+        "tuned_early_epochs": sorted(r["tuned_early"]["epoch"] for r in runs if r["tuned_early"]["epoch"] is not None),
         "shape": {
             "widths": dict(modal),
             "seeds": count,
@@ -202,13 +212,22 @@ def summarise(runs: Sequence[dict[str, Any]], *, subject: Subject, data_per_seed
     }
 
 
-def run(*, subject: Subject, seeds: int, first_seed: int, workers: int, data_per_seed: bool) -> dict[str, Any]:
-    """Every seed's arms (``workers`` processes), summarised."""
+def check_seeds(*, seeds: int, first_seed: int, workers: int) -> None:
+    """Refuse, before any work, seeds that chose something measured here, or too few to pair."""
     if first_seed < 20:
         raise ValueError(
             f"--first-seed {first_seed}: seeds 0-19 chose the main job's schedule and the recipes' thresholds "
             "and trained their frontiers; start at 20 or later so that nothing measured here was chosen on the same seeds"
         )
+    if seeds < 2:
+        raise ValueError(f"--seeds {seeds}: the paired interval needs at least 2 seeds")
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: at least 1 (1 runs the seeds in this process)")
+
+
+def run(*, subject: Subject, seeds: int, first_seed: int, workers: int, data_per_seed: bool) -> dict[str, Any]:
+    """Every seed's arms (``workers`` processes), summarised."""
+    check_seeds(seeds=seeds, first_seed=first_seed, workers=workers)
     job = functools.partial(run_seed, subject=subject, data_per_seed=data_per_seed, weight_decays=WEIGHT_DECAYS)
     order = range(first_seed, first_seed + seeds)
     if workers <= 1:
@@ -232,19 +251,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-per-seed", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.seeds < 2:
-        parser.error("--seeds must be at least 2: the paired interval needs two seeds")
+    # Every argument checked before the first of ~160 episodes runs.
     try:
         subject = Subject(recipe=args.recipe, policy=args.policy, default_heuristic=args.default_heuristic)
-        result = run(
-            subject=subject,
-            seeds=args.seeds,
-            first_seed=args.first_seed,
-            workers=args.workers,
-            data_per_seed=args.data_per_seed,
-        )
+        check_seeds(seeds=args.seeds, first_seed=args.first_seed, workers=args.workers)
     except ValueError as e:
         parser.error(str(e))
+    result = run(
+        subject=subject,
+        seeds=args.seeds,
+        first_seed=args.first_seed,
+        workers=args.workers,
+        data_per_seed=args.data_per_seed,
+    )
     print(save_json({k: v for k, v in result.items() if k != "runs"}, None))
     save_json(result, args.json)
     return 0

@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 from prefect import Task, get_run_logger
 from prefect.client.schemas.objects import State, TaskRun
+from prefect.task_engine import TaskRunTimeoutError
 
-from esper_core.child import run_in_child
+from esper_core.child import ChildTimeoutError, run_in_child
 from esper_core.settings import EsperSettings
 
 LimitKind = Literal["compile", "bench", "train"]
@@ -41,9 +42,15 @@ def time_limit(kind: LimitKind) -> float:
     return float(getattr(EsperSettings(), _SETTINGS[kind]))
 
 
+class TimeLimitExceeded(TimeoutError):
+    """A task ran past its time limit, found by its own check (``grow`` checks between epochs)."""
+
+
 def timed_out(state: State) -> bool:
-    """Whether a failed task state is Prefect's timeout (its exception is a ``TimeoutError``)."""
-    return isinstance(state.result(raise_on_failure=False), TimeoutError)
+    """Whether a failed task state is a time limit's: Prefect's (``TaskRunTimeoutError``), a child
+    process's (``ChildTimeoutError``) or a task's own check (``TimeLimitExceeded``). Not any
+    ``TimeoutError``: a network or file system timeout (``OSError(ETIMEDOUT)`` is one) may pass."""
+    return isinstance(state.result(raise_on_failure=False), TaskRunTimeoutError | ChildTimeoutError | TimeLimitExceeded)
 
 
 def timeout_message(task_name: str, limit_s: float, kind: LimitKind) -> str:

@@ -45,7 +45,7 @@ from esper_core.run.steps import EpochReport, grow_epoch
 from esper_core.run.stops import record_stop
 from esper_core.tolaria.safety import TrainingHalted
 from esper_core.urza.service import Urza
-from tasks._limits import limited, time_limit, timeout_message
+from tasks._limits import TimeLimitExceeded, limited, time_limit, timeout_message
 from tasks._retry import transient
 from tasks._runtime import forget, prometheus, remember, run_sink, session_for, settings
 
@@ -225,7 +225,7 @@ def grow(handle: RunHandle, first: int, stop: int, task_seconds: float) -> Growt
         # the limit hold whatever the timing. Everything up to here is committed.
         limit = grow.timeout_seconds
         if limit is not None and elapsed > limit and epoch < stop:
-            raise TimeoutError(timeout_message("grow", limit, "train"))
+            raise TimeLimitExceeded(timeout_message("grow", limit, "train"))
         if elapsed >= task_seconds:
             break
     if reports:

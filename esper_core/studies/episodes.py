@@ -113,7 +113,7 @@ class EarlyStop:
     """Where early stopping would have ended a run (``run_episode(early_stopping=True)``): the
     epoch of its best validation score so far (accuracy; a language model's loss), with the test
     split read at that epoch. The epoch is chosen on validation alone; the test scores are only
-    reported (the yardstick's tuned static arm, ``yardstick.early_stopped``).
+    reported (``bench/main_job.py``'s ``tuned_early`` arm, through ``yardstick.early_stopped``).
 
     Attributes:
         epoch: The 0-based epoch whose end scored best on validation (the first of a tie).

@@ -217,6 +217,8 @@ def early_stopped(result: EpisodeResult) -> EpisodeResult:
     (``bench/main_job.py`` measures it beside weight decay alone)."""
     e = result.early_stop
     if e is None:
+        if result.halted is not None:
+            return result  # halted before any epoch ended: scored at its last commit, as it stands
         raise ValueError(f"run {result.run_id} was not run with early_stopping=True: it has no early stop to read")
     return dataclasses.replace(
         result,

@@ -25,6 +25,11 @@ def test_seeds_that_chose_the_schedule_are_refused_before_any_work(capsys: pytes
 def test_a_subject_is_checked_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="no schedule to replay"):
         main_job.Subject(recipe="mnist1d-mlp-width", policy="scheduled")
+    with pytest.raises(ValueError, match="add --policy heuristic"):
+        main_job.Subject(default_heuristic=True)  # the main job replays a schedule: the rule never decides
+    with pytest.raises(SystemExit):
+        main_job.main(["--workers", "0"])
+    assert "--workers 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main_job.main(["--recipe", "digits-mlp"])
     assert "invalid choice" in capsys.readouterr().err

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import pkgutil
 
 from prefect import Task
 from prefect.states import Failed
+from prefect.task_engine import TaskRunTimeoutError
 
 import tasks
+from esper_core.child import ChildTimeoutError
 from esper_core.tolaria.safety import TrainingHalted
+from tasks._limits import TimeLimitExceeded
 from tasks._retry import transient
 from tasks.train import _retry_unless_halted, start_run
 
@@ -20,10 +24,20 @@ def test_halt_is_final_other_failures_retry() -> None:
 
 
 def test_a_timed_out_task_is_not_retried() -> None:
-    # The same work would run out of time again; a transient failure is still retried.
+    # The same work would run out of time again; a transient failure is still retried, a network
+    # or file system timeout among them (Python raises OSError(ETIMEDOUT) as a TimeoutError).
+    limits = (
+        TaskRunTimeoutError("Scope timed out after 1 second(s)."),
+        ChildTimeoutError("ran past its time limit"),
+        TimeLimitExceeded("task 'grow' ran past its time limit"),
+    )
     for condition in (_retry_unless_halted, transient):
-        assert condition(None, None, Failed(data=TimeoutError("Scope timed out after 1 second(s)."))) is False
+        for error in limits:
+            assert condition(None, None, Failed(data=error)) is False, error
         assert condition(None, None, Failed(data=OSError("database is locked"))) is True
+        network = OSError(errno.ETIMEDOUT, "Connection timed out")
+        assert isinstance(network, TimeoutError)
+        assert condition(None, None, Failed(data=network)) is True
 
 
 def _retried_tasks() -> dict[str, Task]:

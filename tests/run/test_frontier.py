@@ -59,6 +59,8 @@ def test_the_shape_yardstick_is_the_committed_main_job_baseline() -> None:
         y.seeds == len(baseline["seeds"]) and y.epochs == baseline["epochs"] == get_recipe("mnist1d-cnn-grown").epochs
     )
     shape = baseline["shape"]
+    # The static means are over the seeds at the measured shape: every seed, or the summary's count is wrong.
+    assert shape["seeds"] == y.seeds and not baseline["other_shapes"]
     assert dict(y.widths) == shape["widths"]
     assert (y.static_test_accuracy, y.tuned_test_accuracy, y.grown_test_accuracy_sd) == (
         shape["static_test_accuracy_mean"],

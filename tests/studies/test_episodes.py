@@ -56,11 +56,14 @@ def test_a_run_that_halts_is_scored_as_the_network_of_its_last_commit(
 
 
 def test_a_run_that_halts_in_its_first_epoch_is_scored_as_its_initial_network(esper_home: EsperSettings) -> None:
-    result = run_episode(episode_config(_diverging(lr=1e38), seed=0, policy="none", epochs=3), settings=esper_home)
+    config = episode_config(_diverging(lr=1e38), seed=0, policy="none", epochs=3)
+    result = run_episode(config, settings=esper_home, early_stopping=True)
     assert result.halted is not None and "non-finite loss" in result.halted
     # Back at the start commit: the untrained network, whose scores are defined.
     assert math.isfinite(result.test_loss) and math.isfinite(result.val_loss) and 0.0 <= result.test_accuracy <= 1.0
     assert result.commands == {} and result.curve == ((result.train_flops, result.val_loss),)
+    # No epoch ended, so none was best: early stopping leaves it at the score it has.
+    assert result.early_stop is None and early_stopped(result) is result
 
 
 def test_simic_episodes_go_on_past_a_halted_one_and_learn_from_its_decisions(compiled_home: EsperSettings) -> None:
