@@ -26,7 +26,7 @@ covers the data's spread too; without it every seed trains and tests on the publ
 the one ``make run`` uses, which is what the run summary compares a run with
 (``esper_core.run.frontier.SHAPE_YARDSTICKS``).
 
-    OMP_NUM_THREADS=1 python -m bench.main_job [--recipe R] [--policy P] [--default-heuristic] \
+    OMP_NUM_THREADS=1 python -m bench.main_job [--recipe R] [--policy P] [--default-heuristic] [--grow-until F] \
         [--seeds 40] [--first-seed 20] [--workers 1] [--data-per-seed] [--json PATH]
 """
 
@@ -56,6 +56,7 @@ from esper_core.studies.episodes import EpisodeResult, episode_config, run_episo
 from esper_core.studies.yardstick import best_on_validation, early_stopped, static_shape
 from esper_core.tamiyo.config import POLICIES
 from esper_core.tamiyo.heuristic import HeuristicConfig
+from esper_core.tamiyo.risk import RiskConfig
 from esper_core.telemetry.paired import paired_difference
 
 RECIPES = ("mnist1d-cnn-grown", "mnist1d-cnn-width", "mnist1d-mlp-width")
@@ -75,6 +76,8 @@ class Subject:
     recipe: str = "mnist1d-cnn-grown"
     policy: str | None = None
     default_heuristic: bool = False
+    grow_until: float = 1.0
+    """``RiskConfig.grow_until``: the share of the run after which no seed is germinated."""
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -96,6 +99,10 @@ class Subject:
         config = get_recipe(self.recipe)
         if self.default_heuristic:
             config.tamiyo = dataclasses.replace(config.tamiyo, heuristic=HeuristicConfig())
+        if self.grow_until != 1.0:
+            config.tamiyo = dataclasses.replace(
+                config.tamiyo, risk=dataclasses.replace(config.tamiyo.risk, grow_until=self.grow_until)
+            )
         if data_per_seed:
             assert isinstance(config.data, DataSpec), "the MNIST-1D recipes load through a DataSpec"
             config.data = dataclasses.replace(
@@ -176,6 +183,7 @@ def summarise(runs: Sequence[dict[str, Any]], *, subject: Subject, data_per_seed
         "recipe": subject.recipe,
         "policy": subject.policy or get_recipe(subject.recipe).tamiyo.policy,
         "heuristic": "HeuristicConfig() (the default rule)" if subject.default_heuristic else "the recipe's",
+        "grow_until": subject.grow_until,
         "epochs": get_recipe(subject.recipe).epochs,
         "data": "a fresh MNIST-1D draw per seed" if data_per_seed else "the published MNIST-1D (make run's)",
         "data_per_seed": data_per_seed,
@@ -245,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--default-heuristic", action="store_true", help="the rule HeuristicConfig() ships, not the recipe's thresholds"
     )
+    parser.add_argument(
+        "--grow-until", type=float, default=1.0, help="germinate nothing after this share of the run (default: 1.0)"
+    )
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--first-seed", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1)
@@ -253,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Every argument checked before the first of ~160 episodes runs.
     try:
-        subject = Subject(recipe=args.recipe, policy=args.policy, default_heuristic=args.default_heuristic)
+        subject = Subject(
+            recipe=args.recipe, policy=args.policy, default_heuristic=args.default_heuristic, grow_until=args.grow_until
+        )
+        RiskConfig(grow_until=args.grow_until)  # its own check, before any work
         check_seeds(seeds=args.seeds, first_seed=args.first_seed, workers=args.workers)
     except ValueError as e:
         parser.error(str(e))

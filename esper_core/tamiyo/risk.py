@@ -7,6 +7,10 @@ of its ``reason``:
 0. ``no_epoch_left``: a germination proposed after the run's last epoch is vetoed: the seed
    would join a network that never trains again (a decision is made after every epoch, the
    last included, so that a seed in flight can still be fossilised or culled).
+0b. ``growth_window``: a germination at or after ``grow_until`` of the run (epoch >=
+   ``ceil(grow_until * total_epochs)``) is vetoed: units added late train for few epochs, while
+   the network they make is the one a static network of its shape is compared with. 1.0 (the
+   default) leaves every epoch but the last open.
 1. ``isolation_violation``: an in-flight seed failed G3 (its host received gradient from it, the
    ``kasmina.isolation.violation`` event): anything but culling it is downgraded to culling it.
 2. ``loss_spike``: validation loss jumped above ``(1 + loss_spike_ratio)`` times the best of the
@@ -77,6 +81,9 @@ class RiskConfig:
             machine could decide differently, and the recipes' 18 ms budget is reported against,
             not enforced.
         max_predicted_risk: Largest GNN-predicted regression probability allowed for growth.
+        grow_until: Share of the run after which no seed is germinated (``growth_window``): 0.25
+            keeps growth to the first quarter of the epochs; 1.0 (default) does not limit it.
+            Seeds germinated before it go on through their lifecycle.
     """
 
     loss_spike_ratio: float = 0.25
@@ -91,8 +98,14 @@ class RiskConfig:
     max_seed_params: int | None = None
     max_latency_ratio: float | None = None
     max_predicted_risk: float = 0.9
+    grow_until: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.grow_until <= 1.0:
+            raise ValueError(
+                f"grow_until must lie in (0, 1], got {self.grow_until}: a share of the run's epochs, e.g. 0.25 "
+                "for its first quarter (to forbid growth, set max_seed_params=0)"
+            )
         for name in ("spike_window", "regression_streak", "regression_cooldown", "regression_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -188,6 +201,7 @@ class RiskEngine:
         command, fired, notes = proposal, [], []
         rules: tuple[_Rule, ...] = (
             RiskEngine._no_epoch_left,
+            RiskEngine._growth_window,
             RiskEngine._isolation_violation,
             RiskEngine._loss_spike,
             RiskEngine._repeated_regressions,
@@ -226,6 +240,15 @@ class RiskEngine:
             return None
         why = f"epoch {ctx.current.epoch} is the run's last of {ctx.total_epochs}: the seed would never train"
         return "no_epoch_left", _wait(command), f"{why}; {command.action} vetoed"
+
+    def _growth_window(self, ctx: RiskContext, command: AdaptationCommand) -> tuple[str, AdaptationCommand, str] | None:
+        if ctx.total_epochs is None or command.seed_operation is not SeedOperation.GERMINATE:
+            return None
+        closes = math.ceil(self.config.grow_until * ctx.total_epochs)
+        if ctx.current.epoch < closes:
+            return None
+        why = f"epoch {ctx.current.epoch} >= {closes}: growth stops at grow_until={self.config.grow_until:g} of the run's {ctx.total_epochs} epochs"
+        return "growth_window", _wait(command), f"{why}; {command.action} vetoed"
 
     def _isolation_violation(
         self, ctx: RiskContext, command: AdaptationCommand

@@ -111,6 +111,23 @@ def test_no_germination_after_the_last_epoch() -> None:
     assert _review(cull, total_epochs=4) is cull  # a seed in flight may still be culled (or fossilised)
 
 
+def test_no_germination_once_the_growth_window_closed() -> None:
+    # Epoch 3 of 12: past the first quarter (epochs 0-2), inside the first third (epochs 0-3).
+    quarter, third = RiskConfig(grow_until=0.25), RiskConfig(grow_until=1 / 3)
+    vetoed = _review(_germinate(), total_epochs=12, config=quarter)
+    assert vetoed.command_type is CommandType.WAIT and vetoed.risk_rule == "growth_window"
+    assert "epoch 3 >= 3: growth stops at grow_until=0.25 of the run's 12 epochs" in vetoed.reason
+    assert _review(_germinate(), total_epochs=12, config=third).seed_operation is SeedOperation.GERMINATE
+    # The default leaves every epoch but the last open; a run of unknown length is not limited.
+    assert _review(_germinate(), total_epochs=5).seed_operation is SeedOperation.GERMINATE
+    assert _review(_germinate(), config=quarter).seed_operation is SeedOperation.GERMINATE
+    cull = _germinate().model_copy(update={"seed_operation": SeedOperation.CULL, "blueprint_id": None})
+    assert _review(cull, total_epochs=12, config=quarter) is cull  # seeds in flight go on through their lifecycle
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="grow_until must lie in"):
+            RiskConfig(grow_until=bad)
+
+
 def test_isolation_violation_downgrades_anything_to_culling_the_seed() -> None:
     g3 = GateVerdict(gate=GateId.G3_INTERFACE, passed=False, reason="isolation violated: host gradients differ")
     seeds = (_seed("slot1"), _seed("slot2", SeedStage.TRAINING, last_gate=g3))
