@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -48,17 +48,52 @@ def sweep_orphans(local: LocalPrefect, *, next_in_s: float) -> list[str]:
     return rescheduled
 
 
+class Sweeper:
+    """Runs ``sweep_orphans`` every ``every_s`` in a daemon thread, one sweep at a time.
+
+    Never on the main thread: SIGTERM and Ctrl-C land there as an exception (``main.Terminated``),
+    and one raised inside the API client's pydantic serialisers came back wrapped as a
+    ``PydanticSerializationError``, which a failed sweep's handler took for a server error and
+    printed, so the stop was lost (a real ``esper server start`` kept running after SIGTERM).
+    """
+
+    def __init__(self, local: LocalPrefect, *, every_s: float) -> None:
+        self.local, self.every_s = local, every_s
+        self._next = 0.0  # the first poll sweeps
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> None:
+        """Start a sweep if one is due and none is running."""
+        if time.monotonic() < self._next or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._next = time.monotonic() + self.every_s
+        self._thread = threading.Thread(
+            target=sweep_orphans, args=(self.local,), kwargs={"next_in_s": self.every_s}, daemon=True
+        )
+        self._thread.start()
+
+    def now(self) -> None:
+        """Make the next ``poll`` sweep (the runs a worker that just died was executing)."""
+        self._next = 0.0
+
+    def settle(self, timeout_s: float = 2.0) -> None:
+        """Wait a little for a running sweep, so that it does not race the shutdown's own state changes."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
 def _cmd_start(args: argparse.Namespace) -> int:
     local = _local(args)
     # Ctrl-C and SIGTERM (main() turns it into KeyboardInterrupt) end up in the `finally`, from
     # any point: start_server stops its own child when interrupted before it answers.
     server = local.start_server()
     worker = None
+    sweeper = Sweeper(local, every_s=ORPHAN_SWEEP_S)
     try:
         local.announce(server)  # `esper run` in this home uses this server from now on
         local.ensure_pool()
         if not args.no_worker:
-            sweep_orphans(local, next_in_s=ORPHAN_SWEEP_S)
+            sweeper.poll()
             worker = local.start_worker()
         print(f"Prefect UI   {local.ui_url}")
         print(f"API          {local.api_url}  (database and logs in {local.prefect_home})")
@@ -68,7 +103,6 @@ def _cmd_start(args: argparse.Namespace) -> int:
             "Ctrl-C (or SIGTERM) stops the server, the worker and its flow runs (resumed at the next start).",
             flush=True,
         )
-        next_sweep = time.monotonic() + ORPHAN_SWEEP_S
         while server.poll() is None:
             if worker is not None and worker.poll() is not None:
                 print(
@@ -76,14 +110,14 @@ def _cmd_start(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 worker = local.start_worker()
-                next_sweep = 0.0  # the runs the dead worker was executing: at once
-            if worker is not None and time.monotonic() >= next_sweep:
-                sweep_orphans(local, next_in_s=ORPHAN_SWEEP_S)
-                next_sweep = time.monotonic() + ORPHAN_SWEEP_S
+                sweeper.now()  # the runs the dead worker was executing: at once
+            if worker is not None:
+                sweeper.poll()
             time.sleep(1.0)
         print(f"the Prefect server exited ({server.returncode}); see {local.prefect_home / 'server.log'}")
         return 1
     finally:
+        sweeper.settle()
         resumable = local.shut_down(server=server, worker=worker)
         if resumable:
             print(f"{len(resumable)} flow run(s) stopped, resumable at the next start: {', '.join(resumable)}")
@@ -97,25 +131,27 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def run_worker(local: LocalPrefect, *, sweep_every_s: float) -> int:
     """Run a worker on the pool until it exits, sweeping for orphaned flow runs meanwhile.
 
-    One sweep (``sweep_orphans``) before the worker starts and one every ``sweep_every_s``
-    while it runs. Ctrl-C or SIGTERM (``KeyboardInterrupt``) stops the worker and its flow runs.
+    One sweep (``sweep_orphans``, in a ``Sweeper`` thread) as the worker starts and one every
+    ``sweep_every_s`` while it runs. Ctrl-C or SIGTERM (``KeyboardInterrupt``) stops the worker and
+    its flow runs.
 
     Returns:
         The worker's exit status.
     """
-    sweep_orphans(local, next_in_s=sweep_every_s)
+    sweeper = Sweeper(local, every_s=sweep_every_s)
+    sweeper.poll()
     worker = local.start_worker()
     print(
         f"worker on pool esper against {local.api_url}; log {local.prefect_home / 'worker.log'}; Ctrl-C stops it",
         flush=True,
     )
     try:
-        while True:
-            try:
-                return worker.wait(timeout=sweep_every_s)
-            except subprocess.TimeoutExpired:
-                sweep_orphans(local, next_in_s=sweep_every_s)
+        while worker.poll() is None:
+            sweeper.poll()
+            time.sleep(min(1.0, sweep_every_s))
+        return worker.returncode
     finally:
+        sweeper.settle()
         stop(worker)
 
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from uuid import UUID
 import pytest
 
 from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, pid_alive, stop, worker_name_prefix
-from esper_cli.server import sweep_orphans
+from esper_cli.server import Sweeper, sweep_orphans
 from esper_core.run.reports import finish_run
 from esper_core.run.session import Run
 from esper_core.run.spec import RunSpec
@@ -477,3 +478,30 @@ def test_esper_run_uses_the_running_esper_server_of_its_home(local: LocalPrefect
         assert LocalPrefect.running_api_url(local.home) is None
     finally:
         local.marker.unlink(missing_ok=True)
+
+
+class _RecordingLocal:
+    """A ``LocalPrefect`` stand-in that records which thread swept."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def recover_orphans(self) -> list[str]:
+        self.threads.append(threading.current_thread())
+        return []
+
+
+def test_sweeps_never_run_on_the_main_thread_where_sigterm_lands() -> None:
+    # A Terminated raised inside the API client's serialisers came back as an ordinary exception,
+    # which a sweep on the main thread swallowed: SIGTERM was lost. Sweeps run on their own thread.
+    local = _RecordingLocal()
+    sweeper = Sweeper(local, every_s=3600.0)  # type: ignore[arg-type]
+    sweeper.poll()
+    sweeper.settle(timeout_s=30.0)
+    sweeper.poll()  # not due yet: no second sweep
+    sweeper.settle(timeout_s=30.0)
+    sweeper.now()
+    sweeper.poll()
+    sweeper.settle(timeout_s=30.0)
+    assert len(local.threads) == 2
+    assert all(t is not threading.main_thread() for t in local.threads)
