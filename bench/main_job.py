@@ -86,8 +86,10 @@ class Subject:
             )
         if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"--policy {self.policy!r}: must be one of {POLICIES}")
-        policy = self.policy or get_recipe(self.recipe).tamiyo.policy
-        if policy == "scheduled" and not get_recipe(self.recipe).tamiyo.schedule:
+        RiskConfig(grow_until=self.grow_until)  # its own check: a share of the run in (0, 1]
+        tamiyo = get_recipe(self.recipe).tamiyo
+        policy = self.policy or tamiyo.policy
+        if policy == "scheduled" and not tamiyo.schedule:
             raise ValueError(f"--policy scheduled: {self.recipe} has no schedule to replay; use mnist1d-cnn-grown")
         if self.default_heuristic and policy != "heuristic":
             raise ValueError(
@@ -267,7 +269,6 @@ def main(argv: list[str] | None = None) -> int:
         subject = Subject(
             recipe=args.recipe, policy=args.policy, default_heuristic=args.default_heuristic, grow_until=args.grow_until
         )
-        RiskConfig(grow_until=args.grow_until)  # its own check, before any work
         check_seeds(seeds=args.seeds, first_seed=args.first_seed, workers=args.workers)
     except ValueError as e:
         parser.error(str(e))
