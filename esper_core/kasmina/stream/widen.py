@@ -1,0 +1,342 @@
+"""Double a transformer's stream in place, keeping the function it computes.
+
+The widened model computes, on every input, what the model computed before (up to float
+rounding): every D-wide activation becomes ``[x, x]``, every head gets a twin, every MLP hidden
+unit a twin, and each weight that reads duplicated units splits its column between the two copies
+(``plan.StreamPart`` lists the cases; HyperCloning, Samragh et al. 2024, "Scaling Smart:
+Accelerating Large Language Model Pre-Training with Small Model Initialization", builds a larger
+model from a smaller one the same way). The split is not half and half: two copies that start
+equal and read by equal weights get equal gradients and stay twins forever, so the network would
+stay the small one. Each column is split ``s`` and ``1 - s`` with ``s`` drawn around one half
+(``noise``), which keeps the sum, hence the function, and lets the copies part.
+
+Parameters keep their identity as they grow, so an optimizer training the model keeps them in its
+groups; its per-parameter state (Adam's moments) grows with them, each copy taking the moments
+of the unit it copies: the widened model goes on training at the step sizes the small one had,
+rather than restarting Adam's bias correction (whose first steps are about the learning rate on
+every weight).
+
+A tied output head (nanoGPT's ``lm_head.weight is wte.weight``) reads the stream with the
+duplicated embedding, ``[E, E] [z, z] = 2 E z``; the LayerNorm right before it is halved instead,
+so it reads ``[z / 2, z / 2]``. A tied head whose input no LayerNorm writes is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from esper_core.kasmina.stream.plan import StreamPlan, plan_stream
+
+Op = Callable[[torch.Tensor], torch.Tensor]
+"""A tensor's growth along one dimension."""
+
+_RTOL = 1e-4
+"""How far (relative to its largest logit) the widened model's output may stray from the
+model's before: float rounding of the split sums, well below any trained difference."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamWidening:
+    """What ``widen_stream`` did.
+
+    Attributes:
+        width_before: D before.
+        width_after: D after (twice).
+        params_before: The model's parameters before.
+        params_after: Its parameters after.
+        max_change: Largest absolute change of the model's output on the check batch.
+        plan: Every part that changed.
+    """
+
+    width_before: int
+    width_after: int
+    params_before: int
+    params_after: int
+    max_change: float
+    plan: StreamPlan
+
+
+def widen_stream(
+    model: nn.Module,
+    sample: torch.Tensor,
+    *,
+    width: int | None = None,
+    noise: float = 0.25,
+    generator: torch.Generator | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> StreamWidening:
+    """Double ``model``'s stream width (d_model, heads, MLP hidden widths) in place.
+
+    Args:
+        model: A transformer built from the modules ``plan.plan_stream`` follows.
+        sample: A batch of the model's inputs: the output on it is compared before and after.
+        width: D; None: the token embeddings' width.
+        noise: How far a split column's share strays from one half (uniform in
+            ``[1/2 - noise, 1/2 + noise]``); in ``(0, 1/2]``.
+        generator: Draws the splits (a seeded one makes the widening reproducible).
+        optimizer: The optimizer training ``model``, whose state grows with its parameters.
+
+    Returns:
+        What changed (widths, parameter counts, the output's largest change).
+
+    Raises:
+        ValueError: a bad ``noise``; a part of the model ``plan_stream`` refuses; a tied head
+            with no LayerNorm before it; or the widened model computes something else on
+            ``sample`` (a module used in a way the plan could not see). The model is left as it
+            was in every case.
+    """
+    if not 0.0 < noise <= 0.5:
+        raise ValueError(f"noise must lie in (0, 0.5], got {noise}: the split shares must stay in [0, 1] and differ")
+    plan = plan_stream(model, width=width)
+    state = {k: v.clone() for k, v in model.state_dict(keep_vars=False).items()}
+    # Sizes kept as plain attributes (in_features, normalized_shape, heads, n_embd, ...).
+    sizes = {m: {k: v for k, v in vars(m).items() if type(v) in (int, tuple)} for m in model.modules()}
+    stored = _optimizer_state(model, optimizer)
+    params_before = sum(p.numel() for p in model.parameters())
+    training = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            before, head_norm = _output_and_head_norm(model, sample)
+        split = _Splitter(noise, generator)
+        with torch.no_grad():
+            _widen(model, plan, split, head_norm, optimizer)
+            _sync_sizes(model)
+            try:
+                after = model(sample)
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:
+                raise ValueError(
+                    f"the model's forward fails once its stream is doubled ({type(e).__name__}: {e}): "
+                    f"{_HIDDEN.format(_known(plan))}"
+                ) from e
+        if after.shape != before.shape:
+            raise ValueError(
+                f"doubling the stream changed the model's output shape from {tuple(before.shape)} to "
+                f"{tuple(after.shape)}: an output layer as wide as the stream ({plan.width}) was taken for part of it"
+            )
+        change = float((after - before).abs().max())
+        scale = float(before.abs().max()) + 1.0
+        if change > _RTOL * scale:
+            raise ValueError(
+                f"doubling the stream changed the model's output by up to {change:.3g} (largest logit "
+                f"{scale - 1:.3g}): {_HIDDEN.format(_known(plan))}"
+            )
+    except BaseException:
+        _restore(model, state, sizes, stored, optimizer)
+        raise
+    finally:
+        for m, flag in training.items():
+            m.training = flag
+    return StreamWidening(
+        width_before=plan.width,
+        width_after=2 * plan.width,
+        params_before=params_before,
+        params_after=sum(p.numel() for p in model.parameters()),
+        max_change=change,
+        plan=plan,
+    )
+
+
+_HIDDEN = (
+    "something in its forward uses the width in a way the plan cannot follow (a weight applied outside its "
+    "module, or a width or head count kept under an attribute other than those doubled: {}); keep widths in "
+    "the modules' own attributes or read them off the input's shape"
+)
+
+
+def _known(plan: StreamPlan) -> str:
+    return ", ".join(sorted({a for _, a in plan.attributes})) or "none found"
+
+
+class _Splitter:
+    """Draws the shares ``s`` a split column gives its first copy (``1 - s`` to the second)."""
+
+    def __init__(self, noise: float, generator: torch.Generator | None) -> None:
+        self.noise = noise
+        self.generator = generator
+
+    def __call__(self, like: torch.Tensor) -> torch.Tensor:
+        u = torch.rand(like.shape, generator=self.generator, dtype=torch.float64)
+        return (0.5 + self.noise * (2 * u - 1)).to(like.dtype)
+
+
+def _output_and_head_norm(model: nn.Module, sample: torch.Tensor) -> tuple[torch.Tensor, nn.Module | None]:
+    """The model's output on ``sample``, and the norm whose output a tied head reads (None when
+    no head is tied)."""
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) in embedded]
+    if not heads:
+        return model(sample), None
+    written: dict[int, nn.Module] = {}
+    read: list[int] = []
+    handles = [
+        m.register_forward_hook(lambda mod, _a, out: written.__setitem__(id(out), mod))
+        for m in model.modules()
+        if isinstance(m, nn.LayerNorm | nn.RMSNorm)
+    ]
+    handles += [h.register_forward_pre_hook(lambda _m, args: read.append(id(args[0]))) for h in heads]
+    try:
+        out = model(sample)
+    finally:
+        for h in handles:
+            h.remove()
+    norms = {written.get(i) for i in read}
+    if None in norms or len(norms) != 1:
+        raise ValueError(
+            "the output head shares the token embedding's weights and does not read a LayerNorm's output: "
+            "doubling the stream keeps such a head's logits only by halving that norm; untie the head or put a "
+            "LayerNorm right before it"
+        )
+    return out, norms.pop()
+
+
+def _widen(
+    model: nn.Module,
+    plan: StreamPlan,
+    split: Callable[[torch.Tensor], torch.Tensor],
+    head_norm: nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> None:
+    for part in plan.parts:
+        if part.role == "free":
+            _grow(model.get_parameter(part.name), optimizer, _dup(-1))
+            continue
+        module = model.get_submodule(part.name)
+        if part.role == "embedding":
+            assert isinstance(module, nn.Embedding)
+            _grow(module.weight, optimizer, _dup(1))
+            module.embedding_dim *= 2
+        elif part.role == "norm":
+            assert isinstance(module, nn.LayerNorm | nn.RMSNorm)
+            for p in (getattr(module, "weight", None), getattr(module, "bias", None)):
+                if p is not None:
+                    _grow(p, optimizer, _dup(0))
+            module.normalized_shape = (2 * plan.width,)
+        elif part.role == "mha":
+            assert isinstance(module, nn.MultiheadAttention)
+            _grow(module.in_proj_weight, optimizer, _blocks(part.blocks, 0), _split_cols(split))
+            if module.in_proj_bias is not None:
+                _grow(module.in_proj_bias, optimizer, _blocks(part.blocks, 0))
+            for name in ("embed_dim", "kdim", "vdim", "num_heads"):
+                setattr(module, name, 2 * getattr(module, name))
+        else:
+            assert isinstance(module, nn.Linear)
+            _widen_linear(module, part.role, part.blocks, split, optimizer)
+    for m, a in plan.attributes:
+        owner = model.get_submodule(m)
+        if not isinstance(owner, nn.MultiheadAttention):
+            setattr(owner, a, 2 * getattr(owner, a))
+    if head_norm is not None:
+        for p in (getattr(head_norm, "weight", None), getattr(head_norm, "bias", None)):
+            if p is not None:
+                p.mul_(0.5)
+
+
+def _widen_linear(
+    module: nn.Linear,
+    role: str,
+    blocks: int,
+    split: Callable[[torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer | None,
+) -> None:
+    rows = role in ("through", "fused", "writer")
+    cols = role in ("through", "fused", "reader")
+    row_op = _blocks(blocks, 0) if role == "fused" else _dup(0)
+    _grow(module.weight, optimizer, row_op if rows else None, _split_cols(split) if cols else None)
+    if module.bias is not None and rows:
+        _grow(module.bias, optimizer, row_op)
+    module.out_features, module.in_features = module.weight.shape
+
+
+def _dup(dim: int) -> Op:
+    """The units along ``dim`` twice over, ``[u, u]``."""
+    return lambda t: torch.cat([t, t], dim=dim)
+
+
+def _blocks(blocks: int, dim: int) -> Op:
+    """Each of ``blocks`` equal parts along ``dim`` duplicated in place: ``[q, q, k, k, v, v]``."""
+    return lambda t: torch.cat([c for part in t.chunk(blocks, dim=dim) for c in (part, part)], dim=dim)
+
+
+def _split_cols(split: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, bool], torch.Tensor]:
+    """Columns ``[s W, (1 - s) W]`` for a weight; for its optimizer state (``moments``), the
+    state twice (each copy keeps the unit's moments)."""
+
+    def op(t: torch.Tensor, moments: bool) -> torch.Tensor:
+        if moments:
+            return torch.cat([t, t], dim=1)
+        s = split(t)
+        return torch.cat([s * t, (1 - s) * t], dim=1)
+
+    return op
+
+
+def _grow(
+    p: torch.Tensor,
+    optimizer: torch.optim.Optimizer | None,
+    rows: Op | None,
+    cols: Callable[[torch.Tensor, bool], torch.Tensor] | None = None,
+) -> None:
+    """Replace ``p``'s data (its identity kept) by the grown tensor, and grow its optimizer state
+    (tensors of the parameter's shape) the same way, with moments copied rather than split."""
+
+    def grow(t: torch.Tensor, moments: bool) -> torch.Tensor:
+        if rows is not None:
+            t = rows(t)
+        if cols is not None:
+            t = cols(t, moments)
+        return t.contiguous()
+
+    old_shape = p.shape
+    p.data = grow(p.data, moments=False)
+    p.grad = None  # a gradient of the old shape would not accumulate into the new one
+    if optimizer is not None:
+        for k, v in optimizer.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor) and v.shape == old_shape:
+                optimizer.state[p][k] = grow(v, moments=True)
+
+
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[int, dict[str, torch.Tensor]]:
+    """The optimizer's state tensors, cloned, per parameter id (restored if the widening fails)."""
+    if optimizer is None:
+        return {}
+    return {
+        id(p): {k: v.clone() for k, v in optimizer.state[p].items() if isinstance(v, torch.Tensor)}
+        for p in model.parameters()
+        if p in optimizer.state
+    }
+
+
+def _sync_sizes(model: nn.Module) -> None:
+    """Set the size attributes of PyTorch's own modules from their weights (a tied head's
+    ``in_features`` too, whose weight grew as the embedding's)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.out_features, module.in_features = module.weight.shape
+        elif isinstance(module, nn.Embedding):
+            module.embedding_dim = module.weight.shape[1]
+
+
+def _restore(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    sizes: dict[nn.Module, dict[str, object]],
+    stored: dict[int, dict[str, torch.Tensor]],
+    optimizer: torch.optim.Optimizer | None,
+) -> None:
+    """Put the model (and its optimizer state) back as it was before a failed widening."""
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if name in state:
+                p.data = state[name].clone()
+    for module, attrs in sizes.items():
+        for k, v in attrs.items():
+            setattr(module, k, v)
+    if optimizer is not None:
+        for p in model.parameters():
+            for k, v in stored.get(id(p), {}).items():
+                optimizer.state[p][k] = v
