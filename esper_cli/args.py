@@ -19,6 +19,14 @@ def positive(text: str) -> int:
     return value
 
 
+def share(text: str) -> float:
+    """A ``float`` in (0, 1], or an argparse error that says so."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share in (0, 1], e.g. 0.25 for the first quarter, got {text}")
+    return value
+
+
 def quiet_prefect() -> None:
     """Esper's Prefect defaults (no analytics call, a longer start-up wait), before Prefect is imported.
 

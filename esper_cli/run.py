@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from esper_cli.args import local_flow_settings, positive, prefect_for_command
+from esper_cli.args import local_flow_settings, positive, prefect_for_command, share
 from esper_cli.choices import DEVICES, PINNABLE_POLICIES, RECIPES
 from esper_cli.startup import StartupPhases, first_epoch_time
 
@@ -41,6 +41,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         policy=args.policy,
         max_params=args.max_params,
         max_flops=args.max_flops,
+        grow_until=args.grow_until,
     )
     phases.mark("plan")
     settings = EsperSettings()
@@ -65,6 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             policy=args.policy,
             max_params=args.max_params,
             max_flops=args.max_flops,
+            grow_until=args.grow_until,
         )
     if args.verbose:
         print(
@@ -184,6 +186,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="cap growth in compute: one sample's forward pass may cost at most this many FLOPs (every seed at "
         "full weight); a germination past it is rejected",
+    )
+    run.add_argument(
+        "--grow-until",
+        type=share,
+        default=None,
+        metavar="SHARE",
+        help="stop growth: the share of the run's epochs after which no seed germinates, in (0, 1] (e.g. 0.25: "
+        "the first quarter; seeds already growing finish); fewer FLOPs, often a less accurate network; "
+        "default: the recipe's own",
     )
     run.set_defaults(func=_cmd_run)
 

@@ -9,7 +9,7 @@ from esper_core._capabilities import Device
 from esper_core.run.recipes import RecipeRef
 from esper_core.run.reports import RunSummary
 from esper_core.run.scores import describe
-from esper_core.run.spec import Epochs, MaxFlops, MaxParams, Processes, Seed
+from esper_core.run.spec import Epochs, GrowUntil, MaxFlops, MaxParams, Processes, Seed
 from flows.compile_catalog import compile_planned
 from tasks._runtime import settings
 from tasks.artifacts import publish_run_artifacts
@@ -28,6 +28,7 @@ def morphogenesis(
     policy: str | None = None,
     max_params: MaxParams | None = None,
     max_flops: MaxFlops | None = None,
+    grow_until: GrowUntil | None = None,
 ) -> RunSummary | State:
     """Grow a network: compile its seed kernels (unless published), then train / decide / apply per epoch.
 
@@ -49,6 +50,8 @@ def morphogenesis(
             (``KasminaConfig.max_params``); a germination past it is rejected.
         max_flops: Cap growth in compute: one sample's forward pass may cost at most this many
             FLOPs, every seed at full weight (``KasminaConfig.max_flops``).
+        grow_until: Stop growth: the share of the run's epochs, in (0, 1], after which no seed
+            germinates (``RiskConfig.grow_until``); default: the recipe's own.
 
     Epochs run in ``grow`` tasks of about ``ESPER_GROW_TASK_SECONDS`` each (default 10 s): long
     enough that Prefect's ~5 ms a task run is lost in the work, short enough that a long run shows
@@ -57,7 +60,7 @@ def morphogenesis(
     # Planned once, first: a bad recipe (unknown name, bad import path, wrong return type, a
     # blueprint that fits no slot) fails the run here, before any work, with the message that says
     # what was expected. Every later task receives the plan (in memory) or its spec.
-    planned = plan_run_spec(recipe, epochs, device, seed, run_id, nproc, policy, max_params, max_flops)
+    planned = plan_run_spec(recipe, epochs, device, seed, run_id, nproc, policy, max_params, max_flops, grow_until)
     spec = planned.spec
     task_seconds = settings().grow_task_seconds
     # A signal (Cancel in the UI, a server shutdown) stops the run at once and leaves it resumable

@@ -26,6 +26,7 @@ def plan_run_spec(
     policy: str | None = None,
     max_params: int | None = None,
     max_flops: int | None = None,
+    grow_until: float | None = None,
 ) -> PlannedRun:
     """Resolve and plan the run once: what every later task of the morphogenesis flow receives
     (its ``spec``, or the whole planned run where the session is built).
@@ -46,6 +47,7 @@ def plan_run_spec(
         policy=policy,
         max_params=max_params,
         max_flops=max_flops,
+        grow_until=grow_until,
     )
     preflight(planned.config, planned.data, settings=settings())
     return planned

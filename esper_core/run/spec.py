@@ -48,6 +48,10 @@ MaxParams = Annotated[int, Field(ge=1, description="Most parameters the grown ne
 """A growth cap as a flow parameter (``RunSpec.max_params``)."""
 MaxFlops = Annotated[int, Field(ge=1, description="Most forward FLOPs a sample the grown network may cost")]
 """A compute cap on growth as a flow parameter (``RunSpec.max_flops``)."""
+GrowUntil = Annotated[
+    float, Field(gt=0, le=1, description="Share of the run's epochs after which no seed germinates, in (0, 1]")
+]
+"""Growth that stops as a flow parameter (``RunSpec.grow_until``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,6 +74,8 @@ class RunSpec:
             recipe's own.
         max_flops: Cap on the network's forward FLOPs a sample (``KasminaConfig.max_flops``);
             None: the recipe's own.
+        grow_until: Share of the run's epochs after which no seed germinates
+            (``RiskConfig.grow_until``, the risk rule ``growth_window``); None: the recipe's own.
         approved: The recipe's approved experimental / high-risk blueprints (what its compile
             approves, and what its session may germinate).
         jobs: Every (blueprint, slot profile) kernel the run may germinate, approved ones
@@ -85,6 +91,7 @@ class RunSpec:
     policy: str | None = None
     max_params: int | None = None
     max_flops: int | None = None
+    grow_until: float | None = None
     approved: tuple[str, ...] = ()
     jobs: tuple[CompileJob, ...] = ()
 
@@ -105,11 +112,25 @@ class RunSpec:
             raise ValueError(f"max_params must be a positive parameter count (or None), got {self.max_params}")
         if self.max_flops is not None and self.max_flops < 1:
             raise ValueError(f"max_flops must be a positive FLOP count a sample (or None), got {self.max_flops}")
+        if self.grow_until is not None and not 0.0 < self.grow_until <= 1.0:
+            raise ValueError(
+                f"grow_until must be a share of the run's epochs in (0, 1] (or None for the recipe's), got "
+                f"{self.grow_until}: e.g. 0.25 to germinate only in the first quarter, 1.0 for no limit"
+            )
 
     @property
-    def key(self) -> tuple[str, int | None, str | None, int | None, str | None, int | None, int | None]:
+    def key(self) -> tuple[str, int | None, str | None, int | None, str | None, int | None, int | None, float | None]:
         """What decides the resolved configuration (run id and process count do not)."""
-        return (self.recipe, self.epochs, self.device, self.seed, self.policy, self.max_params, self.max_flops)
+        return (
+            self.recipe,
+            self.epochs,
+            self.device,
+            self.seed,
+            self.policy,
+            self.max_params,
+            self.max_flops,
+            self.grow_until,
+        )
 
     def config(self) -> RunConfig:
         """The recipe with this spec's overrides (``get_recipe``), resolved now.
@@ -124,6 +145,9 @@ class RunSpec:
             config.kasmina = dataclasses.replace(config.kasmina, max_params=self.max_params)
         if self.max_flops is not None:
             config.kasmina = dataclasses.replace(config.kasmina, max_flops=self.max_flops)
+        if self.grow_until is not None:
+            risk = dataclasses.replace(config.tamiyo.risk, grow_until=self.grow_until)
+            config.tamiyo = dataclasses.replace(config.tamiyo, risk=risk)
         return config
 
     def save(self, run_dir: Path, *, config: RunConfig) -> None:
@@ -139,6 +163,7 @@ class RunSpec:
         fields = {"version": SPEC_VERSION, "run_id": run_dir.name, "recipe": self.recipe, "epochs": self.epochs}
         fields |= {"device": self.device, "seed": self.seed, "nproc": self.nproc}
         fields |= {"policy": self.policy, "max_params": self.max_params, "max_flops": self.max_flops}
+        fields["grow_until"] = self.grow_until
         # Resolved, not read back: what `esper runs list` shows without loading the recipe.
         fields["total_epochs"] = config.epochs
         # Who decided, resolved: a run records the shipped policy's name and pinned digest (the
@@ -154,21 +179,28 @@ class RunSpec:
             ValueError: no ``run.json`` there, a newer format, or fields a spec refuses.
         """
         saved = read_spec_file(run_dir)
-        return cls(
-            **{
-                k: saved[k]
-                for k in ("recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params", "max_flops")
-                if k in saved
-            }
+        # An older run.json lacks the later fields: they keep the spec's defaults (the recipe's own).
+        keys = (
+            "recipe",
+            "epochs",
+            "device",
+            "seed",
+            "run_id",
+            "nproc",
+            "policy",
+            "max_params",
+            "max_flops",
+            "grow_until",
         )
+        return cls(**{k: saved[k] for k in keys if k in saved})
 
 
 def check_same_controller(run_dir: Path, config: RunConfig) -> None:
     """Refuse to resume the run in ``run_dir`` with ``config`` (its saved request resolved now)
     if what decides it resolves differently from when it started: a default that changed between
-    Esper versions (the heuristic's thresholds, the recipe's policy, the shipped policy's digest)
-    would otherwise switch a run's controller halfway, silently. A run whose ``run.json``
-    predates the record is not checked, nor is what it did not record.
+    Esper versions (the heuristic's or the risk engine's thresholds, the recipe's policy, the
+    shipped policy's digest) would otherwise switch a run's controller halfway, silently. A run
+    whose ``run.json`` predates the record is not checked, nor is what it did not record.
 
     Raises:
         ValueError: the recorded and the resolved controller differ; the message names both.
@@ -240,6 +272,7 @@ def plan_spec(
     policy: str | None = None,
     max_params: int | None = None,
     max_flops: int | None = None,
+    grow_until: float | None = None,
 ) -> PlannedRun:
     """Resolve ``recipe`` with its overrides, plan it, and check it for ``nproc`` processes.
 
@@ -253,6 +286,7 @@ def plan_spec(
         policy: Pin who decides (``RunSpec.policy``).
         max_params: Cap the network's parameters (``RunSpec.max_params``).
         max_flops: Cap the network's forward FLOPs a sample (``RunSpec.max_flops``).
+        grow_until: Stop germinating after this share of the run (``RunSpec.grow_until``).
 
     Returns:
         The planned run: its ``spec`` for every task, its configuration, plan and data for the
@@ -274,6 +308,7 @@ def plan_spec(
         policy=policy,
         max_params=max_params,
         max_flops=max_flops,
+        grow_until=grow_until,
     )
     planned = resolve(spec)
     if nproc != 1:

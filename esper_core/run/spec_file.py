@@ -12,13 +12,15 @@ from typing import Any
 
 SPEC_FILE = "run.json"
 """A run folder's record of what the run was started with (``RunSpec.save``)."""
-SPEC_VERSION = 4
-"""``run.json``'s format: 4 adds ``max_flops`` (an Esper of version 3 would resume such a run
-without its cap, so it refuses); 3 adds ``policy`` and ``max_params`` (and the resolved ``decides``,
-not read back), so an older Esper refuses to resume a run it would decide differently; 2 is
-``RunSpec``'s own fields before them; 1 (no version key, before 2026-11-27) held recipe,
-epochs, device and seed as a hand-built dict. Both still load. ``total_epochs`` (the epochs the
-run trains, its recipe's when ``epochs`` is None; not read back) was added within version 3."""
+SPEC_VERSION = 5
+"""``run.json``'s format: 5 adds ``grow_until`` (and the risk engine's thresholds to ``decides``):
+an Esper of version 4 would resume such a run growing past its window, so it refuses; 4 adds
+``max_flops`` (an Esper of version 3 would resume such a run without its cap, so it refuses); 3
+adds ``policy`` and ``max_params`` (and the resolved ``decides``, not read back), so an older
+Esper refuses to resume a run it would decide differently; 2 is ``RunSpec``'s own fields before
+them; 1 (no version key, before 2026-11-27) held recipe, epochs, device and seed as a hand-built
+dict. All still load. ``total_epochs`` (the epochs the run trains, its recipe's when ``epochs``
+is None; not read back) was added within version 3."""
 
 
 def read_spec_file(run_dir: Path) -> dict[str, Any]:

@@ -259,7 +259,8 @@ def with_policy(tamiyo: TamiyoConfig, choice: str) -> TamiyoConfig:
 
 
 def policy_record(tamiyo: TamiyoConfig, *, served: str | None) -> dict[str, Any]:
-    """Who decides a run, as ``run.json`` and the summary record it.
+    """Who decides a run, as ``run.json`` and the summary record it: the policy, the heuristic's
+    thresholds and the risk engine's (``check_same_controller`` compares them on a resume).
 
     Args:
         tamiyo: The run's Tamiyo configuration.
@@ -271,6 +272,9 @@ def policy_record(tamiyo: TamiyoConfig, *, served: str | None) -> dict[str, Any]
     # (``HeuristicConfig``), and they also set the GNN's blend length, a shipped policy's
     # fallback and the lifecycle steps of scheduled, random and periodic runs.
     record["heuristic"] = dataclasses.asdict(tamiyo.heuristic)
+    # The risk engine's thresholds, which veto or downgrade every policy's proposals (its
+    # ``grow_until`` among them: a run's own, ``esper run --grow-until``, or the recipe's).
+    record["risk"] = dataclasses.asdict(tamiyo.risk)
     if tamiyo.policy == "shipped":
         record |= {"name": tamiyo.shipped, "sha256": SHIPPED[tamiyo.shipped]}
     elif tamiyo.policy == "gnn":

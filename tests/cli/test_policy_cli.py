@@ -57,3 +57,19 @@ def test_esper_run_takes_a_policy_pin_and_a_growth_cap() -> None:
         build_parser().parse_args(["run", "--policy", "zoo-99"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--max-params", "0"])
+
+
+def test_esper_run_takes_a_growth_window_that_reaches_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from esper_cli.main import build_parser
+    from esper_core.run.spec import plan_spec
+
+    args = build_parser().parse_args(["run", "--recipe", "seed-reference", "--device", "cpu", "--grow-until", "0.25"])
+    assert args.grow_until == 0.25
+    assert build_parser().parse_args(["run"]).grow_until is None  # the recipe's own
+    # What `esper run` plans from the parsed flag (esper_cli/run.py).
+    planned = plan_spec(args.recipe, device=args.device, grow_until=args.grow_until)
+    assert planned.spec.grow_until == 0.25 and planned.config.tamiyo.risk.grow_until == 0.25
+    for bad in ("0", "1.5", "-0.25", "nan", "a quarter"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--grow-until", bad])
+    assert "must be a share in (0, 1]" in capsys.readouterr().err

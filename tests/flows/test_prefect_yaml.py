@@ -15,7 +15,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # The public parameter set of each deployed flow (practice 7: add a recipe or a named sweep,
 # not a parameter). Changing one of these is an interface change: update the snapshot on purpose.
 PARAMETERS = {
-    "morphogenesis": ["recipe", "epochs", "device", "seed", "run_id", "nproc", "policy", "max_params", "max_flops"],
+    "morphogenesis": [
+        "recipe",
+        "epochs",
+        "device",
+        "seed",
+        "run_id",
+        "nproc",
+        "policy",
+        "max_params",
+        "max_flops",
+        "grow_until",
+    ],
     "compile_catalog": ["recipe", "blueprints", "device", "backend", "approve"],
     "benchmark_sweep": ["sweep", "workloads", "max_regression", "baselines_dir"],
     "fault_drills": ["drills"],
@@ -157,6 +168,8 @@ def test_fixed_choices_are_enums_in_every_deployments_schema() -> None:
         ("morphogenesis", {"epochs": 0}),
         ("morphogenesis", {"nproc": 0}),
         ("morphogenesis", {"seed": -1}),
+        ("morphogenesis", {"grow_until": 0}),
+        ("morphogenesis", {"grow_until": 1.5}),
         ("compile_catalog", {"backend": "inductor"}),
         ("benchmark_sweep", {"sweep": "weekly"}),
         ("train_policy", {"plan": "big"}),

@@ -57,12 +57,14 @@ def test_a_run_pinned_to_the_shipped_policy_is_decided_by_it_and_records_it(
     # run.json says who decides, before the run starts: a reader need not wait for the summary.
     saved = json.loads((esper_home.runs_dir / "default" / "run.json").read_text())
     heuristic = json.loads(json.dumps(dataclasses.asdict(spec.config().tamiyo.heuristic)))
+    risk = json.loads(json.dumps(dataclasses.asdict(spec.config().tamiyo.risk)))
     assert saved["decides"] == {
         "policy": "shipped",
         "served": None,
         "name": "zoo-1",
         "sha256": digest,
         "heuristic": heuristic,
+        "risk": risk,
     }
 
 
@@ -89,8 +91,9 @@ def test_a_run_pins_its_policy_and_a_resume_keeps_it(esper_home: EsperSettings) 
     assert spec.config().tamiyo.policy == "heuristic"
     assert RunSpec(recipe="mnist1d-cnn-grown", policy="zoo-1").config().tamiyo.schedule == ()
     summary = _run(esper_home, spec)
-    heuristic = dataclasses.asdict(spec.config().tamiyo.heuristic)
-    assert summary.policy == {"policy": "heuristic", "served": None, "heuristic": heuristic}
+    tamiyo = spec.config().tamiyo
+    heuristic, risk = dataclasses.asdict(tamiyo.heuristic), dataclasses.asdict(tamiyo.risk)
+    assert summary.policy == {"policy": "heuristic", "served": None, "heuristic": heuristic, "risk": risk}
     assert RunSpec.load(esper_home.runs_dir / "pinned").policy == "heuristic"
     with pytest.raises(ValueError, match="policy must be one of"):
         RunSpec(recipe="mnist1d-mlp-width", policy="zoo-99")
@@ -185,3 +188,15 @@ def test_a_compute_cap_refuses_the_germination_that_would_pass_it(esper_home: Es
     assert all("FLOPs a sample" in str(r["message"]) and "--max-flops" in str(r["message"]) for r in rejected)
     assert all(stage.startswith("dormant") for stage in capped.seeds.values()), capped.seeds
     assert capped.total_params == count_parameters(host)
+
+
+def test_a_growth_window_vetoes_the_germination_after_it(esper_home: EsperSettings) -> None:
+    # The same fixed schedule (germinations after epochs 1 and 3), growth stopping at half of five
+    # epochs (from epoch ceil(2.5) = 3 on): the first germination goes ahead, the second is vetoed.
+    spec = RunSpec(recipe="mnist1d-cnn-grown", epochs=5, device="cpu", seed=0, run_id="window", grow_until=0.5)
+    windowed = _run(esper_home, spec)
+    vetoed = [c for c in _events(esper_home, "window", "tamiyo.command") if c["risk_rule"] == "growth_window"]
+    assert len(vetoed) == 1 and "epoch 3 >= 3: growth stops at grow_until=0.5" in str(vetoed[0]["message"]), vetoed
+    assert windowed.commands.get("germinate") == 1, windowed.commands
+    assert windowed.seeds["conv3+width"].startswith("dormant"), windowed.seeds
+    assert not windowed.seeds["conv1+width"].startswith("dormant"), windowed.seeds

@@ -12,7 +12,7 @@ import pytest
 
 from esper_core.run.commits import START_TAG
 from esper_core.run.session import Run
-from esper_core.run.spec import RunSpec, compile_jobs, plan_spec, resolve
+from esper_core.run.spec import RunSpec, check_same_controller, compile_jobs, plan_spec, resolve
 from esper_core.settings import EsperSettings
 from tests.helpers.planning import count_planning
 
@@ -102,12 +102,70 @@ def test_run_json_is_the_spec_saved_and_loads_back(tmp_path: Path) -> None:
     spec = RunSpec(recipe="seed-reference", epochs=3, device="cpu", seed=5, run_id="r", nproc=2, max_flops=1000)
     spec.save(run_dir, config=spec.config())
     saved = json.loads((run_dir / "run.json").read_text())
-    assert saved["version"] == 4 and saved["recipe"] == "seed-reference" and saved["nproc"] == 2
+    assert saved["version"] == 5 and saved["recipe"] == "seed-reference" and saved["nproc"] == 2
     assert RunSpec.load(run_dir) == spec
     assert RunSpec.load(run_dir).config().epochs == 3
     assert RunSpec.load(run_dir).config().kasmina.max_flops == 1000
     with pytest.raises(ValueError, match="max_flops must be a positive FLOP count a sample"):
         RunSpec(recipe="seed-reference", max_flops=0)
+
+
+def test_growth_that_stops_is_set_per_run_and_kept_in_run_json(tmp_path: Path) -> None:
+    own = RunSpec(recipe="seed-reference").config().tamiyo.risk
+    assert own.grow_until == 1.0  # None: the recipe's own
+    spec = RunSpec(recipe="seed-reference", epochs=4, device="cpu", seed=0, run_id="r", grow_until=0.25)
+    config = spec.config()
+    assert config.tamiyo.risk == dataclasses.replace(own, grow_until=0.25)  # the rest of the risk engine kept
+    assert spec.key != dataclasses.replace(spec, grow_until=None).key  # a resume plans it again
+    run_dir = tmp_path / "r"
+    spec.save(run_dir, config=config)
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert saved["grow_until"] == 0.25 and saved["decides"]["risk"]["grow_until"] == 0.25
+    assert RunSpec.load(run_dir) == spec
+    assert RunSpec.load(run_dir).config().tamiyo.risk.grow_until == 0.25
+    check_same_controller(run_dir, RunSpec.load(run_dir).config())  # resolved as it started
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, 1.5, -0.25])
+def test_a_growth_window_outside_the_run_is_refused_naming_the_fix(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"grow_until must be a share of the run's epochs in \(0, 1\].*e\.g\. 0\.25"):
+        RunSpec(recipe="seed-reference", grow_until=bad)
+
+
+def test_a_resume_whose_risk_engine_now_resolves_differently_is_refused(tmp_path: Path) -> None:
+    spec = RunSpec(recipe="seed-reference", epochs=4, device="cpu", seed=0, run_id="r")
+    run_dir = tmp_path / "r"
+    spec.save(run_dir, config=spec.config())
+    path = run_dir / "run.json"
+    fields = json.loads(path.read_text())
+    # As a version whose default window was a quarter of the run would have recorded it.
+    fields["decides"]["risk"]["grow_until"] = 0.25
+    path.write_text(json.dumps(fields))
+    with pytest.raises(
+        ValueError, match=r"r was decided by risk=.*'grow_until': 0\.25.*now resolves to risk=.*'grow_until': 1\.0"
+    ):
+        check_same_controller(run_dir, RunSpec.load(run_dir).config())
+    # A threshold a later version added (one the record lacks) refuses nothing.
+    fields["decides"]["risk"]["grow_until"] = 1.0
+    del fields["decides"]["risk"]["max_predicted_risk"]
+    path.write_text(json.dumps(fields))
+    check_same_controller(run_dir, RunSpec.load(run_dir).config())
+    # A run.json from before the risk engine was recorded resumes as ever.
+    del fields["decides"]["risk"]
+    path.write_text(json.dumps(fields))
+    check_same_controller(run_dir, RunSpec.load(run_dir).config())
+
+
+def test_a_recorded_quarantine_compares_equal_after_its_json_round_trip(tmp_path: Path) -> None:
+    config = RunSpec(recipe="seed-reference", run_id="q").config()
+    risk = dataclasses.replace(config.tamiyo.risk, quarantined=("norm_gate", "lowrank_adapter"))
+    config.tamiyo = dataclasses.replace(config.tamiyo, risk=risk)
+    RunSpec(recipe="seed-reference", run_id="q").save(tmp_path / "q", config=config)
+    saved = json.loads((tmp_path / "q" / "run.json").read_text())
+    assert saved["decides"]["risk"]["quarantined"] == ["norm_gate", "lowrank_adapter"]  # a tuple, saved as a list
+    check_same_controller(tmp_path / "q", config)
+    with pytest.raises(ValueError, match="was decided by risk="):
+        check_same_controller(tmp_path / "q", RunSpec(recipe="seed-reference", run_id="q").config())
 
 
 def test_a_version_2_run_json_loads_deciding_as_its_recipe_says(tmp_path: Path) -> None:
@@ -117,7 +175,7 @@ def test_a_version_2_run_json_loads_deciding_as_its_recipe_says(tmp_path: Path) 
     fields = {"version": 2, "run_id": "v2", "recipe": "seed-reference", "epochs": 4, "device": "cpu", "seed": 0}
     (run_dir / "run.json").write_text(json.dumps(fields | {"nproc": 1}))
     spec = RunSpec.load(run_dir)
-    assert (spec.policy, spec.max_params) == (None, None)
+    assert (spec.policy, spec.max_params, spec.max_flops, spec.grow_until) == (None, None, None, None)
     assert spec.config().tamiyo.policy == "heuristic"
 
 
@@ -137,8 +195,8 @@ def test_a_run_json_that_cannot_be_read_is_refused_naming_the_fix(tmp_path: Path
     with pytest.raises(ValueError, match=r"no run 'r' under .*; list runs with `ls "):
         RunSpec.load(run_dir)
     run_dir.mkdir()
-    (run_dir / "run.json").write_text(json.dumps({"version": 5, "recipe": "seed-reference"}))
-    with pytest.raises(ValueError, match="run.json version 5, newer than this Esper reads \\(4\\): upgrade Esper"):
+    (run_dir / "run.json").write_text(json.dumps({"version": 6, "recipe": "seed-reference"}))
+    with pytest.raises(ValueError, match="run.json version 6, newer than this Esper reads \\(5\\): upgrade Esper"):
         RunSpec.load(run_dir)
     (run_dir / "run.json").write_text(json.dumps({"version": 2, "recipe": "seed-reference", "device": "tpu"}))
     with pytest.raises(ValueError, match="device must be one of"):
