@@ -26,6 +26,7 @@ BLUEPRINT_TIERS: tuple[str, ...] = ("safe", "experimental", "high_risk")
 RECIPES: tuple[str, ...] = (
     "chars-gpt",
     "chars-gpt-growth",
+    "chars-gpt-growth-narrow",
     "chars-gpt-growth-start",
     "digits-cnn",
     "digits-mlp",
@@ -48,6 +49,7 @@ DEPTH_GROWTH_PLANS: tuple[str, ...] = (
     "crossover-stacked",
     "default",
     "smoke",
+    "widen",
 )
 """``sorted(esper_core.studies.depth_growth.PLANS)``."""
 

@@ -12,8 +12,9 @@ from torch import nn
 from torch.func import functional_call
 
 
-def dry_forward(model: nn.Module, input_shape: tuple[int, ...], input_dtype: torch.dtype = torch.float32) -> None:
+def dry_forward(model: nn.Module, input_shape: tuple[int, ...], input_dtype: torch.dtype = torch.float32) -> object:
     """One forward with meta parameters, buffers and input: shapes only, nothing allocated.
+    Returns what the model returned (meta tensors).
 
     Raises:
         ValueError: the user's forward failed on such an input; the message says what it got.
@@ -29,7 +30,7 @@ def dry_forward(model: nn.Module, input_shape: tuple[int, ...], input_dtype: tor
     x = torch.empty(input_shape, dtype=input_dtype, device="meta")
     with torch.no_grad():
         try:
-            functional_call(model, state, (x,), strict=False)
+            return functional_call(model, state, (x,), strict=False)
         except (RuntimeError, TypeError, IndexError) as e:
             raise ValueError(
                 f"the model's forward failed on a {tuple(input_shape)} {input_dtype} input ({type(e).__name__}: "

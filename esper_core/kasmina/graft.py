@@ -41,6 +41,7 @@ from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina.depth import DepthSlot, find_depth_site, graft_depth_slot
 from esper_core.kasmina.dryrun import dry_forward
 from esper_core.kasmina.slot import SeedSlot
+from esper_core.kasmina.stream import StreamSlot, graft_stream_slot, output_layer, plan_stream
 from esper_core.kasmina.width import WidthSeed, WidthSlot, graft_width_slot, trace_width_site
 
 log = logging.getLogger(__name__)
@@ -313,6 +314,8 @@ class GrowableModel(nn.Module):
         deepen: Dotted names of ``nn.ModuleList`` / ``nn.Sequential`` stacks of identical blocks
             depth seeds may deepen; each gets a depth slot ``"<name>+depth"``
             (``esper_core.kasmina.depth``).
+        widen_stream: The model's width (a transformer's d_model) may double: a stream slot
+            ``"stream"`` (``esper_core.kasmina.stream``).
         input_dtype: The input's dtype (``torch.long`` for token ids).
         causal: The model is causal (a language model): token slots get causal profiles, so no
             seed's output at position t reads a later position.
@@ -333,9 +336,10 @@ class GrowableModel(nn.Module):
         causal: bool = False,
         widen: Sequence[str] = (),
         deepen: Sequence[str] = (),
+        widen_stream: bool = False,
     ) -> None:
         super().__init__()
-        if not slots and not widen and not deepen:
+        if not slots and not widen and not deepen and not widen_stream:
             raise ValueError(
                 "name at least one module to grow seeds on (slots=('layer1',)), a layer to widen (widen=('fc1',)) "
                 "or a stack of blocks to deepen (deepen=('blocks',))"
@@ -345,6 +349,8 @@ class GrowableModel(nn.Module):
         # Traced before anything is built: a layer that cannot take new units is refused here.
         width_sites = [trace_width_site(model, name, sample_shape, input_dtype) for name in widen]
         depth_sites = [find_depth_site(model, name, sample_shape, input_dtype) for name in deepen]
+        # Planned from the modules' shapes: whatever the stream meets that cannot double is refused here.
+        stream = plan_stream(model, output=output_layer(model, sample_shape, input_dtype)) if widen_stream else None
         self.model = model
         self.kind = "custom"
         self.sites = tuple(sites)
@@ -378,6 +384,10 @@ class GrowableModel(nn.Module):
             depth_slot = DepthSlot(site=depth_site, batch_max=batch_max)
             self.seed_slots[depth_slot.slot_id.replace(".", "-")] = depth_slot
             graft_depth_slot(model, depth_slot)
+        if stream is not None:
+            stream_slot = StreamSlot(plan=stream, batch_max=batch_max)
+            self.seed_slots[stream_slot.slot_id] = stream_slot
+            graft_stream_slot(model, stream_slot)
 
     @property
     def layers(self) -> list[nn.Module]:

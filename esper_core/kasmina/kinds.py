@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from esper_core.contracts import BlueprintDescriptor, GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
+from esper_core.contracts.enums import SlotKind
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.profiles import ShapeProfile
 from esper_core.kasmina import gates
@@ -96,7 +97,9 @@ class SeedKind(Protocol):
     """What one kind of seed does at the steps where kinds differ (the lifecycle is the manager's)."""
 
     name: str
-    """The kind's name (``"branch"``, ``"width"``, ``"depth"``), as reported and checkpointed."""
+    """The kind's name (``"branch"``, ``"width"``, ``"depth"``, ``"stream"``), as checkpointed."""
+    slot_kind: SlotKind
+    """What Tamiyo's graph and a ``SeedState`` call its slots (her fixed vocabulary of kinds)."""
     compiled: bool
     """Its seeds are registry kernels that Tezzeret compiles ahead of time (False: Kasmina
     builds them from the host itself, and a run plans no compile for them)."""
@@ -109,6 +112,10 @@ class SeedKind(Protocol):
     menu: tuple[str, ...]
     """What this kind builds from the host, offered to Tamiyo beside Karn's blueprints (empty for
     a compiled kind: Karn's catalogue and the slot's profile say what fits)."""
+    immediate: bool
+    """``sprout`` changes the host itself, keeping its function, and the change is kept at once
+    (GERMINATED -> FOSSILIZED -> DORMANT in one command; ``fossilize`` only reports it): there is
+    no side module to isolate, blend or cull. False: the lifecycle runs."""
 
     def describe(self, entry: str) -> BlueprintDescriptor:
         """The descriptor Tamiyo sees for ``entry`` of ``menu``."""
@@ -170,9 +177,11 @@ class BranchKind:
     """A compiled blueprint from the registry, added to the activation of the module it grows on."""
 
     name = "branch"
+    slot_kind = SlotKind.BRANCH
     compiled = True
     merges = False
     isolated_training = True
+    immediate = False
     menu: tuple[str, ...] = ()
 
     def describe(self, entry: str) -> BlueprintDescriptor:

@@ -10,12 +10,14 @@ S = SeedStage
 
 TRANSITIONS: dict[SeedStage, frozenset[SeedStage]] = {
     S.DORMANT: frozenset({S.GERMINATED}),
-    S.GERMINATED: frozenset({S.TRAINING, S.CULLED}),
+    # An immediate kind's change (a doubled stream: function-preserving, applied by G0) is kept
+    # at once, with nothing to train or blend.
+    S.GERMINATED: frozenset({S.TRAINING, S.CULLED, S.FOSSILIZED}),
     S.TRAINING: frozenset({S.BLENDING, S.CULLED}),
     S.BLENDING: frozenset({S.PROBATIONARY, S.CULLED}),
     S.PROBATIONARY: frozenset({S.FOSSILIZED, S.CULLED}),
-    # Only a width slot leaves FOSSILIZED: once its seed is merged into the host, the slot is free
-    # to widen the layer again. A branch seed lives on in its slot for good.
+    # Only a slot whose seed merges leaves FOSSILIZED (width, depth, stream): once its seed is part
+    # of the host, the slot is free to grow it again. A branch seed lives on in its slot for good.
     S.FOSSILIZED: frozenset({S.DORMANT}),
     S.CULLED: frozenset({S.EMBARGOED}),
     S.EMBARGOED: frozenset({S.DORMANT}),

@@ -25,7 +25,6 @@ from esper_core.contracts import (
     TelemetryEvent,
     TelemetryLevel,
 )
-from esper_core.contracts.enums import SlotKind
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.kasmina import gates
 from esper_core.kasmina.config import KasminaConfig
@@ -133,6 +132,15 @@ class SeedManager:
         if not sprout.verdict.passed:
             return sprout.verdict
         self._events.extend(sprout.events)
+        if slot.kind.immediate:
+            # G0 applied it (function-preserving): kept at once, and the slot is free again.
+            self._set_stage(slot_id, S.GERMINATED)
+            merge = slot.kind.fossilize(slot, self.param_groups.optimizer)
+            assert merge is not None, f"an immediate kind merges: {slot.kind.name}"
+            self._set_stage(slot_id, S.FOSSILIZED)
+            self._set_stage(slot_id, S.DORMANT, reason=merge.reason)
+            self._events.append(merge.event)
+            return sprout.verdict
         slot.seed = sprout.module
         slot.alpha = 0.0
         record = SeedRecord(
@@ -396,7 +404,7 @@ class SeedManager:
                     layer=slot.layer,
                     shape_profile=slot.profile_name,
                     stage=slot.stage,
-                    kind=SlotKind(slot.kind.name),
+                    kind=slot.kind.slot_kind,
                     blueprint_id=seed.blueprint_id if seed else None,
                     artifact_sha256=seed.artifact.sha256 if seed and seed.artifact else None,
                     alpha=slot.alpha,

@@ -43,6 +43,10 @@ class GrowthSignals(Protocol):
         order, with the model in eval mode and no RNG drawn (a resumed run reads the same)."""
         ...
 
+    def first_batches(self, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first ``batches`` training batches ``(x, y)`` in data order, on the device."""
+        ...
+
 
 def site_signals(
     model: nn.Module,

@@ -36,6 +36,7 @@ def build_host(config: RunConfig, *, feature_shape: tuple[int, ...], num_classes
         slots=spec.slots,
         widen=spec.widen,
         deepen=spec.deepen,
+        widen_stream=spec.widen_stream,
         sample_shape=feature_shape,
         batch_max=spec.batch_max,
         input_dtype=spec.input_dtype,

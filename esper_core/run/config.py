@@ -20,9 +20,11 @@ from torch.nn import functional as F
 from esper_core.data import DataConfig, DataSpec
 from esper_core.hosts import HostConfig
 from esper_core.karn.depth import DEPTH_MENU
+from esper_core.karn.stream import STREAM_MENU
 from esper_core.karn.width import WIDTH_MENU
 from esper_core.kasmina.config import KasminaConfig
 from esper_core.kasmina.depth import DEPTH_SLOT_SUFFIX
+from esper_core.kasmina.stream.slot import STREAM_SLOT
 from esper_core.kasmina.width import WIDTH_SLOT_SUFFIX
 from esper_core.run.task import EpisodeTask
 from esper_core.tamiyo.config import TamiyoConfig
@@ -71,6 +73,12 @@ class ModelSpec:
     identity, and appended to the stack when they fossilise. A stack whose blocks differ, change
     their input's shape, or that ``forward()`` does not run as a chain, is refused with the reason
     when the run is planned (``esper_core.kasmina.depth``)."""
+    widen_stream: bool = False
+    """Tamiyo may double the model's width (a transformer's d_model: embeddings, every projection,
+    LayerNorms, a tied head, twice the heads, the MLPs' hidden widths) with a stream slot
+    ``"stream"``: applied in place, keeping the function, and kept at once. A model whose modules
+    meet the stream in a way that cannot be followed is refused with the reason when the run is
+    planned (``esper_core.kasmina.stream``); it cannot be combined with ``widen``."""
     build_scaled: Callable[[float], nn.Module] | None = None
     """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
     multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
@@ -93,11 +101,16 @@ class ModelSpec:
                 f"deepen must be a sequence of stack names, got the string {self.deepen!r}: write ({self.deepen!r},)"
             )
         self.slots, self.widen, self.deepen = tuple(self.slots), tuple(self.widen), tuple(self.deepen)
-        if not self.slots and not self.widen and not self.deepen:
+        if not self.slots and not self.widen and not self.deepen and not self.widen_stream:
             raise ValueError(
                 "ModelSpec needs at least one slot or layer to widen, or a stack to deepen: name a module whose output "
-                "a seed may grow on (slots=...), a Linear/Conv layer to widen (widen=...) or a ModuleList of blocks "
-                "to deepen (deepen=...)"
+                "a seed may grow on (slots=...), a Linear/Conv layer to widen (widen=...), a ModuleList of blocks "
+                "to deepen (deepen=...), or let the model's width double (widen_stream=True)"
+            )
+        if self.widen_stream and self.widen:
+            raise ValueError(
+                f"widen_stream doubles every layer that meets the model's width, and the width slots of {self.widen} "
+                "would lose track of their layers: choose one, widen_stream=True or widen=(...)"
             )
         for name in self.widen:
             if WIDTH_SLOT_SUFFIX in name:
@@ -133,6 +146,7 @@ class ModelSpec:
             *self.slots,
             *(name + WIDTH_SLOT_SUFFIX for name in self.widen),
             *(name + DEPTH_SLOT_SUFFIX for name in self.deepen),
+            *((STREAM_SLOT,) if self.widen_stream else ()),
         )
 
     def scaled(self, factor: float) -> ModelSpec:
@@ -207,7 +221,7 @@ class RunConfig:
         """A fixed schedule (policy ``scheduled``) must name this run's slots and blueprints (with no
         blueprint list, planning checks that each scheduled blueprint fits its slot); so must the
         heuristic's preferred blueprints."""
-        allowed = (*self.blueprints, *self.approved_blueprints, *WIDTH_MENU, *DEPTH_MENU)
+        allowed = (*self.blueprints, *self.approved_blueprints, *WIDTH_MENU, *DEPTH_MENU, *STREAM_MENU)
         for g in self.tamiyo.schedule:
             if g.slot not in self.host.slot_ids:
                 raise ValueError(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from esper_core.contracts.enums import BlueprintTier, SlotKind
+from esper_core.contracts.enums import BlueprintTier
 from esper_core.data import Dataset, load_dataset
 from esper_core.hosts import Host
 from esper_core.karn.capacity import SeedCapacity, seed_capacity
@@ -25,6 +25,7 @@ from esper_core.karn.depth import DEPTH_MENU
 from esper_core.karn.entries import default_catalog
 from esper_core.karn.policy import needs_approval, require_approval
 from esper_core.karn.profiles import ShapeProfile
+from esper_core.karn.stream import STREAM_MENU
 from esper_core.karn.width import WIDTH_MENU
 from esper_core.kasmina.kinds import SeedKind
 from esper_core.kasmina.slot import SeedSlot
@@ -251,7 +252,7 @@ def _built_candidates(
             shape_profiles=frozenset(profiles),
             latency_p95_ms=0.0,
             param_cost=max(costs[(entry, p)] for p in profiles),
-            kind=SlotKind(kind.name),
+            kind=kind.slot_kind,
         )
         for entry, (kind, profiles) in offered.items()
     )
@@ -337,10 +338,10 @@ def _check_preferred(config: RunConfig, catalog: KarnCatalog) -> None:
     """The heuristic's preferred blueprints must exist and be SAFE (the only tier it germinates):
     a misspelt or experimental entry would otherwise be passed over without a word."""
     for blueprint_id in config.tamiyo.heuristic.prefer:
-        if blueprint_id in WIDTH_MENU or blueprint_id in DEPTH_MENU:
+        if blueprint_id in WIDTH_MENU or blueprint_id in DEPTH_MENU or blueprint_id in STREAM_MENU:
             continue  # every entry of the kinds' menus is SAFE
         if blueprint_id not in catalog.ids:
-            known = [*WIDTH_MENU, *DEPTH_MENU, *catalog.ids]
+            known = [*WIDTH_MENU, *DEPTH_MENU, *STREAM_MENU, *catalog.ids]
             raise ValueError(
                 f"tamiyo.heuristic.prefer names {blueprint_id!r}, which is neither on a seed kind's menu nor in "
                 f"Karn's catalogue; choose from {known}"

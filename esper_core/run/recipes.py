@@ -204,9 +204,8 @@ def chars_splits() -> DataSplits:
     return DataSplits(train=TensorDataset(*data.train), val=TensorDataset(*data.val), test=TensorDataset(*data.test))
 
 
-def chars_gpt_model(factor: float, *, width: int = 64, depth: int = 2) -> CharGPT:
-    """``chars-gpt``'s model with its width scaled by ``factor`` (a multiple of its 4 heads)."""
-    heads = 4
+def chars_gpt_model(factor: float, *, width: int = 64, depth: int = 2, heads: int = 4) -> CharGPT:
+    """``chars-gpt``'s model with its width scaled by ``factor`` (a multiple of its heads)."""
     scaled = max(heads, round(width * factor / heads) * heads)  # a multiple of the heads
     return CharGPT(vocab=VOCAB_SIZE, context=CHARS_CONTEXT, width=scaled, depth=depth, heads=heads)
 
@@ -254,10 +253,10 @@ def chars_growth_splits() -> DataSplits:
     return DataSplits(train=TensorDataset(*data.train), val=TensorDataset(*data.val), test=TensorDataset(*data.test))
 
 
-def _chars_growth(recipe: str, depth: int) -> RunConfig:
+def _chars_growth(recipe: str, depth: int, *, width: int = 64, heads: int = 4) -> RunConfig:
     host = ModelSpec(
-        build=functools.partial(chars_gpt_model, 1.0, width=64, depth=depth),
-        build_scaled=functools.partial(chars_gpt_model, width=64, depth=depth),
+        build=functools.partial(chars_gpt_model, 1.0, width=width, depth=depth, heads=heads),
+        build_scaled=functools.partial(chars_gpt_model, width=width, depth=depth, heads=heads),
         slots=tuple(f"blocks.{i}" for i in range(depth)),
         input_dtype=torch.long,
         causal=True,
@@ -296,9 +295,17 @@ def chars_gpt_growth_start() -> RunConfig:
     return _chars_growth("chars-gpt-growth-start", CHARS_GROWTH_DEPTH // 2)
 
 
+def chars_gpt_growth_narrow() -> RunConfig:
+    """``chars-gpt-growth`` at half its width (32, 2 heads of the same 16 units, 4 blocks: 61,248
+    parameters), the start of a network grown to the final one by doubling its width in place
+    (``ModelSpec(widen_stream=True)``)."""
+    return _chars_growth("chars-gpt-growth-narrow", CHARS_GROWTH_DEPTH, width=32, heads=2)
+
+
 RECIPES: dict[str, Callable[[], RunConfig]] = {
     "chars-gpt": chars_gpt,
     "chars-gpt-growth": chars_gpt_growth,
+    "chars-gpt-growth-narrow": chars_gpt_growth_narrow,
     "chars-gpt-growth-start": chars_gpt_growth_start,
     "digits-mlp": digits_mlp,
     "digits-cnn": digits_cnn,
@@ -314,6 +321,7 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
 RecipeName = Literal[
     "chars-gpt",
     "chars-gpt-growth",
+    "chars-gpt-growth-narrow",
     "chars-gpt-growth-start",
     "digits-cnn",
     "digits-mlp",

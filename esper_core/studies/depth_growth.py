@@ -16,7 +16,11 @@ constant rate with the shared cooldown) and its training tokens, fixed before an
   whole trained stack, in order, with its Adam moments (``depth-stack-all``: G_stack's operator,
   ``b0 b1`` -> ``b0 b1 b0 b1``);
 - ``controller``: Tamiyo's heuristic on the start network, free to deepen it when and as often as
-  its rules say.
+  its rules say;
+- ``static-narrow``: the final network at half its width (``narrow_recipe``), never grown;
+- ``widen-A``: that narrow network's width doubled in place after epoch A (a stream seed,
+  ``stream-2x``: function-preserving, kept at once), which gives it exactly the final network's
+  shape.
 
 After every epoch a run records its cumulative training FLOPs (the growth benchmark's counter:
 3 x the forward FLOPs of the network it trained, seeds in isolation and culled seeds included,
@@ -55,6 +59,7 @@ from esper_core._capabilities import one_thread
 from esper_core.data import DataSpec, DataSplits
 from esper_core.fanout import FanOut
 from esper_core.kasmina.depth import DEPTH_SLOT_SUFFIX
+from esper_core.kasmina.stream import STREAM_SLOT
 from esper_core.run.config import ModelSpec, RunConfig
 from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
@@ -74,6 +79,8 @@ STACK_BLUEPRINT = "depth-stack"
 """A copy of the stack's last trained block, its Adam moments copied."""
 STACK_ALL_BLUEPRINT = "depth-stack-all"
 """A copy of the whole trained stack, in order, its Adam moments copied (G_stack)."""
+WIDEN_BLUEPRINT = "stream-2x"
+"""The network's width doubled in place, its function kept (HyperCloning-style)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +106,8 @@ class DepthPlan:
         train_windows: Training windows kept of the recipe's data, and a quarter as many
             validation and test windows (None: the recipe's whole data). Only the smoke plan cuts
             the data, so CI runs every arm in seconds.
+        widen_points: The ``widen-*`` arms: per arm, the epoch (0-based) after which the narrow
+            network's width doubles; with any, ``static-narrow`` runs too.
     """
 
     seeds: int
@@ -109,6 +118,7 @@ class DepthPlan:
     growing: bool = True
     controls: bool = True
     train_windows: int | None = None
+    widen_points: tuple[int, ...] = ()
 
 
 PLANS: dict[str, DepthPlan] = {
@@ -135,9 +145,20 @@ PLANS: dict[str, DepthPlan] = {
     "crossover-stacked": DepthPlan(
         seeds=3, epochs=16, growth_points=((0, 4),), stack_all_points=(4, 8), controls=False
     ),
+    # Width instead of depth: the final network grown from half its width by doubling it in
+    # place after epoch 1 or 2 (the primary arm, widen-2, chosen on selection seed 1000 by
+    # bench/widen_probe.py before any of these ran), against the final and the narrow networks
+    # trained static.
+    "widen": DepthPlan(seeds=3, epochs=None, growth_points=(), widen_points=(1, 2), controls=False),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
-        seeds=1, epochs=6, growth_points=((0, 4),), stack_all_points=(1,), static_budgets=(3,), train_windows=64
+        seeds=1,
+        epochs=6,
+        growth_points=((0, 4),),
+        stack_all_points=(1,),
+        static_budgets=(3,),
+        train_windows=64,
+        widen_points=(1,),
     ),
 }
 
@@ -150,6 +171,8 @@ class DepthGrowthConfig:
         recipe: The final-size network's recipe; its model must be a ``ModelSpec`` whose stack
             ``stack`` holds the final depth.
         start_recipe: The same model at the start depth, same data and trainer.
+        narrow_recipe: The same model at half the width (the ``widen-*`` arms' start), same data
+            and trainer.
         stack: The stack of identical blocks the depth seeds deepen (``ModelSpec.deepen``).
         plan: ``PLANS`` entry; ``seeds`` and ``epochs`` override its own.
         seeds: How many paired seeds: ``first_seed`` .. ``first_seed + seeds - 1``.
@@ -171,6 +194,7 @@ class DepthGrowthConfig:
 
     recipe: str = "chars-gpt-growth"
     start_recipe: str = "chars-gpt-growth-start"
+    narrow_recipe: str = "chars-gpt-growth-narrow"
     stack: str = "blocks"
     plan: str = "default"
     seeds: int | None = None
@@ -209,15 +233,19 @@ class DepthGrowthConfig:
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: runs one after another here), got {self.workers}")
         final, start = get_recipe(self.recipe), get_recipe(self.start_recipe)
-        for name, config in ((self.recipe, final), (self.start_recipe, start)):
+        starts = [(self.start_recipe, start)]
+        if self.depth_plan.widen_points:
+            starts.append((self.narrow_recipe, get_recipe(self.narrow_recipe)))
+        for name, config in ((self.recipe, final), *starts):
             if not isinstance(config.host, ModelSpec):
                 raise ValueError(f"recipe {name!r} has a built-in host: depth growth needs a ModelSpec with a stack")
         epochs = self.depth_plan.epochs or final.epochs
-        if start.epochs != final.epochs or start.trainer != final.trainer:
-            raise ValueError(
-                f"{self.start_recipe!r} and {self.recipe!r} must share epochs and trainer (one schedule family "
-                "and one token budget for every arm): make the start recipe the final one at a smaller depth"
-            )
+        for name, config in starts:
+            if config.epochs != final.epochs or config.trainer != final.trainer:
+                raise ValueError(
+                    f"{name!r} and {self.recipe!r} must share epochs and trainer (one schedule family and one "
+                    "token budget for every arm): make it the final recipe at a smaller depth or width"
+                )
         gap = self.lifecycle_epochs
         cooldown = final.trainer.lr_cooldown_epochs if final.trainer.lr_schedule == "cooldown" else 0
         for budget in self.depth_plan.static_budgets:
@@ -226,10 +254,10 @@ class DepthGrowthConfig:
                     f"static budget {budget} epochs must lie between the cooldown ({cooldown} epochs) and the "
                     f"run's {epochs} epochs, exclusive: it is a smaller static run with its own cooldown"
                 )
-        for point in self.depth_plan.stack_all_points:
+        for point in (*self.depth_plan.stack_all_points, *self.depth_plan.widen_points):
             if not 0 <= point <= epochs - 2:
                 raise ValueError(
-                    f"stack_all_points {point} must be an epoch from 0 to {epochs - 2} "
+                    f"growth point {point} must be an epoch from 0 to {epochs - 2} "
                     "(a seed germinated after the last epoch never trains)"
                 )
         for points in self.depth_plan.growth_points:
@@ -291,9 +319,12 @@ class DepthGrowthConfig:
             return ("static-final", *budgets)
         stacked = tuple("stack-" + "-".join(map(str, p)) + self.arm_suffix for p in plan.growth_points)
         doubled = tuple(f"stack-all-{p}{self.arm_suffix}" for p in plan.stack_all_points)
+        # Widening has no blending, so no learning-rate warm-up to name.
+        widened = (("static-narrow",) if plan.widen_points else ()) + tuple(f"widen-{p}" for p in plan.widen_points)
         if not plan.controls:
-            return ("static-final", *budgets, *stacked, *doubled)
-        return ("static-final", "static-start", *budgets, *stacked, *doubled, "controller" + self.arm_suffix)
+            return ("static-final", *budgets, *stacked, *doubled, *widened)
+        controls = ("static-start",)
+        return ("static-final", *controls, *budgets, *stacked, *doubled, *widened, "controller" + self.arm_suffix)
 
 
 def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[str, Any]:
@@ -326,6 +357,11 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         "growth_points": [list(p) for p in plan.growth_points],
         "stack_all_points": list(plan.stack_all_points),
         "static_budgets": list(plan.static_budgets),
+        **(
+            {"narrow_recipe": config.narrow_recipe, "widen_points": list(plan.widen_points)}
+            if plan.widen_points
+            else {}
+        ),
         "blend_epochs": config.blend_epochs,
         "blend_lr_warmup_epochs": config.blend_lr_warmup_epochs,
         "lr": final.trainer.lr,
@@ -367,6 +403,8 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     if not arm.startswith("static") and config.arm_suffix:
         arm = arm.removesuffix(config.arm_suffix)
     recipe = config.recipe if arm.startswith("static-final") else config.start_recipe
+    if arm == "static-narrow" or arm.startswith("widen-"):
+        recipe = config.narrow_recipe
     policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
     epochs = int(arm.removeprefix("static-final-").removesuffix("ep")) if arm.endswith("ep") else plan.epochs
     schedule: tuple[ScheduledGermination, ...] = ()
@@ -376,6 +414,9 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     elif arm.startswith("stack-"):
         points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
         schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
+    elif arm.startswith("widen-"):
+        point = int(arm.removeprefix("widen-"))
+        schedule = (ScheduledGermination(epoch=point, slot=STREAM_SLOT, blueprint=WIDEN_BLUEPRINT),)
     run_config = episode_config(recipe, seed=seed, policy="none", epochs=epochs, split_seed=SPLIT_SEED)
     if plan.train_windows is not None:
         assert isinstance(run_config.data, DataSpec)  # checked for the recipe's host in the config
@@ -384,7 +425,10 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
         )
     host = run_config.host
     assert isinstance(host, ModelSpec)
-    if policy != "none":
+    if arm.startswith("widen-"):
+        # Width only: the stream slot alone.
+        host = dataclasses.replace(host, slots=(), widen_stream=True)
+    elif policy != "none":
         # Depth only: the arms compare ways of deepening, and branch seeds would need compiled
         # kernels (on chars-gpt they changed nothing: issue 36).
         host = dataclasses.replace(host, slots=(), deepen=(config.stack,))

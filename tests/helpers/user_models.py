@@ -310,3 +310,20 @@ def gpt_deepen_scheduled() -> RunConfig:
         schedule=(ScheduledGermination(epoch=0, slot="blocks+depth", blueprint="depth-stack"),),
     )
     return config
+
+
+def gpt_stream_scheduled() -> RunConfig:
+    """The tiny GPT whose width may double (``widen_stream``), doubled after epoch 1 (policy
+    ``scheduled``): 16 -> 32 wide, 2 -> 4 heads, kept at once."""
+    from esper_core.models.chars_gpt import next_char_loss
+
+    return RunConfig(
+        epochs=4,
+        host=ModelSpec(build=tiny_gpt, widen_stream=True, input_dtype=torch.long, causal=True, batch_max=64),
+        data=DataSpec(load=tiny_chars, batch_size=16, name="tiny-chars"),
+        loss=next_char_loss,
+        trainer=dataclasses.replace(_EAGER, val_batch_size=64),
+        tamiyo=TamiyoConfig(
+            policy="scheduled", schedule=(ScheduledGermination(epoch=1, slot="stream", blueprint="stream-2x"),)
+        ),
+    )

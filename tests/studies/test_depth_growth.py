@@ -41,9 +41,16 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "static-final-3ep",
         "stack-0-4",
         "stack-all-1",
+        "static-narrow",
+        "widen-1",
         "controller",
     ]
     arms = result["arms"]
+    # The widened arm doubled once, at once, into the final network's exact shape.
+    (widened,) = arms["widen-1"]["runs"]
+    assert widened["commands"]["germinate"] == 1 and widened["params"] == arms["static-final"]["params_mean"]
+    narrow = arms["static-narrow"]["train_flops_mean"]
+    assert narrow < widened["train_flops"] < arms["static-final"]["train_flops_mean"]
     # The stacked arm germinated twice, the whole-stack arm once; each ends at the final network's
     # size (2 -> 4 blocks) when its seeds merged, and the static start never grew.
     (stacked,) = arms["stack-0-4"]["runs"]
@@ -68,7 +75,14 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     # static frontier (3 and 6 epochs of the final network) where its FLOPs fall inside it.
     (budget,) = arms["static-final-3ep"]["runs"]
     assert budget["train_flops"] * 2 == arms["static-final"]["runs"][0]["train_flops"]
-    assert set(result["static_frontier"]) == {"static-start", "stack-0-4", "stack-all-1", "controller"}
+    assert set(result["static_frontier"]) == {
+        "static-start",
+        "stack-0-4",
+        "stack-all-1",
+        "static-narrow",
+        "widen-1",
+        "controller",
+    }
     # The static network reaches its own final loss with all its FLOPs: a saving of 0.
     (static,) = arms["static-final"]["runs"]
     assert static["flops_saving"] == pytest.approx(0.0, abs=1e-9)
@@ -101,6 +115,13 @@ def test_arms_are_configured_as_the_plan_says() -> None:
     assert [(g.epoch, g.blueprint) for g in doubled.tamiyo.schedule] == [(1, "depth-stack-all")]
     with pytest.raises(ValueError, match="unknown arm 'stack-1-5'"):
         arm_config(config, arm="stack-1-5", seed=0)
+    widened = arm_config(config, arm="widen-1", seed=0)
+    assert widened.recipe == "chars-gpt-growth-narrow" and widened.tamiyo.policy == "scheduled"
+    assert [(g.epoch, g.slot, g.blueprint) for g in widened.tamiyo.schedule] == [(1, "stream", "stream-2x")]
+    assert widened.host.widen_stream and widened.host.slots == () and widened.host.deepen == ()
+    narrow = arm_config(config, arm="static-narrow", seed=0)
+    assert narrow.recipe == "chars-gpt-growth-narrow" and narrow.tamiyo.policy == "none"
+    assert DepthGrowthConfig(plan="widen").arms == ("static-final", "static-narrow", "widen-1", "widen-2")
 
 
 def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alone() -> None:
@@ -137,7 +158,7 @@ def test_a_warm_up_names_the_growing_arms_and_reaches_their_lifecycle() -> None:
         ({"plan": "huge"}, "unknown depth-growth plan 'huge'"),
         ({"epochs": 5}, r"growth points \(0, 4\) must be distinct, ascending epochs from 0 to 3"),
         ({"blend_epochs": 2}, r"closer than a stacked seed's lifecycle \(5 epochs with blend_epochs=2\)"),
-        ({"epochs": 4, "plan": "default"}, r"stack_all_points 3 must be an epoch from 0 to 2"),
+        ({"epochs": 4, "plan": "default"}, r"growth point 3 must be an epoch from 0 to 2"),
         ({"start_recipe": "chars-gpt"}, "must share epochs and trainer"),
         ({"recipe": "digits-mlp"}, "has a built-in host"),
     ],

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from esper_core.contracts import BlueprintDescriptor, GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
-from esper_core.contracts.enums import GateId
+from esper_core.contracts.enums import GateId, SlotKind
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.depth import DEPTH_MENU, check_depth_entry, depth_descriptor
 from esper_core.kasmina.depth.merge import merge_depth_seed, resize_depth
@@ -53,9 +53,11 @@ class DepthKind:
     """New blocks after a stack's last (``DepthSeed``), appended to the stack when kept."""
 
     name = "depth"
+    slot_kind = SlotKind.DEPTH
     compiled = False
     merges = True
     isolated_training = False
+    immediate = False
     menu = tuple(DEPTH_MENU)
 
     def describe(self, entry: str) -> BlueprintDescriptor:

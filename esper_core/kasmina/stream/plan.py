@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import nn
+
+from esper_core.kasmina.dryrun import dry_forward
 
 StreamRole = Literal["embedding", "free", "norm", "through", "reader", "writer", "fused", "mha"]
 """How a module's weights change when the stream doubles (``StreamPart``'s docstring says each)."""
@@ -76,11 +79,14 @@ class StreamPlan:
         width: D now.
         parts: Every module and parameter that changes, in the model's module order.
         attributes: ``(module, attribute)`` integers that double: head counts, and widths equal to D.
+        output: The ``Linear`` whose output the model returns (its width is the task's, whatever
+            it equals), or "" if unknown.
     """
 
     width: int
     parts: tuple[StreamPart, ...]
     attributes: tuple[tuple[str, str], ...]
+    output: str = ""
 
     def names(self, *roles: StreamRole) -> list[str]:
         """The parts that play one of ``roles``."""
@@ -101,12 +107,15 @@ def stream_width(model: nn.Module) -> int:
     return widths.pop()
 
 
-def plan_stream(model: nn.Module, *, width: int | None = None) -> StreamPlan:
+def plan_stream(model: nn.Module, *, width: int | None = None, output: str = "") -> StreamPlan:
     """Find every module and parameter that doubling ``model``'s stream changes, and how.
 
     Args:
         model: A transformer (its weights are read for shapes only).
         width: D; None: the token embeddings' width (``stream_width``).
+        output: The ``Linear`` whose output the model returns (``output_layer``): it reads the
+            stream and keeps its own width even where that equals D (a vocabulary of D
+            characters). "": told apart by shape alone.
 
     Returns:
         The plan ``widen.widen_stream`` carries out.
@@ -136,7 +145,9 @@ def plan_stream(model: nn.Module, *, width: int | None = None) -> StreamPlan:
             covered |= {id(p) for p in (module.in_proj_weight, module.in_proj_bias) if p is not None}
             attributes += [(name, a) for a in ("embed_dim", "kdim", "vdim", "num_heads")]
             continue
-        part = _module_part(name, module, d, modules, tied, mlp)
+        part = _module_part(name, module, d, modules, tied, mlp - {output})
+        if name == output and isinstance(module, nn.Linear) and module.in_features == d and part is not None:
+            part = StreamPart(name=name, role="reader")
         if part is not None:
             parts.append(part)
             covered |= {id(p) for p in module.parameters(recurse=False)}
@@ -156,7 +167,24 @@ def plan_stream(model: nn.Module, *, width: int | None = None) -> StreamPlan:
             "RMSNorm and MultiheadAttention modules, and parameters whose last dimension is the stream's (added or "
             "scaled per unit). Build that part from those modules"
         )
-    return StreamPlan(width=d, parts=tuple(parts), attributes=tuple(dict.fromkeys(attributes)))
+    return StreamPlan(width=d, parts=tuple(parts), attributes=tuple(dict.fromkeys(attributes)), output=output)
+
+
+def output_layer(model: nn.Module, sample_shape: tuple[int, ...], input_dtype: torch.dtype = torch.float32) -> str:
+    """The ``Linear`` whose output ``model`` returns, found by one dry forward (meta device), or ""
+    when what it returns is no ``Linear``'s output."""
+    produced: dict[int, str] = {}
+    handles = [
+        m.register_forward_hook(lambda _m, _a, out, name=name: produced.__setitem__(id(out), name))
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
+    try:
+        out = dry_forward(model, (2, *sample_shape), input_dtype)
+        return produced.get(id(out), "")
+    finally:
+        for h in handles:
+            h.remove()
 
 
 _KNOWN = (nn.Linear, nn.Embedding, *_NORMS, nn.MultiheadAttention)

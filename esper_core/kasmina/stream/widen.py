@@ -23,13 +23,14 @@ so it reads ``[z / 2, z / 2]``. A tied head whose input no LayerNorm writes is r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from esper_core.kasmina.stream.plan import StreamPlan, plan_stream
+from esper_core.kasmina.stream.plan import StreamPlan, output_layer, plan_stream
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 """A tensor's growth along one dimension."""
@@ -91,7 +92,7 @@ def widen_stream(
     """
     if not 0.0 < noise <= 0.5:
         raise ValueError(f"noise must lie in (0, 0.5], got {noise}: the split shares must stay in [0, 1] and differ")
-    plan = plan_stream(model, width=width)
+    plan = plan_stream(model, width=width, output=output_layer(model, tuple(sample.shape[1:]), sample.dtype))
     state = {k: v.clone() for k, v in model.state_dict(keep_vars=False).items()}
     # Sizes kept as plain attributes (in_features, normalized_shape, heads, n_embd, ...).
     sizes = {m: {k: v for k, v in vars(m).items() if type(v) in (int, tuple)} for m in model.modules()}
@@ -340,3 +341,89 @@ def _restore(
         for p in model.parameters():
             for k, v in stored.get(id(p), {}).items():
                 optimizer.state[p][k] = v
+
+
+def stream_shapes(model: nn.Module, plan: StreamPlan, factor: float) -> dict[nn.Parameter, tuple[int, ...]]:
+    """Each parameter ``plan`` changes, with its shape once the stream is ``factor`` times as wide
+    (2: doubled, 0.5: halved). A tied head's weight is its embedding's, listed once."""
+    shapes: dict[nn.Parameter, tuple[int, ...]] = {}
+
+    def scale(p: object, *dims: int) -> None:
+        if p is None:
+            return
+        assert isinstance(p, nn.Parameter), type(p)
+        shape = list(p.shape)
+        for dim in dims:
+            shape[dim] = round(shape[dim] * factor)
+        shapes[p] = tuple(shape)
+
+    rows = {"through": (0, 1), "fused": (0, 1), "reader": (1,), "writer": (0,)}
+    for part in plan.parts:
+        if part.role == "free":
+            scale(model.get_parameter(part.name), -1)
+            continue
+        module = model.get_submodule(part.name)
+        if part.role == "embedding":
+            scale(module.weight, 1)
+        elif part.role == "norm":
+            scale(getattr(module, "weight", None), 0)
+            scale(getattr(module, "bias", None), 0)
+        elif part.role == "mha":
+            scale(module.in_proj_weight, 0, 1)
+            scale(module.in_proj_bias, 0)
+        else:
+            scale(module.weight, *rows[part.role])
+            if part.role != "reader":
+                scale(module.bias, 0)
+    return shapes
+
+
+def stream_growth(model: nn.Module, *, width: int | None = None, output: str = "") -> int:
+    """Parameters doubling ``model``'s stream would add (read from shapes: ``model`` may be on the
+    meta device); ``width`` and ``output`` as ``plan_stream`` takes them."""
+    plan = plan_stream(model, width=width, output=output)
+    return sum(math.prod(shape) - p.numel() for p, shape in stream_shapes(model, plan, 2.0).items())
+
+
+def resize_stream(
+    model: nn.Module, width: int, *, current: int, output: str = "", optimizer: torch.optim.Optimizer | None = None
+) -> None:
+    """Give ``model``'s stream exactly ``width`` units, for loading a checkpoint taken at that width:
+    shapes and size attributes only (the checkpoint's weights replace the values, and its
+    optimizer state the dropped state of every resized parameter).
+
+    Args:
+        model: The model.
+        width: The stream's width to give it.
+        current: Its width now.
+        output: The model's output layer (``plan_stream``).
+        optimizer: The optimizer training it, whose state for resized parameters is dropped.
+
+    Raises:
+        ValueError: ``width`` is not ``current`` times a power of two.
+    """
+    ratio = width / current
+    steps = round(math.log2(ratio)) if ratio > 0 else 0
+    if ratio <= 0 or 2.0**steps != ratio:
+        raise ValueError(f"a stream grows by doubling: {width} units cannot be reached from {current}")
+    for _ in range(abs(steps)):
+        plan = plan_stream(model, width=current, output=output)
+        factor = 2.0 if steps > 0 else 0.5
+        current = round(current * factor)
+        with torch.no_grad():
+            for p, shape in stream_shapes(model, plan, factor).items():
+                p.data = p.data.new_zeros(shape)
+                p.grad = None
+                if optimizer is not None:
+                    optimizer.state.pop(p, None)
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm | nn.RMSNorm) and tuple(module.normalized_shape) == (plan.width,):
+                module.normalized_shape = (round(plan.width * factor),)
+            elif isinstance(module, nn.MultiheadAttention) and module.embed_dim == plan.width:
+                module.embed_dim = module.kdim = module.vdim = round(plan.width * factor)
+                module.num_heads = module.embed_dim // module.head_dim
+        for m, a in plan.attributes:
+            owner = model.get_submodule(m)
+            if not isinstance(owner, nn.MultiheadAttention):
+                setattr(owner, a, round(getattr(owner, a) * factor))
+        _sync_sizes(model)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from esper_core.contracts import BlueprintDescriptor, GateVerdict, KernelArtifact, TelemetryEvent, TelemetryLevel
+from esper_core.contracts.enums import SlotKind
 from esper_core.karn.catalog import KarnCatalog
 from esper_core.karn.width import WIDTH_MENU, width_descriptor, width_units
 from esper_core.kasmina import gates
@@ -38,9 +39,11 @@ class WidthKind:
 
     name = "width"
     """Also the blueprint id a width seed reports: it is built from the host, not from Karn."""
+    slot_kind = SlotKind.WIDTH
     compiled = False
     merges = True
     isolated_training = True
+    immediate = False
     menu = tuple(WIDTH_MENU)
 
     def describe(self, entry: str) -> BlueprintDescriptor:
