@@ -211,3 +211,14 @@ def test_the_width_must_be_known_and_the_noise_keep_the_shares_apart() -> None:
     for noise in (0.0, 0.6):
         with pytest.raises(ValueError, match=r"noise must lie in \(0, 0.5\]"):
             widen_stream(model, x, noise=noise)
+
+
+def test_a_bfloat16_model_doubles_within_its_own_rounding() -> None:
+    model, x, _ = _trained_gpt()
+    model = model.to(torch.bfloat16)
+    before = model(x).detach().float()
+    report = widen_stream(model, x, generator=torch.Generator().manual_seed(0))
+    assert model.token.weight.dtype == torch.bfloat16 and report.width_after == 32
+    assert float((model(x).detach().float() - before).abs().max()) <= 64 * torch.finfo(torch.bfloat16).eps * (
+        float(before.abs().max()) + 1
+    )
