@@ -20,7 +20,9 @@ constant rate with the shared cooldown) and its training tokens, fixed before an
 - ``static-narrow``: the final network at half its width (``narrow_recipe``), never grown;
 - ``widen-A``: that narrow network's width doubled in place after epoch A (a stream seed,
   ``stream-2x``: function-preserving, kept at once), which gives it exactly the final network's
-  shape.
+  shape;
+- ``widen-controller``: Tamiyo's heuristic on the narrow network, free to double its width when
+  its rules say (the risk engine's growth cap allows one doubling).
 
 After every epoch a run records its cumulative training FLOPs (the growth benchmark's counter:
 3 x the forward FLOPs of the network it trained, seeds in isolation and culled seeds included,
@@ -320,7 +322,9 @@ class DepthGrowthConfig:
         stacked = tuple("stack-" + "-".join(map(str, p)) + self.arm_suffix for p in plan.growth_points)
         doubled = tuple(f"stack-all-{p}{self.arm_suffix}" for p in plan.stack_all_points)
         # Widening has no blending, so no learning-rate warm-up to name.
-        widened = (("static-narrow",) if plan.widen_points else ()) + tuple(f"widen-{p}" for p in plan.widen_points)
+        widened = tuple(f"widen-{p}" for p in plan.widen_points)
+        if widened:
+            widened = ("static-narrow", *widened, "widen-controller")
         if not plan.controls:
             return ("static-final", *budgets, *stacked, *doubled, *widened)
         controls = ("static-start",)
@@ -405,7 +409,9 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     recipe = config.recipe if arm.startswith("static-final") else config.start_recipe
     if arm == "static-narrow" or arm.startswith("widen-"):
         recipe = config.narrow_recipe
-    policy = "none" if arm.startswith("static") else "heuristic" if arm == "controller" else "scheduled"
+    policy = "none" if arm.startswith("static") else "scheduled"
+    if arm in ("controller", "widen-controller"):
+        policy = "heuristic"
     epochs = int(arm.removeprefix("static-final-").removesuffix("ep")) if arm.endswith("ep") else plan.epochs
     schedule: tuple[ScheduledGermination, ...] = ()
     if arm.startswith("stack-all-"):
@@ -414,7 +420,7 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     elif arm.startswith("stack-"):
         points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
         schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
-    elif arm.startswith("widen-"):
+    elif arm.startswith("widen-") and arm != "widen-controller":
         point = int(arm.removeprefix("widen-"))
         schedule = (ScheduledGermination(epoch=point, slot=STREAM_SLOT, blueprint=WIDEN_BLUEPRINT),)
     run_config = episode_config(recipe, seed=seed, policy="none", epochs=epochs, split_seed=SPLIT_SEED)
@@ -748,7 +754,13 @@ def _fmt(d: dict[str, Any] | None, unit: str, *, missing: str = "not every seed"
     return f"{mean} [{form.format(scale * d['ci95_low'])}, {form.format(scale * d['ci95_high'])}]"
 
 
-_STYLE = {"static-final": "black", "static-start": "tab:gray", "controller": "tab:green"}
+_STYLE = {
+    "static-final": "black",
+    "static-start": "tab:gray",
+    "static-narrow": "tab:olive",
+    "controller": "tab:green",
+    "widen-controller": "tab:cyan",
+}
 
 
 def curves_png(result: dict[str, Any]) -> bytes:

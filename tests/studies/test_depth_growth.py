@@ -43,6 +43,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "stack-all-1",
         "static-narrow",
         "widen-1",
+        "widen-controller",
         "controller",
     ]
     arms = result["arms"]
@@ -81,6 +82,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "stack-all-1",
         "static-narrow",
         "widen-1",
+        "widen-controller",
         "controller",
     }
     # The static network reaches its own final loss with all its FLOPs: a saving of 0.
@@ -121,7 +123,16 @@ def test_arms_are_configured_as_the_plan_says() -> None:
     assert widened.host.widen_stream and widened.host.slots == () and widened.host.deepen == ()
     narrow = arm_config(config, arm="static-narrow", seed=0)
     assert narrow.recipe == "chars-gpt-growth-narrow" and narrow.tamiyo.policy == "none"
-    assert DepthGrowthConfig(plan="widen").arms == ("static-final", "static-narrow", "widen-1", "widen-2")
+    controller = arm_config(config, arm="widen-controller", seed=0)
+    assert controller.tamiyo.policy == "heuristic" and controller.host.widen_stream
+    assert controller.recipe == "chars-gpt-growth-narrow"
+    assert DepthGrowthConfig(plan="widen").arms == (
+        "static-final",
+        "static-narrow",
+        "widen-1",
+        "widen-2",
+        "widen-controller",
+    )
 
 
 def test_a_plan_without_controls_runs_the_final_network_and_the_stacked_arms_alone() -> None:
