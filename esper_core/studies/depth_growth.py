@@ -148,9 +148,10 @@ PLANS: dict[str, DepthPlan] = {
         seeds=3, epochs=16, growth_points=((0, 4),), stack_all_points=(4, 8), controls=False
     ),
     # Width instead of depth: the final network grown from half its width by doubling it in
-    # place after epoch 1 or 2 (the primary arm, widen-2, chosen on selection seed 1000 by
-    # bench/widen_probe.py before any of these ran), against the final and the narrow networks
-    # trained static.
+    # place after epoch 1 or 2, or when the heuristic says, against the final and the narrow
+    # networks trained static. The primary arm, widen-1, was chosen on selection seed 1000
+    # (baselines/growth/chars-gpt-growth-width/selection-s1000: neither reached static-final's
+    # loss there; widen-1 ended lower) before any evaluation seed ran.
     "widen": DepthPlan(seeds=3, epochs=None, growth_points=(), widen_points=(1, 2), controls=False),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
