@@ -8,7 +8,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from esper_cli.local_prefect import LocalPrefect, TemporaryServer, prefect_defaults
+from esper_cli.local_prefect import LocalPrefect
+from esper_cli.temporary_server import TemporaryServer, prefect_defaults
 
 
 def positive(text: str) -> int:
@@ -30,7 +31,7 @@ def share(text: str) -> float:
 def quiet_prefect() -> None:
     """Esper's Prefect defaults (no analytics call, a longer start-up wait), before Prefect is imported.
 
-    Users who set these variables keep their choice (``esper_cli.local_prefect.prefect_defaults``).
+    Users who set these variables keep their choice (``esper_cli.temporary_server.prefect_defaults``).
     """
     prefect_defaults()
 

@@ -1,10 +1,9 @@
-"""Prefect servers on this machine: the temporary one of an ``esper`` command, and a local one.
+"""The long-lived local Prefect server and process worker, and the sweep of their orphaned flow runs.
 
-``TemporaryServer`` brings up the temporary API server of a command without ``PREFECT_API_URL``,
-in the background while the command works, one process at a time per ``PREFECT_HOME``. ``LocalPrefect`` is the
-long-lived server and process worker of ``esper server`` (``make server`` / ``make deploy``) and
-of the tests that deploy and run flows against a real server. Everything binds to 127.0.0.1;
-the local server's database and logs live under ``$ESPER_HOME/prefect``.
+``LocalPrefect`` is the server and worker of ``esper server`` (``make server`` / ``make deploy``)
+and of the tests that deploy and run flows against a real server; ``recover_orphans``
+reschedules the flow runs whose worker died. Everything binds to 127.0.0.1; the server's
+database and logs live under ``$ESPER_HOME/prefect``.
 """
 
 from __future__ import annotations
@@ -12,14 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,16 +25,10 @@ from uuid import uuid4
 import psutil
 
 from esper_cli import deploy_ops
+from esper_cli.prefect_processes import answers, descendants, pid_alive, stop, terminate
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 POOL = "esper"
-TEMPORARY_SERVER_LOCK = "esper-temporary-server.lock"
-"""Lock file under ``PREFECT_HOME`` held while a process starts its temporary server."""
-STARTUP_TIMEOUT_S = 120
-"""Default wait for a temporary server to answer. Prefect's own default (20 s) is too short on a
-busy 2-core machine, where importing the server alone has taken longer than that."""
-LOCK_TIMEOUT_S = 900.0
-"""How long a process waits for others to finish starting their temporary servers."""
 SHUTDOWN_S = 9.0
 """``esper server start`` stopped: every process it started is gone within this many seconds."""
 FLOW_RUNS_STOP_S = 5.0
@@ -58,181 +47,9 @@ of its previous, dead process; rescheduling it then would run it twice. Recordin
 API call after the process starts: a run still Pending after this long lost its worker."""
 
 
-def prefect_defaults() -> None:
-    """Esper's defaults for Prefect settings, applied before Prefect is imported.
-
-    The server's usage-analytics call only logs an error without a network, and the temporary
-    server gets ``STARTUP_TIMEOUT_S`` to answer. Variables a user has set keep their value.
-    """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
-
-
-class TemporaryServer:
-    """A command's own temporary Prefect API server, started in the background while the command works.
-
-    A process without ``PREFECT_API_URL`` gets a temporary server from Prefect, but only when its
-    first flow asks for one: after ``esper run`` has planned and checked the run (~14 s on 2
-    cores), and then its start takes ~20 s more. ``begin`` starts it at once instead, so the two
-    overlap; ``wait`` hands over its URL when the first flow needs it. The thread only runs a
-    child process and an HTTP health poll (nothing of Prefect is imported here, which would race
-    the main thread's imports); the server is the one Prefect itself would start (uvicorn on
-    Prefect's app, UI off), on the database in ``PREFECT_HOME``.
-
-    Starts are serialised per ``PREFECT_HOME`` with a file lock beside the database: every
-    server migrates the database while it starts, and several ``esper`` commands started together
-    on a fresh machine would migrate it at once (Alembic fails with "expected to match one row")
-    and, on 2 cores, start too slowly. The first creates and migrates it, the next find it ready;
-    the lock is released as soon as a server answers, so the commands' flows then run side by side.
-    """
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-        self.api_url: str | None = None
-        self.ready_s: float | None = None
-        """Seconds from ``begin`` until the server answered."""
-        self.waited_s = 0.0
-        """Seconds ``wait`` blocked: the part of the start the command's own work did not cover."""
-        self._error: BaseException | None = None
-        self._stopping = threading.Event()
-        # Held while a server process is started and while one is stopped: a stop (the command
-        # exiting) never misses a server the thread is starting at that moment.
-        self._spawning = threading.Lock()
-        self._thread = threading.Thread(target=self._start, name="esper-prefect-start", daemon=True)
-        self._began = 0.0
-
-    def begin(self) -> TemporaryServer:
-        """Start the server in the background; returns self."""
-        self._began = time.perf_counter()
-        self._thread.start()
-        return self
-
-    def wait(self) -> str:
-        """Block until the server answers; returns its API URL.
-
-        Raises:
-            RuntimeError: If the lock is not free within ``LOCK_TIMEOUT_S`` (another process hangs
-                while starting its server), or the server does not answer within ``STARTUP_TIMEOUT_S``.
-        """
-        start = time.perf_counter()
-        self._thread.join()
-        self.waited_s = time.perf_counter() - start
-        if self._error is not None:
-            self.stop()
-            raise self._error
-        assert self.api_url is not None
-        return self.api_url
-
-    def stop(self) -> None:
-        """Stop the server (a start still under way gives up)."""
-        with self._spawning:
-            self._stopping.set()
-            process = self.process
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def _start(self) -> None:
-        from filelock import FileLock, Timeout
-
-        home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
-        lock_path = home / TEMPORARY_SERVER_LOCK
-        try:
-            home.mkdir(parents=True, exist_ok=True)
-            with FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
-                # A port taken between choosing it and the server binding it: choose again.
-                for _ in range(3):
-                    if self._serve_on(free_port()):
-                        self.ready_s = time.perf_counter() - self._began
-                        return
-                    if self._stopping.is_set():
-                        return
-                code = self.process.returncode if self.process is not None else None
-                raise RuntimeError(f"Prefect's temporary server exited ({code}) three times; its output is above")
-        except Timeout:
-            self._error = RuntimeError(
-                f"another process has been starting its temporary Prefect server for {LOCK_TIMEOUT_S:.0f} s "
-                f"(lock {lock_path}); stop the hung `esper` or `python` process, or point every command at one "
-                "server with PREFECT_API_URL (see `esper server start`)"
-            )
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread by wait()
-            self._error = e
-
-    def _serve_on(self, port: int) -> bool:
-        """Start the server on ``port`` and wait until it answers (True) or exits (False)."""
-        env = {
-            **os.environ,
-            "PREFECT_UI_ENABLED": "0",
-            # What Prefect sets for the temporary server it starts itself (services it does not need).
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-        }
-        app = ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on", "--log-level", "error"]
-        with self._spawning:
-            if self._stopping.is_set():
-                return False
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", *app, "--host", "127.0.0.1", "--port", str(port)], env=env
-            )
-        api_url = f"http://127.0.0.1:{port}/api"
-        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", STARTUP_TIMEOUT_S))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self._stopping.is_set():
-            if self.process.poll() is not None:
-                return False
-            if _answers(api_url):
-                self.api_url = api_url
-                return True
-            time.sleep(0.1)
-        if self._stopping.is_set():
-            return False
-        self.stop()
-        raise RuntimeError(
-            f"Prefect's temporary server did not answer within {timeout:.0f} s; "
-            "a busy machine may need PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS raised"
-        )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(api_url: str) -> bool:
-    """Whether a Prefect API answers its health check at ``api_url`` now."""
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
 def _prefect(*args: str) -> list[str]:
     """The ``prefect`` CLI of this interpreter's environment."""
     return [sys.executable, "-m", "prefect", *args]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs here; a zombie (killed, not yet reaped) counts as gone."""
-    if Path("/proc/self/stat").exists():  # Linux: read the process state
-        try:
-            # The state follows the parenthesised command name: "123 (python) Z ...".
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def worker_name_prefix() -> str:
@@ -242,64 +59,6 @@ def worker_name_prefix() -> str:
     labelled has its ``infrastructure_pid`` on this machine. Prefect's pids name no machine.
     """
     return f"esper {socket.gethostname()} "
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def stop(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
-    """Stop ``process``, its process group and every process it started: SIGTERM, then SIGKILL.
-
-    The group covers uvicorn's and the worker's helpers; the descendants outside it are the
-    flow-run processes a worker starts in sessions of their own. They are listed before the
-    group is signalled and each gets SIGTERM (Prefect marks its run Crashed; the run's last
-    committed epoch stays resumable) and then SIGKILL after ``timeout`` s, so nothing outlives
-    an ``esper server`` that was stopped.
-    """
-    if process.poll() is not None:
-        return
-    try:
-        descendants = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=timeout)
-    survivors = [p for p in descendants if _alive(p)]
-    for child in survivors:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.terminate()
-    _, alive = psutil.wait_procs(survivors, timeout=timeout)
-    for child in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    psutil.wait_procs(alive, timeout=timeout)
-
-
-def _terminate(processes: list[psutil.Process], *, timeout: float) -> None:
-    """SIGTERM each of ``processes``; SIGKILL those still alive after ``timeout`` s."""
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=max(timeout, 0.0))
-    for process in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(alive, timeout=2.0)
-
-
-def _descendants(process: subprocess.Popen) -> list[psutil.Process]:
-    try:
-        return psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
 
 
 @dataclass(kw_only=True)
@@ -384,7 +143,7 @@ class LocalPrefect:
 
     def is_up(self) -> bool:
         """Whether a Prefect server answers its health check at ``api_url`` now."""
-        return _answers(self.api_url)
+        return answers(self.api_url)
 
     @property
     def marker(self) -> Path:
@@ -406,7 +165,7 @@ class LocalPrefect:
             api_url, pid = str(announced["api_url"]), int(announced["pid"])
         except (ValueError, KeyError, TypeError):
             return None  # a marker torn by a crash: no server to trust
-        return api_url if pid_alive(pid) and _answers(api_url) else None
+        return api_url if pid_alive(pid) and answers(api_url) else None
 
     def _wait_until_healthy(self, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -498,13 +257,13 @@ class LocalPrefect:
         self.marker.unlink(missing_ok=True)  # no new command may pick this server now
         resumable: list[str] = []
         if worker is not None:
-            flow_runs = _descendants(worker)
+            flow_runs = descendants(worker)
             for process in flow_runs:  # SIGTERM first, before any API call that could be slow
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.terminate()
             # Which flow runs those processes were, asked while they wind down.
             stopped = self._flow_runs_of({str(p.pid) for p in flow_runs})
-            _terminate(flow_runs, timeout=deadline - (SHUTDOWN_S - FLOW_RUNS_STOP_S) - time.monotonic())
+            terminate(flow_runs, timeout=deadline - (SHUTDOWN_S - FLOW_RUNS_STOP_S) - time.monotonic())
             stop(worker, timeout=max(0.5, (deadline - time.monotonic()) / 3))
             resumable = self._mark_resumable(stopped)
         stop(server, timeout=max(0.5, deadline - time.monotonic()))

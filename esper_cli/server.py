@@ -7,7 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from esper_cli.local_prefect import LocalPrefect, stop
+from esper_cli.local_prefect import LocalPrefect
+from esper_cli.prefect_processes import stop
 
 ORPHAN_SWEEP_S = 30.0
 """While their worker runs, ``esper server start`` and ``esper server worker`` look this often for

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from esper_cli.local_prefect import TemporaryServer
+from esper_cli.temporary_server import TemporaryServer
 
 
 class StartupPhases:

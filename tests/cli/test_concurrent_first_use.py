@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from esper_cli import local_prefect
+from esper_cli import temporary_server
+from esper_cli.local_prefect import PROJECT_DIR
 
 COMMANDS = 3
 _HOLD = "import sys, time, filelock; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)"
@@ -26,7 +27,7 @@ def test_three_commands_at_once_on_a_fresh_machine(tmp_path: Path) -> None:
     env.update(
         ESPER_HOME=str(tmp_path / "esper"),
         PREFECT_HOME=str(tmp_path / "prefect"),
-        PYTHONPATH=str(local_prefect.PROJECT_DIR),
+        PYTHONPATH=str(PROJECT_DIR),
     )
     # The smallest flow there is: one torch.export of a 16-wide low-rank adapter.
     command = [sys.executable, "-m", "esper_cli", "catalog", "compile", "lowrank_adapter"]
@@ -43,17 +44,17 @@ def test_three_commands_at_once_on_a_fresh_machine(tmp_path: Path) -> None:
 
 
 def test_a_hung_start_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local_prefect, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(temporary_server, "LOCK_TIMEOUT_S", 0.2)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     # Another process is starting its server (and hangs): it holds the lock, then says so.
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, str(tmp_path / local_prefect.TEMPORARY_SERVER_LOCK)],
+        [sys.executable, "-c", _HOLD, str(tmp_path / temporary_server.TEMPORARY_SERVER_LOCK)],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        server = local_prefect.TemporaryServer().begin()
+        server = temporary_server.TemporaryServer().begin()
         with pytest.raises(RuntimeError, match="starting its temporary Prefect server.*PREFECT_API_URL"):
             server.wait()
         assert server.process is None  # it never started a server of its own

@@ -22,7 +22,8 @@ from uuid import UUID
 
 import pytest
 
-from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, pid_alive, stop, worker_name_prefix
+from esper_cli.local_prefect import PROJECT_DIR, LocalPrefect, worker_name_prefix
+from esper_cli.prefect_processes import pid_alive, stop
 from esper_cli.server import Sweeper, sweep_orphans
 from esper_core.run.reports import finish_run
 from esper_core.run.session import Run
