@@ -50,6 +50,7 @@ DEPTH_GROWTH_PLANS: tuple[str, ...] = (
     "default",
     "smoke",
     "widen",
+    "widen-crossover",
 )
 """``sorted(esper_core.studies.depth_growth.PLANS)``."""
 

@@ -153,6 +153,10 @@ PLANS: dict[str, DepthPlan] = {
     # (baselines/growth/chars-gpt-growth-width/selection-s1000: neither reached static-final's
     # loss there; widen-1 ended lower) before any evaluation seed ran.
     "widen": DepthPlan(seeds=3, epochs=None, growth_points=(), widen_points=(1, 2), controls=False),
+    # The same at 16 epochs, where the final network is no worse than the start ones: doubled
+    # after a quarter of the run (epoch 3: the share widen-1 trained narrow at 8 epochs, fixed
+    # from that selection, not re-chosen), and the heuristic; to merge with "crossover"'s result.
+    "widen-crossover": DepthPlan(seeds=3, epochs=16, growth_points=(), widen_points=(3,), controls=False),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
         seeds=1,
