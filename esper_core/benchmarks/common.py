@@ -306,10 +306,11 @@ def germinate_one(trainer: Trainer, config: RunConfig) -> str:
     ]
     if not candidates:
         # A host that grows from itself only (width or depth slots): the first such slot.
+        # Not a kind kept at once (a doubled stream): no seed would stay in TRAINING to measure.
         candidates = [
             (BENCH_WIDTH if BENCH_WIDTH in slot.kind.menu else slot.kind.menu[0], sid)
             for sid, slot in slots.items()
-            if not slot.kind.compiled
+            if not slot.kind.compiled and not slot.kind.immediate
         ][:1]
     if not candidates:
         raise ValueError(f"no blueprint of recipe {config.recipe} fits a slot of this host; bench with --seeds 0")

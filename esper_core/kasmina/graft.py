@@ -341,8 +341,13 @@ class GrowableModel(nn.Module):
         super().__init__()
         if not slots and not widen and not deepen and not widen_stream:
             raise ValueError(
-                "name at least one module to grow seeds on (slots=('layer1',)), a layer to widen (widen=('fc1',)) "
-                "or a stack of blocks to deepen (deepen=('blocks',))"
+                "name at least one module to grow seeds on (slots=('layer1',)), a layer to widen (widen=('fc1',)), "
+                "a stack of blocks to deepen (deepen=('blocks',)), or let the model's width double (widen_stream=True)"
+            )
+        if widen_stream and (slots or widen):
+            raise ValueError(
+                "widen_stream doubles every layer that meets the model's width; branch and width slots would not "
+                "follow it: give widen_stream=True without slots or widen"
             )
         # A model that only widens has no branch slot to discover.
         sites = discover_slot_sites(model, slots, sample_shape, input_dtype=input_dtype) if slots else []

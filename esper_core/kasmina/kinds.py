@@ -131,7 +131,8 @@ class SeedKind(Protocol):
         ...
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:
-        """Check G0 for ``blueprint_id`` in ``slot`` and build the seed (not attached yet)."""
+        """Check G0 for ``blueprint_id`` in ``slot`` and build the seed (not attached yet); an
+        ``immediate`` kind changes the host here instead, and leaves it as it was when G0 fails."""
         ...
 
     def settle(self, slot: SeedSlot, record: SeedRecord, nursery: Nursery) -> list[TelemetryEvent]:

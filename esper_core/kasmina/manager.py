@@ -110,7 +110,8 @@ class SeedManager:
         lr_scale: float,
         kernels: KernelSource | None = None,
     ) -> GateVerdict:
-        """Grow a seed of the slot's kind in a DORMANT slot if G0 passes.
+        """Grow a seed of the slot's kind in a DORMANT slot if G0 passes (a kind whose change is
+        ``immediate`` is kept at once: the slot is DORMANT again when this returns).
 
         Args:
             slot_id: The slot.

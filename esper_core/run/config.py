@@ -78,7 +78,7 @@ class ModelSpec:
     LayerNorms, a tied head, twice the heads, the MLPs' hidden widths) with a stream slot
     ``"stream"``: applied in place, keeping the function, and kept at once. A model whose modules
     meet the stream in a way that cannot be followed is refused with the reason when the run is
-    planned (``esper_core.kasmina.stream``); it cannot be combined with ``widen``."""
+    planned (``esper_core.kasmina.stream``); it cannot be combined with ``widen`` or ``slots``."""
     build_scaled: Callable[[float], nn.Module] | None = None
     """Optional: ``build_scaled(factor)`` returns the same architecture with every hidden width
     multiplied by ``factor`` (``build_scaled(1.0)`` is ``build()``'s). It lets ``esper bench
@@ -107,10 +107,11 @@ class ModelSpec:
                 "a seed may grow on (slots=...), a Linear/Conv layer to widen (widen=...), a ModuleList of blocks "
                 "to deepen (deepen=...), or let the model's width double (widen_stream=True)"
             )
-        if self.widen_stream and self.widen:
+        if self.widen_stream and (self.widen or self.slots):
             raise ValueError(
                 f"widen_stream doubles every layer that meets the model's width, and the width slots of {self.widen} "
-                "would lose track of their layers: choose one, widen_stream=True or widen=(...)"
+                f"and branch slots {self.slots} (whose seeds are built for the width they start at) would not "
+                "follow: choose widen_stream=True alone (with deepen=... if you like), or slots/widen without it"
             )
         for name in self.widen:
             if WIDTH_SLOT_SUFFIX in name:

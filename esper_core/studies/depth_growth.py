@@ -22,7 +22,7 @@ constant rate with the shared cooldown) and its training tokens, fixed before an
   ``stream-2x``: function-preserving, kept at once), which gives it exactly the final network's
   shape;
 - ``widen-controller``: Tamiyo's heuristic on the narrow network, free to double its width when
-  its rules say (the risk engine's growth cap allows one doubling).
+  its rules say (with the recipe's caps the risk engine vetoes a second doubling).
 
 After every epoch a run records its cumulative training FLOPs (the growth benchmark's counter:
 3 x the forward FLOPs of the network it trained, seeds in isolation and culled seeds included,

@@ -314,7 +314,14 @@ def _relative_improvement(history: Sequence[SystemStatePacket], window: int) -> 
 
 
 def _ever_germinated(history: Sequence[SystemStatePacket]) -> bool:
-    return any(s.stage is not SeedStage.DORMANT for packet in history for s in packet.seeds)
+    # A kind whose change is kept at once (a doubled stream) leaves its slot DORMANT within the
+    # command; its passed G0 is the trace it leaves in the packets.
+    return any(
+        s.stage is not SeedStage.DORMANT
+        or (s.last_gate is not None and s.last_gate.gate is GateId.G0_SANITY and s.last_gate.passed)
+        for packet in history
+        for s in packet.seeds
+    )
 
 
 def _best_safe_fit(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from esper_core.contracts import BlendSchedule, SeedStage
+from esper_core.contracts import BlendSchedule, GateVerdict, SeedStage
 from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import SeedManager
@@ -31,7 +31,7 @@ class Batches:
         raise AssertionError("a stream seed reads no site signals")
 
 
-class Run:
+class Host:
     """A two-block CharGPT 16 wide with a stream slot (and a depth slot), its manager and Adam."""
 
     def __init__(self, *, signals: bool = True) -> None:
@@ -64,7 +64,7 @@ class Run:
         with torch.no_grad():
             return self.model(self.x)
 
-    def germinate(self, slot: str = STREAM, entry: str = "stream-2x"):  # noqa: ANN201 (a GateVerdict)
+    def germinate(self, slot: str = STREAM, entry: str = "stream-2x") -> GateVerdict:
         return self.manager.germinate(
             slot, entry, params={}, blend_schedule=BlendSchedule.LINEAR, blend_epochs=1, lr_scale=1.0
         )
@@ -75,7 +75,7 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_a_doubling_is_applied_by_g0_and_kept_at_once() -> None:
-    run = Run()
+    run = Host()
     run.step()
     before, groups = run.out(), [list(g["params"]) for g in run.opt.param_groups]
     run.manager.drain_events()
@@ -96,14 +96,14 @@ def test_a_doubling_is_applied_by_g0_and_kept_at_once() -> None:
 
 
 def test_a_doubling_is_refused_while_another_seed_could_not_follow_and_without_a_batch() -> None:
-    run = Run()
+    run = Host()
     assert run.germinate(DEPTH, "depth-stack").passed
     state = _state(run.gpt)
     refused = run.germinate()
     assert not refused.passed and "slots ['blocks+depth'] hold seeds" in refused.reason
     assert all(torch.equal(v, state[k]) for k, v in run.gpt.state_dict().items())
     assert run.manager.slots[STREAM].stage is SeedStage.DORMANT
-    bare = Run(signals=False)
+    bare = Host(signals=False)
     refused = bare.germinate()
     assert not refused.passed and "germinate it within a run" in refused.reason
     assert bare.gpt.token.embedding_dim == 16
@@ -111,7 +111,7 @@ def test_a_doubling_is_refused_while_another_seed_could_not_follow_and_without_a
 
 @pytest.mark.parametrize("direction", ["forward", "rollback"])
 def test_a_checkpoint_gives_the_host_its_width_before_its_weights_load(direction: str) -> None:
-    narrow, wide = Run(), Run()
+    narrow, wide = Host(), Host()
     wide.step()
     assert wide.germinate().passed
     wide.step()
@@ -138,5 +138,8 @@ def test_what_cannot_double_is_refused_when_the_host_is_built() -> None:
 
     with pytest.raises(ValueError, match="'mix' is a convolution with 8 channels"):
         GrowableModel(Conv(), slots=(), widen_stream=True, sample_shape=(5,), batch_max=4, input_dtype=torch.long)
-    with pytest.raises(ValueError, match="choose one, widen_stream=True or widen="):
-        ModelSpec(build=Conv, widen=("mix",), widen_stream=True)
+    for others in ({"widen": ("mix",), "slots": ()}, {"slots": ("embed",)}):
+        with pytest.raises(ValueError, match="choose widen_stream=True alone"):
+            ModelSpec(build=Conv, widen_stream=True, **others)
+        with pytest.raises(ValueError, match="give widen_stream=True without slots or widen"):
+            GrowableModel(Conv(), widen_stream=True, sample_shape=(5,), batch_max=4, input_dtype=torch.long, **others)

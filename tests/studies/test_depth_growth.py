@@ -50,6 +50,10 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     # The widened arm doubled once, at once, into the final network's exact shape.
     (widened,) = arms["widen-1"]["runs"]
     assert widened["commands"]["germinate"] == 1 and widened["params"] == arms["static-final"]["params_mean"]
+    # The heuristic doubles once: after its probe epoch it knows a seed germinated (the stream
+    # slot is DORMANT again at once), and the risk engine vetoes a second doubling.
+    (controller,) = arms["widen-controller"]["runs"]
+    assert controller["commands"]["germinate"] == 1 and controller["params"] == widened["params"]
     narrow = arms["static-narrow"]["train_flops_mean"]
     assert narrow < widened["train_flops"] < arms["static-final"]["train_flops_mean"]
     # The stacked arm germinated twice, the whole-stack arm once; each ends at the final network's

@@ -93,6 +93,7 @@ class StreamKind:
             )
         except ValueError as e:
             return Sprout(verdict=GateVerdict(gate=GateId.G0_SANITY, passed=False, reason=str(e)))
+        ss.plans[ss.width] = report.plan
         ss.set_width(report.width_after)
         return Sprout(
             verdict=GateVerdict(
@@ -132,7 +133,7 @@ class StreamKind:
 
     def restore_architecture(self, slot: SeedSlot, value: Any, optimizer: torch.optim.Optimizer | None) -> None:
         ss = _stream_slot(slot)
-        resize_stream(ss.host, int(value), current=ss.width, output=ss.output, optimizer=optimizer)
+        resize_stream(ss.host, int(value), current=ss.width, plans=ss.plans, output=ss.output, optimizer=optimizer)
         ss.set_width(int(value))
 
     def restore(

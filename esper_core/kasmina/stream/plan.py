@@ -34,6 +34,7 @@ WIDTH_ATTRIBUTES = ("n_embd", "d_model", "embed_dim", "hidden_size", "width", "d
 v by it); doubled where they equal D."""
 
 _NORMS = (nn.LayerNorm, nn.RMSNorm)
+_KNOWN = (nn.Linear, nn.Embedding, *_NORMS, nn.MultiheadAttention)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +90,14 @@ class StreamPlan:
     output: str = ""
 
     def names(self, *roles: StreamRole) -> list[str]:
-        """The parts that play one of ``roles``."""
+        """The parts that play one of ``roles``.
+
+        Args:
+            roles: The roles to list.
+
+        Returns:
+            Their names, in the model's module order.
+        """
         return [p.name for p in self.parts if p.role in roles]
 
 
@@ -103,7 +111,10 @@ def stream_width(model: nn.Module) -> int:
     widths = {m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding)}
     if len(widths) != 1:
         found = "no nn.Embedding" if not widths else f"embeddings of widths {sorted(widths)}"
-        raise ValueError(f"cannot tell the model's stream width (d_model) from {found}: give width= explicitly")
+        raise ValueError(
+            f"stream growth reads the model's width (d_model) off its token embeddings and found {found}: "
+            "it doubles models whose tokens enter through nn.Embedding modules of one width"
+        )
     return widths.pop()
 
 
@@ -152,6 +163,15 @@ def plan_stream(model: nn.Module, *, width: int | None = None, output: str = "")
             parts.append(part)
             covered |= {id(p) for p in module.parameters(recurse=False)}
         attributes += _attributes(name, module, d)
+    for bname, buffer in model.named_buffers():
+        # A per-unit table ends in D; a square (L, L) attention mask that happens to be D long is no such table.
+        square = buffer.dim() >= 2 and buffer.shape[-2] == buffer.shape[-1]
+        if buffer.dim() >= 1 and buffer.shape[-1] == d and not square:
+            raise ValueError(
+                f"buffer {bname!r} (shape {tuple(buffer.shape)}) has a dimension of the stream's width {d}, and "
+                "doubling the stream resizes parameters only: register a fixed table added to the stream (a "
+                "sinusoidal position encoding) as nn.Parameter(..., requires_grad=False)"
+            )
     for pname, p in model.named_parameters():
         if id(p) in covered or d not in p.shape:
             continue
@@ -164,30 +184,37 @@ def plan_stream(model: nn.Module, *, width: int | None = None, output: str = "")
         raise ValueError(
             f"{pname!r} ({type(owner).__name__}, shape {tuple(p.shape)}) has a dimension of the stream's width {d}, "
             "and doubling the stream cannot tell how it meets the stream: it follows Linear, Embedding, LayerNorm, "
-            "RMSNorm and MultiheadAttention modules, and parameters whose last dimension is the stream's (added or "
-            "scaled per unit). Build that part from those modules"
+            "RMSNorm and MultiheadAttention modules (built without add_bias_kv), and parameters whose last "
+            "dimension is the stream's, added or scaled per unit (a (1, L, D) position table, a norm's scale); "
+            "write a projection as an nn.Linear"
         )
     return StreamPlan(width=d, parts=tuple(parts), attributes=tuple(dict.fromkeys(attributes)), output=output)
 
 
 def output_layer(model: nn.Module, sample_shape: tuple[int, ...], input_dtype: torch.dtype = torch.float32) -> str:
-    """The ``Linear`` whose output ``model`` returns, found by one dry forward (meta device), or ""
-    when what it returns is no ``Linear``'s output."""
-    produced: dict[int, str] = {}
+    """The ``Linear`` whose output ``model`` returns, found by one dry forward (meta device).
+
+    Args:
+        model: The model.
+        sample_shape: One input sample's shape, without the batch dimension.
+        input_dtype: The input's dtype (``torch.long`` for token ids).
+
+    Returns:
+        Its dotted name, or "" when what the model returns is no ``Linear``'s own output.
+    """
+    produced: list[tuple[str, torch.Tensor]] = []
+    # The outputs are kept alive until the end: a freed tensor's id can be reused by a later one.
     handles = [
-        m.register_forward_hook(lambda _m, _a, out, name=name: produced.__setitem__(id(out), name))
+        m.register_forward_hook(lambda _m, _a, out, name=name: produced.append((name, out)))
         for name, m in model.named_modules()
         if isinstance(m, nn.Linear)
     ]
     try:
         out = dry_forward(model, (2, *sample_shape), input_dtype)
-        return produced.get(id(out), "")
     finally:
         for h in handles:
             h.remove()
-
-
-_KNOWN = (nn.Linear, nn.Embedding, *_NORMS, nn.MultiheadAttention)
+    return next((name for name, t in produced if t is out), "")
 
 
 def _module_part(

@@ -38,6 +38,8 @@ class StreamSlot(SeedSlot):
         )
         self.width = plan.width
         self.output = plan.output
+        # Each doubling's plan by the width it doubled: a rollback undoes one with its own plan.
+        self.plans: dict[int, StreamPlan] = {plan.width: plan}
         self._host: tuple[nn.Module, ...] = ()
 
     def set_width(self, width: int) -> None:

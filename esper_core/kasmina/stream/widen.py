@@ -23,6 +23,7 @@ so it reads ``[z / 2, z / 2]``. A tied head whose input no LayerNorm writes is r
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ Op = Callable[[torch.Tensor], torch.Tensor]
 _RTOL = 1e-4
 """How far (relative to its largest logit) the widened model's output may stray from the
 model's before in float32: rounding of the split sums (measured: 1e-7 to 1e-5 of it), well below
-any trained difference."""
+any trained difference. A half-precision model may stray a few times its own rounding more
+(``_rounding_floor``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,7 +105,8 @@ def widen_stream(
     model.eval()
     try:
         with torch.no_grad():
-            before, head_norm = _output_and_head_norm(model, sample)
+            before, head_norm = _output_and_head_norm(model, sample, plan.width)
+            floor = _rounding_floor(model, sample, before)
         split = _Splitter(noise, generator)
         with torch.no_grad():
             _widen(model, plan, split, head_norm, optimizer)
@@ -122,9 +125,7 @@ def widen_stream(
             )
         change = float((after - before).abs().max())
         scale = float(before.abs().max()) + 1.0
-        # Half-precision weights round each split sum far more coarsely than float32.
-        tolerance = max(_RTOL, 64 * torch.finfo(after.dtype).eps) if after.is_floating_point() else _RTOL
-        if change > tolerance * scale:
+        if change > _RTOL * scale + 4 * floor:
             raise ValueError(
                 f"doubling the stream changed the model's output by up to {change:.3g} (largest logit "
                 f"{scale - 1:.3g}): {_HIDDEN.format(_known(plan))}"
@@ -156,6 +157,17 @@ def _known(plan: StreamPlan) -> str:
     return ", ".join(sorted({a for _, a in plan.attributes})) or "none found"
 
 
+def _rounding_floor(model: nn.Module, sample: torch.Tensor, out: torch.Tensor) -> float:
+    """How far ``out`` (the model's output in its own precision) lies from the same model's in
+    float32: 0 for a float32 or float64 model. Half-precision weights round every split sum far
+    more coarsely, so the check allows a few times this, measured rather than assumed."""
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes <= {torch.float32, torch.float64}:
+        return 0.0
+    reference = copy.deepcopy(model).float()
+    return float((reference(sample).float() - out.float()).abs().max())
+
+
 class _Splitter:
     """Draws the shares ``s`` a split column gives its first copy (``1 - s`` to the second)."""
 
@@ -169,34 +181,43 @@ class _Splitter:
         return (0.5 + self.noise * (2 * u - 1)).to(device=like.device, dtype=like.dtype)
 
 
-def _output_and_head_norm(model: nn.Module, sample: torch.Tensor) -> tuple[torch.Tensor, nn.Module | None]:
+def _output_and_head_norm(model: nn.Module, sample: torch.Tensor, width: int) -> tuple[torch.Tensor, nn.Module | None]:
     """The model's output on ``sample``, and the norm whose output a tied head reads (None when
-    no head is tied)."""
+    no head is tied): an ``nn.LayerNorm`` / ``nn.RMSNorm``, or a module of the user's own whose
+    parameters are all per-unit tables of the stream's width (nanoGPT's ``LayerNorm``)."""
     embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     heads = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) in embedded]
     if not heads:
         return model(sample), None
-    written: dict[int, nn.Module] = {}
-    read: list[int] = []
+    # The tensors are kept alive until the end: a freed tensor's id can be reused by a later one.
+    written: list[tuple[nn.Module, torch.Tensor]] = []
+    read: list[torch.Tensor] = []
     handles = [
-        m.register_forward_hook(lambda mod, _a, out: written.__setitem__(id(out), mod))
+        m.register_forward_hook(lambda mod, _a, out: written.append((mod, out)))
         for m in model.modules()
-        if isinstance(m, nn.LayerNorm | nn.RMSNorm)
+        if _norm_like(m, width)
     ]
-    handles += [h.register_forward_pre_hook(lambda _m, args: read.append(id(args[0]))) for h in heads]
+    handles += [h.register_forward_pre_hook(lambda _m, args: read.append(args[0])) for h in heads]
     try:
         out = model(sample)
     finally:
         for h in handles:
             h.remove()
-    norms = {written.get(i) for i in read}
+    norms = {next((mod for mod, t in written if t is r), None) for r in read}
     if None in norms or len(norms) != 1:
         raise ValueError(
-            "the output head shares the token embedding's weights and does not read a LayerNorm's output: "
-            "doubling the stream keeps such a head's logits only by halving that norm; untie the head or put a "
-            "LayerNorm right before it"
+            "the output head shares the token embedding's weights and does not read a norm's output: "
+            "doubling the stream keeps such a head's logits only by halving the norm before it; untie the head or "
+            "put a LayerNorm right before it"
         )
     return out, norms.pop()
+
+
+def _norm_like(module: nn.Module, width: int) -> bool:
+    own = list(module.parameters(recurse=False))
+    if isinstance(module, nn.LayerNorm | nn.RMSNorm):
+        return True
+    return bool(own) and all(p.dim() == 1 and p.shape[0] == width for p in own)
 
 
 def _widen(
@@ -390,44 +411,76 @@ def stream_growth(model: nn.Module, *, width: int | None = None, output: str = "
 
 
 def resize_stream(
-    model: nn.Module, width: int, *, current: int, output: str = "", optimizer: torch.optim.Optimizer | None = None
+    model: nn.Module,
+    width: int,
+    *,
+    current: int,
+    plans: dict[int, StreamPlan],
+    output: str = "",
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> None:
     """Give ``model``'s stream exactly ``width`` units, for loading a checkpoint taken at that width:
     shapes and size attributes only (the checkpoint's weights replace the values, and its
     optimizer state the dropped state of every resized parameter).
 
+    A doubling is undone with the plan it was made with, never one read off the wider model,
+    whose sizes can coincide differently (a position table whose length is twice the narrow width
+    is square at the wide one).
+
     Args:
         model: The model.
         width: The stream's width to give it.
         current: Its width now.
+        plans: The plan of each doubling by the width it doubled; a doubling made here is added.
         output: The model's output layer (``plan_stream``).
         optimizer: The optimizer training it, whose state for resized parameters is dropped.
 
     Raises:
-        ValueError: ``width`` is not ``current`` times a power of two.
+        ValueError: ``width`` is not ``current`` times a power of two, or a halving whose
+            doubling was never planned here.
     """
     ratio = width / current
     steps = round(math.log2(ratio)) if ratio > 0 else 0
     if ratio <= 0 or 2.0**steps != ratio:
-        raise ValueError(f"a stream grows by doubling: {width} units cannot be reached from {current}")
+        raise ValueError(
+            f"a stream changes by doubling: {width} units cannot be reached from {current}; restore a checkpoint "
+            "of this run, whose width is its start width times a power of two"
+        )
     for _ in range(abs(steps)):
-        plan = plan_stream(model, width=current, output=output)
-        factor = 2.0 if steps > 0 else 0.5
+        if steps > 0:
+            plan = plans.setdefault(current, plan_stream(model, width=current, output=output))
+            factor = 2.0
+        else:
+            if current // 2 not in plans:
+                raise ValueError(
+                    f"cannot halve the stream from {current} units: no doubling from {current // 2} was planned for "
+                    f"this model (planned: {sorted(plans)})"
+                )
+            plan, factor = plans[current // 2], 0.5
+        _reshape(model, plan, factor, optimizer)
         current = round(current * factor)
-        with torch.no_grad():
-            for p, shape in stream_shapes(model, plan, factor).items():
-                p.data = p.data.new_zeros(shape)
-                p.grad = None
-                if optimizer is not None:
-                    optimizer.state.pop(p, None)
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm | nn.RMSNorm) and tuple(module.normalized_shape) == (plan.width,):
-                module.normalized_shape = (round(plan.width * factor),)
-            elif isinstance(module, nn.MultiheadAttention) and module.embed_dim == plan.width:
-                module.embed_dim = module.kdim = module.vdim = round(plan.width * factor)
-                module.num_heads = module.embed_dim // module.head_dim
-        for m, a in plan.attributes:
-            owner = model.get_submodule(m)
-            if not isinstance(owner, nn.MultiheadAttention):
-                setattr(owner, a, round(getattr(owner, a) * factor))
-        _sync_sizes(model)
+
+
+def _reshape(model: nn.Module, plan: StreamPlan, factor: float, optimizer: torch.optim.Optimizer | None) -> None:
+    """Every part of ``plan`` at ``factor`` times its present size, zero-filled, and the sizes kept
+    as attributes with them."""
+    with torch.no_grad():
+        for p, shape in stream_shapes(model, plan, factor).items():
+            p.data = p.data.new_zeros(shape)
+            p.grad = None
+            if optimizer is not None:
+                optimizer.state.pop(p, None)
+    for part in plan.parts:
+        if part.role == "free":
+            continue
+        module = model.get_submodule(part.name)
+        if isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            module.normalized_shape = (round(module.normalized_shape[0] * factor),)
+        elif isinstance(module, nn.MultiheadAttention):
+            module.embed_dim = module.kdim = module.vdim = round(module.embed_dim * factor)
+            module.num_heads = module.embed_dim // module.head_dim
+    for m, a in plan.attributes:
+        owner = model.get_submodule(m)
+        if not isinstance(owner, nn.MultiheadAttention):
+            setattr(owner, a, round(getattr(owner, a) * factor))
+    _sync_sizes(model)
