@@ -157,6 +157,9 @@ PLANS: dict[str, DepthPlan] = {
     # after a quarter of the run (epoch 3: the share widen-1 trained narrow at 8 epochs, fixed
     # from that selection, not re-chosen), and the heuristic; to merge with "crossover"'s result.
     "widen-crossover": DepthPlan(seeds=3, epochs=16, growth_points=(), widen_points=(3,), controls=False),
+    # Choosing the doubling point at 16 epochs, on a selection seed (--first-seed 1000): after
+    # epoch 1, 3 or 5.
+    "widen-points": DepthPlan(seeds=1, epochs=16, growth_points=(), widen_points=(1, 3, 5), controls=False),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
         seeds=1,
