@@ -110,7 +110,6 @@ def widen_stream(
         split = _Splitter(noise, generator)
         with torch.no_grad():
             _widen(model, plan, split, head_norm, optimizer)
-            _sync_sizes(model)
             try:
                 after = model(sample)
             except (RuntimeError, ValueError, TypeError, IndexError) as e:
@@ -220,6 +219,75 @@ def _norm_like(module: nn.Module, width: int) -> bool:
     return bool(own) and all(p.dim() == 1 and p.shape[0] == width for p in own)
 
 
+@dataclass(frozen=True, slots=True)
+class _Growth:
+    """How one parameter grows with the stream: its units along ``dup`` twice over (in ``blocks``
+    equal parts, each duplicated in place), and, with ``split``, its input columns split in two."""
+
+    param: nn.Parameter
+    dup: int | None
+    blocks: int = 1
+    split: bool = False
+
+    def shape(self, factor: float) -> tuple[int, ...]:
+        """The parameter's shape once the stream is ``factor`` times as wide."""
+        shape = list(self.param.shape)
+        for dim in (*(() if self.dup is None else (self.dup,)), *((1,) if self.split else ())):
+            shape[dim] = round(shape[dim] * factor)
+        return tuple(shape)
+
+
+def _growths(model: nn.Module, plan: StreamPlan) -> list[_Growth]:
+    """Every parameter ``plan`` changes and how (``plan.StreamPart``'s roles). A tied head's weight
+    is its embedding's, listed once."""
+    found: list[_Growth] = []
+    for part in plan.parts:
+        if part.role == "free":
+            found.append(_Growth(model.get_parameter(part.name), -1))
+            continue
+        module = model.get_submodule(part.name)
+        if part.role == "embedding":
+            found.append(_Growth(_param(module.weight), 1))
+        elif part.role == "norm":
+            found += [
+                _Growth(_param(p), 0)
+                for p in (getattr(module, "weight", None), getattr(module, "bias", None))
+                if p is not None
+            ]
+        elif part.role == "mha":
+            found.append(_Growth(_param(module.in_proj_weight), 0, part.blocks, split=True))
+            if module.in_proj_bias is not None:
+                found.append(_Growth(_param(module.in_proj_bias), 0, part.blocks))
+        else:
+            rows = part.role in ("through", "fused", "writer")
+            found.append(_Growth(_param(module.weight), 0 if rows else None, part.blocks, split=part.role != "writer"))
+            if rows and module.bias is not None:
+                found.append(_Growth(_param(module.bias), 0, part.blocks))
+    return found
+
+
+def _param(t: object) -> nn.Parameter:
+    assert isinstance(t, nn.Parameter), type(t)
+    return t
+
+
+def _scale_sizes(model: nn.Module, plan: StreamPlan, factor: float) -> None:
+    """The sizes kept as attributes (norms' shapes, attention's widths and heads, the plan's
+    attributes, ``Linear`` / ``Embedding`` sizes) at ``factor`` times, after the weights."""
+    for part in plan.parts:
+        module = None if part.role == "free" else model.get_submodule(part.name)
+        if isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            module.normalized_shape = (round(module.normalized_shape[0] * factor),)
+        elif isinstance(module, nn.MultiheadAttention):
+            module.embed_dim = module.kdim = module.vdim = round(module.embed_dim * factor)
+            module.num_heads = module.embed_dim // module.head_dim
+    for m, a in plan.attributes:
+        owner = model.get_submodule(m)
+        if not isinstance(owner, nn.MultiheadAttention):
+            setattr(owner, a, round(getattr(owner, a) * factor))
+    _sync_sizes(model)
+
+
 def _widen(
     model: nn.Module,
     plan: StreamPlan,
@@ -227,64 +295,19 @@ def _widen(
     head_norm: nn.Module | None,
     optimizer: torch.optim.Optimizer | None,
 ) -> None:
-    for part in plan.parts:
-        if part.role == "free":
-            _grow(model.get_parameter(part.name), optimizer, _dup(-1))
-            continue
-        module = model.get_submodule(part.name)
-        if part.role == "embedding":
-            assert isinstance(module, nn.Embedding)
-            _grow(module.weight, optimizer, _dup(1))
-            module.embedding_dim *= 2
-        elif part.role == "norm":
-            assert isinstance(module, nn.LayerNorm | nn.RMSNorm)
-            for p in (getattr(module, "weight", None), getattr(module, "bias", None)):
-                if p is not None:
-                    _grow(p, optimizer, _dup(0))
-            module.normalized_shape = (2 * plan.width,)
-        elif part.role == "mha":
-            assert isinstance(module, nn.MultiheadAttention)
-            _grow(module.in_proj_weight, optimizer, _blocks(part.blocks, 0), _split_cols(split))
-            if module.in_proj_bias is not None:
-                _grow(module.in_proj_bias, optimizer, _blocks(part.blocks, 0))
-            for name in ("embed_dim", "kdim", "vdim", "num_heads"):
-                setattr(module, name, 2 * getattr(module, name))
-        else:
-            assert isinstance(module, nn.Linear)
-            _widen_linear(module, part.role, part.blocks, split, optimizer)
-    for m, a in plan.attributes:
-        owner = model.get_submodule(m)
-        if not isinstance(owner, nn.MultiheadAttention):
-            setattr(owner, a, 2 * getattr(owner, a))
+    for g in _growths(model, plan):
+        rows = None if g.dup is None else _blocks(g.blocks, g.dup)
+        _grow(g.param, optimizer, rows, _split_cols(split) if g.split else None)
+    _scale_sizes(model, plan, 2.0)
     if head_norm is not None:
         for p in (getattr(head_norm, "weight", None), getattr(head_norm, "bias", None)):
             if p is not None:
                 p.mul_(0.5)
 
 
-def _widen_linear(
-    module: nn.Linear,
-    role: str,
-    blocks: int,
-    split: Callable[[torch.Tensor], torch.Tensor],
-    optimizer: torch.optim.Optimizer | None,
-) -> None:
-    rows = role in ("through", "fused", "writer")
-    cols = role in ("through", "fused", "reader")
-    row_op = _blocks(blocks, 0) if role == "fused" else _dup(0)
-    _grow(module.weight, optimizer, row_op if rows else None, _split_cols(split) if cols else None)
-    if module.bias is not None and rows:
-        _grow(module.bias, optimizer, row_op)
-    module.out_features, module.in_features = module.weight.shape
-
-
-def _dup(dim: int) -> Op:
-    """The units along ``dim`` twice over, ``[u, u]``."""
-    return lambda t: torch.cat([t, t], dim=dim)
-
-
 def _blocks(blocks: int, dim: int) -> Op:
-    """Each of ``blocks`` equal parts along ``dim`` duplicated in place: ``[q, q, k, k, v, v]``."""
+    """Each of ``blocks`` equal parts along ``dim`` duplicated in place: ``[q, q, k, k, v, v]``
+    (one block: the units twice over, ``[u, u]``)."""
     return lambda t: torch.cat([c for part in t.chunk(blocks, dim=dim) for c in (part, part)], dim=dim)
 
 
@@ -370,37 +393,17 @@ def _restore(
 
 def stream_shapes(model: nn.Module, plan: StreamPlan, factor: float) -> dict[nn.Parameter, tuple[int, ...]]:
     """Each parameter ``plan`` changes, with its shape once the stream is ``factor`` times as wide
-    (2: doubled, 0.5: halved). A tied head's weight is its embedding's, listed once."""
-    shapes: dict[nn.Parameter, tuple[int, ...]] = {}
+    (2: doubled, 0.5: halved). A tied head's weight is its embedding's, listed once.
 
-    def scale(p: object, *dims: int) -> None:
-        if p is None:
-            return
-        assert isinstance(p, nn.Parameter), type(p)
-        shape = list(p.shape)
-        for dim in dims:
-            shape[dim] = round(shape[dim] * factor)
-        shapes[p] = tuple(shape)
+    Args:
+        model: The model the plan was made for.
+        plan: What doubling its stream changes (``plan_stream``).
+        factor: The stream's width to be, over its width now.
 
-    rows = {"through": (0, 1), "fused": (0, 1), "reader": (1,), "writer": (0,)}
-    for part in plan.parts:
-        if part.role == "free":
-            scale(model.get_parameter(part.name), -1)
-            continue
-        module = model.get_submodule(part.name)
-        if part.role == "embedding":
-            scale(module.weight, 1)
-        elif part.role == "norm":
-            scale(getattr(module, "weight", None), 0)
-            scale(getattr(module, "bias", None), 0)
-        elif part.role == "mha":
-            scale(module.in_proj_weight, 0, 1)
-            scale(module.in_proj_bias, 0)
-        else:
-            scale(module.weight, *rows[part.role])
-            if part.role != "reader":
-                scale(module.bias, 0)
-    return shapes
+    Returns:
+        The new shape of every parameter the plan changes.
+    """
+    return {g.param: g.shape(factor) for g in _growths(model, plan)}
 
 
 def stream_growth(model: nn.Module, *, width: int | None = None, output: str = "") -> int:
@@ -470,17 +473,4 @@ def _reshape(model: nn.Module, plan: StreamPlan, factor: float, optimizer: torch
             p.grad = None
             if optimizer is not None:
                 optimizer.state.pop(p, None)
-    for part in plan.parts:
-        if part.role == "free":
-            continue
-        module = model.get_submodule(part.name)
-        if isinstance(module, nn.LayerNorm | nn.RMSNorm):
-            module.normalized_shape = (round(module.normalized_shape[0] * factor),)
-        elif isinstance(module, nn.MultiheadAttention):
-            module.embed_dim = module.kdim = module.vdim = round(module.embed_dim * factor)
-            module.num_heads = module.embed_dim // module.head_dim
-    for m, a in plan.attributes:
-        owner = model.get_submodule(m)
-        if not isinstance(owner, nn.MultiheadAttention):
-            setattr(owner, a, round(getattr(owner, a) * factor))
-    _sync_sizes(model)
+    _scale_sizes(model, plan, factor)
