@@ -179,19 +179,9 @@ class RunSpec:
             ValueError: no ``run.json`` there, a newer format, or fields a spec refuses.
         """
         saved = read_spec_file(run_dir)
-        # An older run.json lacks the later fields: they keep the spec's defaults (the recipe's own).
-        keys = (
-            "recipe",
-            "epochs",
-            "device",
-            "seed",
-            "run_id",
-            "nproc",
-            "policy",
-            "max_params",
-            "max_flops",
-            "grow_until",
-        )
+        # The request's own fields (the plan's outputs are planned again). An older run.json lacks
+        # the later ones: they keep the spec's defaults (the recipe's own).
+        keys = [f.name for f in dataclasses.fields(cls) if f.name not in ("approved", "jobs")]
         return cls(**{k: saved[k] for k in keys if k in saved})
 
 
