@@ -51,6 +51,7 @@ DEPTH_GROWTH_PLANS: tuple[str, ...] = (
     "smoke",
     "widen",
     "widen-crossover",
+    "widen-late",
     "widen-points",
 )
 """``sorted(esper_core.studies.depth_growth.PLANS)``."""

@@ -109,7 +109,10 @@ class DepthPlan:
             validation and test windows (None: the recipe's whole data). Only the smoke plan cuts
             the data, so CI runs every arm in seconds.
         widen_points: The ``widen-*`` arms: per arm, the epoch (0-based) after which the narrow
-            network's width doubles; with any, ``static-narrow`` runs too.
+            network's width doubles; with any, ``static-narrow`` and ``widen-controller`` run too.
+        widen_controls: With ``widen_points``, run ``static-narrow`` and ``widen-controller``
+            beside the widened arms; False runs ``static-final`` and the widened arms alone, for
+            merging with an earlier result of the same epochs that has them.
     """
 
     seeds: int
@@ -121,6 +124,7 @@ class DepthPlan:
     controls: bool = True
     train_windows: int | None = None
     widen_points: tuple[int, ...] = ()
+    widen_controls: bool = True
 
 
 PLANS: dict[str, DepthPlan] = {
@@ -160,6 +164,13 @@ PLANS: dict[str, DepthPlan] = {
     # Choosing the doubling point at 16 epochs, on a selection seed (--first-seed 1000): after
     # epoch 1, 3 or 5.
     "widen-points": DepthPlan(seeds=1, epochs=16, growth_points=(), widen_points=(1, 3, 5), controls=False),
+    # The doubling point widen-points chose on selection seed 1000 (after epoch 5: 31.2 % fewer
+    # FLOPs to static-final's loss there), evaluated at 16 epochs; to merge with "crossover"'s
+    # and "widen-crossover"'s results (their static-final runs are rerun, and the merge checks
+    # they agree).
+    "widen-late": DepthPlan(
+        seeds=3, epochs=16, growth_points=(), widen_points=(5,), controls=False, widen_controls=False
+    ),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
         seeds=1,
@@ -331,7 +342,7 @@ class DepthGrowthConfig:
         doubled = tuple(f"stack-all-{p}{self.arm_suffix}" for p in plan.stack_all_points)
         # Widening has no blending, so no learning-rate warm-up to name.
         widened = tuple(f"widen-{p}" for p in plan.widen_points)
-        if widened:
+        if widened and plan.widen_controls:
             widened = ("static-narrow", *widened, "widen-controller")
         if not plan.controls:
             return ("static-final", *budgets, *stacked, *doubled, *widened)

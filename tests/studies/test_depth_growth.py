@@ -305,3 +305,12 @@ def test_the_plot_draws_as_many_arms_as_a_merged_result_holds() -> None:
     arms |= {a: {"runs": [{"curve": curve}]} for a in ("static-final", "static-final-4ep", "controller")}
     png = curves_png({"arms": arms, "targets_val_bits": [2.5], "recipe": "r", "seeds": [0], "epochs": 2})
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plan_without_widen_controls_runs_the_final_network_and_the_widened_arms_alone() -> None:
+    # widen-late merges with widen-crossover's result, which has static-narrow and the heuristic.
+    config = DepthGrowthConfig(plan="widen-late")
+    assert config.arms == ("static-final", "widen-5")
+    widened = arm_config(config, arm="widen-5", seed=0)
+    assert widened.epochs == 16
+    assert [(g.epoch, g.slot, g.blueprint) for g in widened.tamiyo.schedule] == [(5, "stream", "stream-2x")]
