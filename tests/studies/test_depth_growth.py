@@ -3,14 +3,17 @@ command line, the curve arithmetic its headlines rest on, and bad input refused 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from esper_cli.main import main
 from esper_core.studies.depth_growth import (
+    PLANS,
     DepthGrowthConfig,
     arm_config,
     arm_summary,
@@ -310,7 +313,19 @@ def test_the_plot_draws_as_many_arms_as_a_merged_result_holds() -> None:
 def test_a_plan_without_widen_controls_runs_the_final_network_and_the_widened_arms_alone() -> None:
     # widen-late merges with widen-crossover's result, which has static-narrow and the heuristic.
     config = DepthGrowthConfig(plan="widen-late")
-    assert config.arms == ("static-final", "widen-5")
+    assert config.arms == ("static-final", "widen-5", "widen-plateau")
     widened = arm_config(config, arm="widen-5", seed=0)
     assert widened.epochs == 16
     assert [(g.epoch, g.slot, g.blueprint) for g in widened.tamiyo.schedule] == [(5, "stream", "stream-2x")]
+    # The plateau arm: the heuristic alone decides when, on a one-epoch plateau, no probe.
+    plateau = arm_config(config, arm="widen-plateau", seed=0)
+    assert plateau.tamiyo.policy == "heuristic" and plateau.tamiyo.schedule == ()
+    assert plateau.recipe == "chars-gpt-growth-narrow" and plateau.host.widen_stream
+    rule = plateau.tamiyo.heuristic
+    assert (rule.plateau_window, rule.plateau_rel_tol, rule.probe_epoch) == (1, 0.029, None)
+
+
+def test_a_plateau_threshold_outside_0_1_is_refused_with_its_meaning() -> None:
+    plan = dataclasses.replace(PLANS["widen-late"], widen_plateau=2.9)
+    with mock.patch.dict(PLANS, {"bad": plan}), pytest.raises(ValueError, match="e.g. 0.029 for 2.9 %"):
+        DepthGrowthConfig(plan="bad")
