@@ -193,7 +193,11 @@ def main() -> None:
     parser.add_argument(
         "--save", type=Path, default=None, help="write the chosen version here (weights.pt and policy.json)"
     )
-    parser.add_argument("--kinds", default="width", help="comma-separated seed kinds the members offer (width, branch)")
+    parser.add_argument(
+        "--kinds",
+        default="width",
+        help="comma-separated seed kinds the members offer (width, branch, depth, stream; stream with depth at most)",
+    )
     args = parser.parse_args()
     config = _config(args)
     load_before = os.getloadavg()[0]

@@ -182,7 +182,8 @@ class ZooEncoder(nn.Module):
             raise ValueError(f"width {width} must be a multiple of heads {heads}")
         self.tokens, self.token_features = tokens, token_features
         self.embed = nn.Linear(token_features, width)
-        self.position = nn.Parameter(torch.zeros(tokens, width))
+        # (1, T, D): a per-unit table added to the stream, never mistaken for a D x D projection when T == D.
+        self.position = nn.Parameter(torch.zeros(1, tokens, width))
         self.blocks = nn.ModuleList(EncoderBlock(width, heads) for _ in range(depth))
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, num_classes)

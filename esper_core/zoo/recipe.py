@@ -5,7 +5,7 @@ Nothing here is special to the zoo once the configuration exists: the model is a
 ``slots`` for branch slots), the data is a user's data (``DataSpec.load``), so planning, preflight
 and the run check and train it exactly as they would a recipe from outside the project.
 
-Which layers each family offers:
+Which layers each family offers (each kind where the zoo's ``kinds`` name it):
 
 ==========  ==========================  ==========================  ====================================
 family      width slots (``widen``)     branch slots (``slots``)    why not more
@@ -18,6 +18,12 @@ encoder     ``blocks.{i}.fc``           ``blocks.{i}``              attention an
 decoder     ``blocks.{i}.fc``           ``blocks.{i}``              (causal: seeds never read ahead)
 gru         ``fc`` (the head)           ``act``                     a GRU is not a Linear/Conv layer
 ==========  ==========================  ==========================  ====================================
+
+The families built of identical blocks (resnet, encoder, decoder) also offer their stack
+``blocks`` to depth seeds (``deepen``); the transformers (encoder, decoder) also offer their
+whole width to a stream seed (``widen_stream``), which Kasmina allows with depth seeds alone,
+except an encoder whose token features equal its width (``stream_followable``). A convolutional
+stream is not followed, so the resnet's width stays per layer.
 """
 
 from __future__ import annotations
@@ -74,6 +80,22 @@ def branch_slots(member: ZooMember) -> tuple[str, ...]:
     return ("act",)
 
 
+def stream_followable(member: ZooMember) -> bool:
+    """Whether a stream seed can double ``member``'s transformer: its input must enter through a
+    Linear from another width (``plan_stream`` cannot tell a ``Linear(D, D)`` on the input from a
+    projection inside the stream), so an encoder whose token features equal its width is not."""
+    if member.family == "decoder":
+        return True
+    if member.family != "encoder":
+        return False
+    return _SEQUENCE[member.task.name][1] != _model_width(member.width)
+
+
+def _model_width(width: int) -> int:
+    """A transformer's width: ``width`` rounded up to a multiple of its ``HEADS``."""
+    return -(-width // HEADS) * HEADS
+
+
 def build_model(member: ZooMember, factor: float = 1.0) -> nn.Module:
     """``member``'s model with its width multiplied by ``factor`` (``ModelSpec.build_scaled``).
 
@@ -92,7 +114,7 @@ def build_model(member: ZooMember, factor: float = 1.0) -> nn.Module:
         return ZooCNN2d(channels=width, depth=depth, image=8, num_classes=classes)
     if member.family == "resnet":
         return ZooResNet(channels=width, depth=depth, num_classes=classes)
-    model_width = -(-width // HEADS) * HEADS  # rounded up to a multiple of the heads
+    model_width = _model_width(width)
     if member.family == "decoder":
         return CharGPT(vocab=VOCAB_SIZE, context=CHARS_CONTEXT, width=model_width, depth=depth, heads=HEADS)
     tokens, features = _SEQUENCE[task]
@@ -117,6 +139,8 @@ def member_recipe(member: ZooMember) -> RunConfig:
         build_scaled=functools.partial(build_model, member),
         widen=member.widen,
         slots=member.slots,
+        deepen=member.deepen,
+        widen_stream=member.widen_stream,
         input_dtype=torch.long if decoder else torch.float32,
         causal=decoder,
     )

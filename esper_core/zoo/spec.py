@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
 from esper_core.run.config import RunConfig
-from esper_core.zoo.recipe import branch_slots, member_recipe, width_layers
+from esper_core.zoo.recipe import branch_slots, member_recipe, stream_followable, width_layers
 from esper_core.zoo.tasks import TASKS, TaskName, ZooTask
 
 T = TypeVar("T")
@@ -23,8 +23,11 @@ T = TypeVar("T")
 Family = Literal["mlp", "cnn1d", "cnn2d", "resnet", "encoder", "decoder", "gru"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
-SeedKindName = Literal["width", "branch"]
+SeedKindName = Literal["width", "branch", "depth", "stream"]
 SEED_KINDS: tuple[SeedKindName, ...] = get_args(SeedKindName)
+# A doubled residual stream widens every layer that meets it, so Kasmina refuses it beside width
+# or branch slots in one model (``ModelSpec``); a zoo offers it with depth at most.
+_STREAM_ALONE: frozenset[SeedKindName] = frozenset({"width", "branch"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,19 +37,23 @@ class FamilyFacts:
     Attributes:
         tasks: The tasks whose inputs the family reads.
         max_depth: The deepest it is drawn (a 2-D CNN pools an 8x8 image to 1x1 in three blocks).
+        kinds: The seed kinds its models can grow by (``esper_core.zoo.recipe`` names the layers):
+            every family has widenable layers and modules for branch seeds; a stack of identical
+            blocks (``blocks``) can be deepened; a transformer's residual stream can be doubled.
     """
 
     tasks: tuple[TaskName, ...]
     max_depth: int
+    kinds: tuple[SeedKindName, ...] = ("width", "branch")
 
 
 FAMILY_FACTS: dict[Family, FamilyFacts] = {
     "mlp": FamilyFacts(tasks=("mnist1d", "digits", "gaussians", "teacher"), max_depth=3),
     "cnn1d": FamilyFacts(tasks=("mnist1d",), max_depth=3),
     "cnn2d": FamilyFacts(tasks=("digits",), max_depth=3),
-    "resnet": FamilyFacts(tasks=("digits",), max_depth=3),
-    "encoder": FamilyFacts(tasks=("mnist1d", "digits"), max_depth=2),
-    "decoder": FamilyFacts(tasks=("chars",), max_depth=2),
+    "resnet": FamilyFacts(tasks=("digits",), max_depth=3, kinds=("width", "branch", "depth")),
+    "encoder": FamilyFacts(tasks=("mnist1d", "digits"), max_depth=2, kinds=SEED_KINDS),
+    "decoder": FamilyFacts(tasks=("chars",), max_depth=2, kinds=SEED_KINDS),
     "gru": FamilyFacts(tasks=("mnist1d", "digits"), max_depth=2),
 }
 
@@ -73,8 +80,11 @@ class ZooSpec:
         separations: ``gaussians`` difficulties to draw from (distance between modes, in noise
             standard deviations: 2 is hard, 5 easy).
         teacher_widths: ``teacher`` difficulties to draw from (hidden units of the labeller).
-        kinds: The seed kinds a member's recipe offers: ``width`` (its widenable layers) and/or
-            ``branch`` (blueprint seeds on module outputs, which need compiled kernels).
+        kinds: The seed kinds a member's recipe offers, where its family has them
+            (``FamilyFacts.kinds``): ``width`` (its widenable layers), ``branch`` (blueprint seeds
+            on module outputs, which need compiled kernels), ``depth`` (its stack of blocks
+            deepened) and ``stream`` (a transformer's whole width doubled; with depth at most).
+            Every family drawn must have at least one of them.
     """
 
     seed: int = 0
@@ -95,7 +105,13 @@ class ZooSpec:
             raise ValueError(f"seed must lie in [0, 2**32), got {self.seed}")
         _check_choices("families", self.families, allowed=FAMILIES)
         _check_choices("tasks", self.tasks, allowed=TASKS)
-        _check_choices("kinds", self.kinds, allowed=SEED_KINDS)
+        _check_kinds(self.kinds)
+        if self.kinds == ("stream",) and set(self.families) - {"decoder"}:
+            raise ValueError(
+                f"kinds=('stream',) with families {self.families}: only transformers have a stream, and an encoder "
+                "whose token features equal its width has none Kasmina can follow (zoo.recipe.stream_followable); "
+                "draw kinds=('stream', 'depth') so every member can grow, or families=('decoder',)"
+            )
         for name, least in (("depths", 1), ("widths", 2), ("epochs", 1), ("batch_sizes", 2), ("train_samples", 8)):
             values = _check_choices(name, getattr(self, name))
             if any(not isinstance(v, int) or v < least for v in values):
@@ -117,6 +133,11 @@ class ZooSpec:
                 raise ValueError(
                     f"family {family!r} reads only tasks {facts.tasks}, none of which is in tasks={self.tasks}: "
                     f"add one to tasks, or drop {family!r} from families"
+                )
+            if not set(facts.kinds) & set(self.kinds):
+                raise ValueError(
+                    f"family {family!r} grows only by {facts.kinds}, none of which is in kinds={self.kinds}: "
+                    f"add one to kinds, or drop {family!r} from families"
                 )
             if min(self.depths) > facts.max_depth:
                 raise ValueError(
@@ -173,7 +194,12 @@ class ZooMember:
                 f"epochs must be >= 1, batch_size in 2..512 and lr > 0; got epochs {self.epochs}, "
                 f"batch_size {self.batch_size}, lr {self.lr}"
             )
-        _check_choices("kinds", self.kinds, allowed=SEED_KINDS)
+        _check_kinds(self.kinds)
+        if not (self.widen or self.slots or self.deepen or self.widen_stream):
+            raise ValueError(
+                f"a {self.family} member with kinds={self.kinds} offers no layer, stack or stream to grow "
+                f"(its family grows by {facts.kinds}): add a kind it has"
+            )
 
     @property
     def name(self) -> str:
@@ -194,6 +220,18 @@ class ZooMember:
     def slots(self) -> tuple[str, ...]:
         """The modules its recipe offers branch seeds (with ``branch`` among its kinds)."""
         return branch_slots(self) if "branch" in self.kinds else ()
+
+    @property
+    def deepen(self) -> tuple[str, ...]:
+        """The stacks its recipe lets Tamiyo deepen (with ``depth`` among its kinds, where its
+        family has one)."""
+        return ("blocks",) if "depth" in self.kinds and "depth" in FAMILY_FACTS[self.family].kinds else ()
+
+    @property
+    def widen_stream(self) -> bool:
+        """Whether its recipe lets Tamiyo double the model's width (with ``stream`` among its
+        kinds, for a transformer whose stream Kasmina can follow: ``stream_followable``)."""
+        return "stream" in self.kinds and "stream" in FAMILY_FACTS[self.family].kinds and stream_followable(self)
 
     def recipe(self) -> RunConfig:
         """Its recipe: the complete configuration of an ordinary Esper run on it (``member_recipe``)."""
@@ -243,6 +281,17 @@ def draw_members(spec: ZooSpec, n: int, *, start: int = 0) -> list[ZooMember]:
     if n < 1:
         raise ValueError(f"n must be >= 1 members, got {n}")
     return [draw_member(spec, i) for i in range(start, start + n)]
+
+
+def _check_kinds(kinds: tuple[SeedKindName, ...]) -> None:
+    """``kinds`` are seed kinds one model can offer together."""
+    _check_choices("kinds", kinds, allowed=SEED_KINDS)
+    if "stream" in kinds and _STREAM_ALONE & set(kinds):
+        raise ValueError(
+            f"kinds={kinds}: a doubled stream widens every layer that meets it, so it cannot share a "
+            "model with width or branch slots; draw kinds=('stream',) or ('stream', 'depth'), and the "
+            "others in a zoo of their own"
+        )
 
 
 def _check_choices(name: str, values: tuple[T, ...], *, allowed: Sequence[T] = ()) -> tuple[T, ...]:

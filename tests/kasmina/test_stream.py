@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 from esper_core.kasmina.stream import plan_stream, widen_stream
 from esper_core.models.chars_gpt import CharGPT, next_char_loss
+from esper_core.zoo.models import ZooEncoder
 from tests.helpers.user_gpt import GPT, VOCAB
 
 
@@ -205,8 +206,10 @@ def test_a_tied_head_that_reads_no_layernorm_is_refused() -> None:
 
 
 def test_the_width_must_be_known_and_the_noise_keep_the_shares_apart() -> None:
-    with pytest.raises(ValueError, match="found no nn.Embedding"):
+    with pytest.raises(ValueError, match="found no embedding and no LayerNorm or RMSNorm"):
         plan_stream(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match=r"found no embedding and norms over \[\(4,\), \(8,\)\]"):
+        plan_stream(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 8), nn.LayerNorm(8)))
     model, x, _ = _trained_gpt()
     for noise in (0.0, 0.6):
         with pytest.raises(ValueError, match=r"noise must lie in \(0, 0.5\]"):
@@ -318,3 +321,28 @@ def test_buffers_as_wide_as_the_stream_are_refused_with_the_fix() -> None:
     model.register_buffer("table", torch.zeros(5, 8))
     with pytest.raises(ValueError, match=r"buffer 'table'.*nn.Parameter\(\.\.\., requires_grad=False\)"):
         plan_stream(model)
+
+
+def test_an_encoder_over_features_doubles_with_its_width_read_off_its_norms() -> None:
+    # No nn.Embedding: the input enters through a Linear (features -> D), the width is the norms',
+    # and the block holds attention and MLP as direct children (the MLP still pairs, the fused
+    # q/k/v does not).
+    torch.manual_seed(0)
+    model = ZooEncoder(width=8, depth=2, tokens=10, token_features=4, num_classes=3)
+    plan = plan_stream(model, output="head")
+    roles = {p.name: p.role for p in plan.parts}
+    assert plan.width == 8 and roles["embed"] == "writer" and roles["blocks.0.qkv"] == "fused"
+    assert roles["blocks.0.fc"] == roles["blocks.0.proj"] == "through" and roles["position"] == "free"
+    x = torch.randn(5, 40)
+    before = model(x).detach()
+    report = widen_stream(model, x, generator=torch.Generator().manual_seed(0))
+    assert report.width_after == 16 and model.blocks[0].heads == 4
+    torch.testing.assert_close(model(x), before, rtol=0, atol=1e-5)
+
+
+def test_an_input_projection_as_wide_as_the_stream_is_refused_before_anything_changes() -> None:
+    # Linear(D, D) on the input looks like a projection inside the stream: refused by name at
+    # planning, where the doubled model would only fail in its forward.
+    model = ZooEncoder(width=8, depth=1, tokens=8, token_features=8, num_classes=3)
+    with pytest.raises(ValueError, match="make the input's feature count differ from the model's width"):
+        plan_stream(model, output="head")

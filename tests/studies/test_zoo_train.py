@@ -306,3 +306,55 @@ def test_the_chosen_version_travels_as_two_files_and_a_changed_byte_is_refused(
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="changed after they were saved"):
         publish_policy_file(elsewhere, tmp_path / "policy")
+
+
+def test_a_zoo_of_stacks_and_streams_teaches_the_policy_to_deepen_and_double(tmp_path: Path) -> None:
+    # Issue 36 item 6: depth and stream seeds are actions like any other. A zoo offering them
+    # (a resnet's stack, a GPT's stack and stream) runs episodes that germinate them, Simic learns
+    # from those decisions, and every state Tamiyo saw let her choose either kind.
+    settings = EsperSettings(home=tmp_path)
+    config = ZooTraining(
+        zoo=ZooSpec(
+            seed=0,
+            families=("resnet", "decoder"),
+            depths=(1,),
+            epochs=(4,),
+            widths=(8,),
+            train_samples=(1000,),
+            kinds=("stream", "depth"),
+        ),
+        members=2,
+        seeds=ZooSeeds(train=(1000, 1001), selection=(2000,), evaluation=(0,)),
+        plan=TrainingPlan(
+            demonstrations=1,
+            iterations=1,
+            rollouts=1,
+            gnn=SMALL,
+            simic=SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8, ppo_lr=3e-2),
+        ),
+    )
+    members = {m.family: m for m in zoo_members(config)}
+    assert members["resnet"].deepen == members["decoder"].deepen == ("blocks",)
+    assert members["decoder"].widen_stream and not members["resnet"].widen_stream
+    result = train_zoo_policy(settings, config)
+    store = SimicStore.open(settings.home, settings.registry_db_url)
+    try:
+        ids = [r.run_id for phase in ("demonstrations", "rollouts") for r in result.episodes[phase]]
+        decisions = store.decisions(ids)
+        samples, _ = build_samples(decisions, store.field_reports(ids), param_penalty=0.01)
+    finally:
+        store.close()
+    assert {s.run_id for s in samples} == set(ids)
+    kinds_offered: set[SlotKind] = set()
+    germinated: dict[str, set[str]] = {"heuristic": set(), "gnn": set()}
+    for record in decisions:
+        kinds_offered |= {s.kind for s in record.state.history[-1].seeds}
+        if record.command.blueprint_id is not None:
+            germinated[record.policy].add(record.command.blueprint_id)
+    # The depth slots are depth slots to the policy; the stream slot reads as a width slot.
+    assert kinds_offered == {SlotKind.DEPTH, SlotKind.WIDTH}
+    # The heuristic's demonstrations doubled the GPT's stream and deepened the resnet's stack;
+    # the learned policy's rollouts grew by those actions too.
+    assert germinated["heuristic"] == {"depth-stack", "stream-2x"}, germinated
+    assert germinated["gnn"] and germinated["gnn"] <= {"depth-stack", "depth-stack-all", "depth-fresh", "stream-2x"}
+    assert len(result.versions) == 2 and result.chosen in result.versions

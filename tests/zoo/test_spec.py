@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from esper_core.zoo import FAMILIES, FAMILY_FACTS, ZooMember, ZooSpec, ZooTask, draw_member, draw_members
+from esper_core.zoo.recipe import stream_followable
 from esper_core.zoo.tasks import MODES, SYNTHETIC_CLASSES, gaussian_means
 
 
@@ -50,7 +51,10 @@ def test_a_restricted_spec_draws_only_what_it_allows() -> None:
         ({"train_samples": (1000, 1001)}, r"train_samples must be multiples of 8"),
         ({"batch_sizes": (1024,)}, r"batch_sizes must be <= 512"),
         ({"lrs": (0.0,)}, r"lrs must be > 0"),
-        ({"kinds": ("depth",)}, r"kinds has unknown choices \['depth'\]"),
+        ({"kinds": ("grow",)}, r"kinds has unknown choices \['grow'\]"),
+        ({"kinds": ("depth",)}, r"family 'mlp' grows only by \('width', 'branch'\).*or drop 'mlp' from families"),
+        ({"kinds": ("stream", "width")}, r"cannot share a model with width or branch slots"),
+        ({"kinds": ("stream",), "families": ("encoder", "decoder")}, r"draw kinds=\('stream', 'depth'\)"),
         ({"families": ("decoder",), "tasks": ("mnist1d",)}, r"family 'decoder' reads only tasks \('chars',\).*add one"),
         ({"families": ("gru",), "depths": (3,)}, r"family 'gru' is at most 2 deep.*add a depth <= 2"),
         ({"seed": -1}, r"seed must lie in \[0, 2\*\*32\)"),
@@ -59,6 +63,26 @@ def test_a_restricted_spec_draws_only_what_it_allows() -> None:
 def test_a_bad_spec_is_refused_with_what_to_change(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ZooSpec(**change)
+
+
+def test_depth_and_the_stream_are_offered_where_the_family_has_them() -> None:
+    spec = ZooSpec(seed=0, families=("resnet", "encoder", "decoder"), kinds=("stream", "depth"))
+    members = draw_members(spec, 12)
+    assert {m.family for m in members} == {"resnet", "encoder", "decoder"}
+    for m in members:
+        host = m.recipe().host
+        assert host.deepen == ("blocks",) and host.widen == () and host.slots == ()
+        # The resnet's stream is convolutional; an encoder's follows unless its features equal its width.
+        assert host.widen_stream == (m.family == "decoder" or (m.family == "encoder" and stream_followable(m)))
+    both = draw_member(ZooSpec(seed=0, families=("encoder",), kinds=("width", "depth")), 0)
+    assert both.recipe().host.widen == ("blocks.0.fc", "blocks.1.fc")[: both.depth] and both.deepen == ("blocks",)
+    # An encoder over 8 features at width 8 has no stream to follow; alone, stream leaves it nothing.
+    collided = dataclasses.replace(
+        draw_member(ZooSpec(seed=0, families=("encoder",), tasks=("digits",), kinds=("stream", "depth")), 0), width=8
+    )
+    assert not stream_followable(collided) and not collided.widen_stream
+    with pytest.raises(ValueError, match=r"offers no layer, stack or stream to grow"):
+        dataclasses.replace(collided, kinds=("stream",))
 
 
 def test_a_member_that_contradicts_its_family_is_refused() -> None:

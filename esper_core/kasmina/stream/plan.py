@@ -102,20 +102,31 @@ class StreamPlan:
 
 
 def stream_width(model: nn.Module) -> int:
-    """D, read off the model's token embeddings (every ``Embedding`` must agree).
+    """D, read off the model's token embeddings (every ``Embedding`` must agree), or, for a model
+    whose inputs enter through a ``Linear`` (an encoder over features or patches), off its norms:
+    every LayerNorm / RMSNorm of a transformer normalises the stream, over (D,).
 
     Raises:
-        ValueError: no ``Embedding``, or embeddings of different widths; the message says to
-            give the width.
+        ValueError: embeddings of different widths, or no embedding and norms that do not agree
+            on one width (or none); the message says what was found.
     """
     widths = {m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding)}
-    if len(widths) != 1:
-        found = "no nn.Embedding" if not widths else f"embeddings of widths {sorted(widths)}"
+    if len(widths) > 1:
         raise ValueError(
-            f"stream growth reads the model's width (d_model) off its token embeddings and found {found}: "
-            "it doubles models whose tokens enter through nn.Embedding modules of one width"
+            f"stream growth reads the model's width (d_model) off its token embeddings and found embeddings of "
+            f"widths {sorted(widths)}: it doubles models whose tokens enter through nn.Embedding modules of one width"
         )
-    return widths.pop()
+    if widths:
+        return widths.pop()
+    norms = {tuple(m.normalized_shape) for m in model.modules() if isinstance(m, _NORMS)}
+    if len(norms) != 1 or len(next(iter(norms))) != 1:
+        found = "no LayerNorm or RMSNorm" if not norms else f"norms over {sorted(norms)}"
+        raise ValueError(
+            "stream growth reads the model's width (d_model) off its token embeddings (nn.Embedding) or, without "
+            f"one, off its norms, and found no embedding and {found}: it doubles transformers whose stream is "
+            "normalised by LayerNorm / RMSNorm over (D,)"
+        )
+    return next(iter(norms))[0]
 
 
 def plan_stream(model: nn.Module, *, width: int | None = None, output: str = "") -> StreamPlan:
@@ -188,6 +199,12 @@ def plan_stream(model: nn.Module, *, width: int | None = None, output: str = "")
             "dimension is the stream's, added or scaled per unit (a (1, L, D) position table, a norm's scale); "
             "write a projection as an nn.Linear"
         )
+    if not any(p.role in ("embedding", "writer") for p in parts):
+        raise ValueError(
+            f"nothing writes {type(model).__name__}'s stream from its input: no nn.Embedding of width {d} and no "
+            f"Linear into {d} units from another width; a Linear({d}, {d}) reading the input cannot be told from a "
+            "projection inside the stream, so make the input's feature count differ from the model's width"
+        )
     return StreamPlan(width=d, parts=tuple(parts), attributes=tuple(dict.fromkeys(attributes)), output=output)
 
 
@@ -255,14 +272,17 @@ def _module_part(
 
 
 def _mlp_pairs(modules: dict[str, nn.Module], d: int) -> set[str]:
-    """Names of the ``Linear(D, F)`` and ``Linear(F, D)`` siblings outside attention: an MLP, whose
-    hidden layer (F) doubles with the stream so the widened model is the wider model's shape."""
+    """Names of the ``Linear(D, F)`` and ``Linear(F, D)`` siblings: an MLP, whose hidden layer (F)
+    doubles with the stream so the widened model is the wider model's shape.
+
+    Siblings in a module that also holds the attention's projections and head count (a block
+    written as one module) count too: a fused q/k/v projection (D -> 3D) has no sibling reading
+    its 3D outputs, since its outputs are split into heads, so it never pairs.
+    """
     linears: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, m in modules.items():
         if isinstance(m, nn.Linear):
-            parent = name.rpartition(".")[0]
-            if not _is_attention(modules[parent]):
-                linears.setdefault(parent, []).append((name, m))
+            linears.setdefault(name.rpartition(".")[0], []).append((name, m))
     pairs: set[str] = set()
     for siblings in linears.values():
         for up, a in siblings:
