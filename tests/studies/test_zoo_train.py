@@ -47,6 +47,14 @@ from esper_core.zoo import ZooSpec, draw_member
 SMALL = TamiyoGNNConfig(hidden_dim=16, num_layers=2)
 
 
+def tiny_plan(*, ppo_lr: float | None = 3e-2) -> TrainingPlan:
+    """One demonstration and one PPO iteration of one rollout per member, a small GNN, the FLOPs
+    term on; ``ppo_lr`` None: Simic's own rate."""
+    rate = {} if ppo_lr is None else {"ppo_lr": ppo_lr}
+    simic = SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8, **rate)
+    return TrainingPlan(demonstrations=1, iterations=1, rollouts=1, gnn=SMALL, simic=simic)
+
+
 def test_overlapping_seed_sets_are_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match=r"selection and evaluation seeds overlap on \[7\].*move those seeds"):
         ZooSeeds(train=(1000,), selection=(7, 20), evaluation=tuple(range(10)))
@@ -194,13 +202,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[ZooTrainingResult
         zoo=ZooSpec(seed=0, families=("mlp", "cnn1d"), epochs=(4,), train_samples=(1000,), widths=(8,)),
         members=2,
         seeds=ZooSeeds(train=(1000, 1001), selection=(2000,), evaluation=(0, 1, 2)),
-        plan=TrainingPlan(
-            demonstrations=1,
-            iterations=1,
-            rollouts=1,
-            gnn=SMALL,
-            simic=SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8, ppo_lr=3e-2),
-        ),
+        plan=tiny_plan(),
     )
     return train_zoo_policy(settings, config), settings, config
 
@@ -249,13 +251,7 @@ def test_a_zoo_with_branch_slots_publishes_their_kernels_once_and_grows_on_them(
         zoo=ZooSpec(seed=0, families=("mlp",), depths=(1,), epochs=(4,), widths=(8,), kinds=("branch",)),
         members=1,
         seeds=ZooSeeds(train=(1000, 1001), selection=(2000,), evaluation=(0,)),
-        plan=TrainingPlan(
-            demonstrations=1,
-            iterations=1,
-            rollouts=1,
-            gnn=SMALL,
-            simic=SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8),
-        ),
+        plan=tiny_plan(ppo_lr=None),
     )
     (member,) = zoo_members(config)
     recipe = member.recipe()
@@ -325,13 +321,7 @@ def test_a_zoo_of_stacks_and_streams_teaches_the_policy_to_deepen_and_double(tmp
         ),
         members=2,
         seeds=ZooSeeds(train=(1000, 1001), selection=(2000,), evaluation=(0,)),
-        plan=TrainingPlan(
-            demonstrations=1,
-            iterations=1,
-            rollouts=1,
-            gnn=SMALL,
-            simic=SimicConfig(flops_penalty=0.01, imitation_epochs=2, ppo_epochs=2, batch_size=8, ppo_lr=3e-2),
-        ),
+        plan=tiny_plan(),
     )
     members = {m.family: m for m in zoo_members(config)}
     assert members["resnet"].deepen == members["decoder"].deepen == ("blocks",)
