@@ -38,7 +38,8 @@ class Controller:
         records: Simic's store, for the newest policy (None without a database).
         collective: The ranks; only rank 0 asks.
         lookup: The registry's kernels for the run's slots (``candidates.kernel_candidates``).
-        built: Candidates that need no registry (seeds built from the host), always offered.
+        built: Candidates that need no registry (seeds built from the host), always offered;
+            asked each time, so their costs follow the host as it grows.
     """
 
     def __init__(
@@ -52,7 +53,7 @@ class Controller:
         records: SimicStore | None,
         collective: Collective,
         lookup: Callable[[], KernelLookup],
-        built: tuple[BlueprintCandidate, ...],
+        built: Callable[[], tuple[BlueprintCandidate, ...]],
     ) -> None:
         self.config = config
         self.run_id = run_id
@@ -66,21 +67,22 @@ class Controller:
         self._built = built
 
     def candidates(self) -> list[BlueprintCandidate]:
-        """Blueprints of the recipe with an active artifact for at least one slot profile.
+        """Blueprints of the recipe with an active artifact for at least one slot profile, then
+        the seeds built from the host, costed at its current shape.
 
-        Looked up once per live session (and again after a germination is rejected): a kernel
-        quarantined in the meantime is still refused when Kasmina loads it.
+        Kernels are looked up once per live session (and again after a germination is
+        rejected): a kernel quarantined in the meantime is still refused when Kasmina loads it.
         """
         if self.record.candidates is None:
             done, found = self.registry.try_call("look up kernels", self._lookup)
             if not done or found is None:
                 # Registry unreachable: no kernel can be loaded, so no branch seed can germinate;
                 # seeds built from the host need none. Look again next epoch.
-                return list(self._built)
+                return list(self._built())
             # Reported with the decision.
             self.record.lookup_ms = found.lookup_ms
-            self.record.candidates = found.candidates + list(self._built)
-        return self.record.candidates or []
+            self.record.candidates = found.candidates
+        return self.record.candidates + list(self._built())
 
     def decide(self) -> AdaptationCommand:
         """Ask Tamiyo for this epoch's command within its deadline (does not change the run).

@@ -58,7 +58,9 @@ class RunPlan:
             kind's menu, and ``param_costs[(entry, profile)]`` is the most an entry adds at any of
             them (at the host's starting shape).
         built_candidates: Tamiyo's candidates for the built slots: each menu entry, with the
-            profiles of the slots that offer it; always available (no registry involved).
+            profiles of the slots that offer it; always available (no registry involved). Their
+            costs are the starting host's: a run offers ``built_candidates(slots)`` of its live
+            slots instead, whose costs follow the host as it grows.
     """
 
     recipe: str
@@ -211,8 +213,7 @@ def _plan(
             with torch.device("meta"):
                 module = catalog.build(blueprint_id, p)
             costs[(blueprint_id, p.name)] = sum(t.numel() for t in module.parameters())
-    built_costs = _built_costs(built_slots.values())
-    costs.update(built_costs)
+    costs.update(_built_costs(built_slots.values()))
     return RunPlan(
         recipe=config.recipe,
         feature_shape=feature_shape,
@@ -222,7 +223,7 @@ def _plan(
         blueprints=blueprints,
         slot_fits=fits,
         built_slots={sid: slot.layer for sid, slot in built_slots.items()},
-        built_candidates=_built_candidates(built_slots.values(), built_costs),
+        built_candidates=built_candidates(built_slots.values()),
     )
 
 
@@ -237,11 +238,13 @@ def _built_costs(slots: Iterable[SeedSlot]) -> dict[tuple[str, str], int]:
     return costs
 
 
-def _built_candidates(
-    slots: Iterable[SeedSlot], costs: Mapping[tuple[str, str], int]
-) -> tuple[BlueprintCandidate, ...]:
+def built_candidates(slots: Iterable[SeedSlot]) -> tuple[BlueprintCandidate, ...]:
     """Each menu entry of the built slots' kinds, with the profiles that offer it (Tamiyo's
-    candidates for those slots; no kernel, so no latency)."""
+    candidates for those slots; no kernel, so no latency), costed at the slots' current shapes:
+    a layer widened or a stream doubled makes the next such seed dearer, and the risk engine's
+    parameter budget must see that."""
+    slots = list(slots)
+    costs = _built_costs(slots)
     offered: dict[str, tuple[SeedKind, set[str]]] = {}
     for slot in slots:
         for entry in slot.kind.menu:

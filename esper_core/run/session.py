@@ -47,7 +47,7 @@ from esper_core.run.commits import (
 from esper_core.run.config import RunConfig
 from esper_core.run.control import Controller
 from esper_core.run.outage import PendingRecords, RegistryLink, open_registry
-from esper_core.run.plan import RunPlan, plan_run
+from esper_core.run.plan import RunPlan, built_candidates, plan_run
 from esper_core.run.spec import PlannedRun, RunSpec, check_same_controller, resolve
 from esper_core.run.spec_file import SPEC_FILE
 from esper_core.run.state import RunRecord, RunState, Unsent
@@ -182,7 +182,7 @@ class Run:
             records=self.records,
             collective=self.collective,
             lookup=lambda: kernel_candidates(plan=self.plan, catalog=self.catalog, urza=self.urza, device=self.device),
-            built=self.plan.built_candidates,
+            built=lambda: built_candidates(s for s in self.manager.slots.values() if not s.kind.compiled),
         )
         self.actuator = Actuator(trainer=self.trainer, fetch=self._fetch_kernel)
 

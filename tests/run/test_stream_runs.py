@@ -68,6 +68,11 @@ def test_a_scheduled_doubling_is_kept_at_once_and_a_resumed_run_is_the_same_netw
         assert straight.manager.slots[SLOT].stage.value == "dormant"
         expected = straight.trainer.state_dict()
         assert expected["manager"]["architecture"] == {SLOT: 32}
+        # Another doubling would cost what doubling the 32-wide network costs, not the planned
+        # 16-wide one's: the risk engine's parameter budget reads the live cost.
+        (planned,) = straight.plan.built_candidates
+        (now,) = straight.control.candidates()
+        assert now.param_cost == stream_growth(gpt, output="head") > 3 * planned.param_cost
     finally:
         straight.close()
     # Stopped before the doubling (after epoch 0) and after it (epoch 2).

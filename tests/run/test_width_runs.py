@@ -37,8 +37,12 @@ def test_the_width_menu_fits_width_slots_only_and_needs_no_kernel(esper_home: Es
         assert set(plan.slots) == {"features.2"}
         assert plan.slot_fits["features.0+width"] == ("width-25", "width-50", "width-100")
         assert "width-50" not in plan.slot_fits["features.2"]
-        # An empty registry: no branch kernel, but the width menu is there.
+        # An empty registry: no branch kernel, but the width menu is there, costed at the live
+        # layers' widths every time it is asked, without touching the run's random stream (a
+        # data-parallel run asks on rank 0 alone).
+        rng = torch.random.get_rng_state()
         candidates = session.control.candidates()
+        assert torch.equal(torch.random.get_rng_state(), rng)
         assert [c.blueprint_id for c in candidates] == ["width-25", "width-50", "width-100"]
         assert all(c.shape_profiles == frozenset({WIDTH_PROFILE}) for c in candidates)
         costs = [c.param_cost for c in candidates]

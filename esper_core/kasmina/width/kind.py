@@ -50,10 +50,10 @@ class WidthKind:
         return width_descriptor(entry)
 
     def param_cost(self, slot: SeedSlot, entry: str) -> int:
-        """The new units' fan-in and fan-out at the layer's current width."""
+        """The new units' fan-in and fan-out at the layer's current width (sized on the meta
+        device: asked every epoch, it must not allocate or move the run's random stream)."""
         ws = _width_slot(slot)
-        with torch.device("meta"):
-            seed = WidthSeed(ws.site, ws.host, units=width_units(entry, ws.site.width))
+        seed = WidthSeed(ws.site, ws.host, units=width_units(entry, ws.site.width), device=torch.device("meta"))
         return sum(t.numel() for t in seed.parameters())
 
     def check_config(self, slot: SeedSlot, config: KasminaConfig) -> None:

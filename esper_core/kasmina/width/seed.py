@@ -42,13 +42,15 @@ class WidthSeed(nn.Module):
         site: Where the units go (``trace_width_site``).
         host: The model that holds ``site.layer`` and ``site.consumer`` (read for geometry only).
         units: k, the units to add.
+        device: Where its tensors live; None: the host layer's. ``torch.device("meta")`` sizes
+            a seed without allocating or drawing from the host's random generator (its cost).
 
     Raises:
         ValueError: ``units`` < 1, or a ``GroupNorm`` in between whose group size does not
             divide ``units`` (the message names the sizes that work).
     """
 
-    def __init__(self, site: WidthSite, host: nn.Module, *, units: int) -> None:
+    def __init__(self, site: WidthSite, host: nn.Module, *, units: int, device: torch.device | None = None) -> None:
         super().__init__()
         if units < 1:
             raise ValueError(f"a width seed adds at least one unit, got units={units}")
@@ -57,18 +59,17 @@ class WidthSeed(nn.Module):
         self.site = site
         self.units = units
         ref = layer.weight
-        self.fan_in = nn.Parameter(torch.empty((units, *ref.shape[1:]), dtype=ref.dtype, device=ref.device))
+        place = ref.device if device is None else device
+        self.fan_in = nn.Parameter(torch.empty((units, *ref.shape[1:]), dtype=ref.dtype, device=place))
         bias = getattr(layer, "bias", None)
-        self.fan_in_bias = (
-            None if bias is None else nn.Parameter(torch.zeros(units, dtype=ref.dtype, device=ref.device))
-        )
+        self.fan_in_bias = None if bias is None else nn.Parameter(torch.zeros(units, dtype=ref.dtype, device=place))
         w2 = consumer.weight
         fan_out_shape = (
             (w2.shape[0], units * site.positions)
             if isinstance(consumer, nn.Linear)
             else (w2.shape[0], units, *w2.shape[2:])
         )
-        self.fan_out = nn.Parameter(torch.zeros(fan_out_shape, dtype=w2.dtype, device=w2.device))
+        self.fan_out = nn.Parameter(torch.zeros(fan_out_shape, dtype=w2.dtype, device=place))
         # The host's weights, read (never trained) by the data-aware inits; a tuple, not submodules.
         self._host = (layer, consumer)
         self._layer_geometry = _geometry(layer)
@@ -78,7 +79,7 @@ class WidthSeed(nn.Module):
         self._shared: dict[str, nn.Module] = {}
         for i, step in enumerate(site.steps):
             if step.kind in ("batch_norm", "group_norm"):
-                self.norms[str(i)] = _new_norm(step, modules[step.module], units)
+                self.norms[str(i)] = _new_norm(step, modules[step.module], units, device)
             elif step.kind == "layer_norm":
                 self._shared[str(i)] = modules[step.module]
         self.reset_fan_in()
@@ -146,7 +147,8 @@ def _apply(
     return conv(x, weight, bias, **kw)
 
 
-def _new_norm(step: Step, host_norm: nn.Module, units: int) -> nn.Module:
+def _new_norm(step: Step, host_norm: nn.Module, units: int, device: torch.device | None) -> nn.Module:
+    place = _device(host_norm) if device is None else device
     if isinstance(host_norm, nn.GroupNorm):
         per_group = host_norm.num_channels // host_norm.num_groups
         if units % per_group:
@@ -154,9 +156,7 @@ def _new_norm(step: Step, host_norm: nn.Module, units: int) -> nn.Module:
                 f"{step.module!r} normalises groups of {per_group} channels: widen by a multiple of {per_group} "
                 f"(got {units}) so that the new channels form whole groups of their own"
             )
-        return nn.GroupNorm(
-            units // per_group, units, eps=host_norm.eps, affine=host_norm.affine, device=_device(host_norm)
-        )
+        return nn.GroupNorm(units // per_group, units, eps=host_norm.eps, affine=host_norm.affine, device=place)
     assert isinstance(host_norm, nn.modules.batchnorm._BatchNorm), type(host_norm)
     return type(host_norm)(
         units,
@@ -164,7 +164,7 @@ def _new_norm(step: Step, host_norm: nn.Module, units: int) -> nn.Module:
         momentum=host_norm.momentum,
         affine=host_norm.affine,
         track_running_stats=host_norm.track_running_stats,
-        device=_device(host_norm),
+        device=place,
     )
 
 
