@@ -229,12 +229,22 @@ def _plan(
 
 def _built_costs(slots: Iterable[SeedSlot]) -> dict[tuple[str, str], int]:
     """``(entry, profile)`` -> the most parameters a menu entry adds at any of ``slots`` (slots
-    whose kind builds its seeds from the host), at the host's current shape."""
+    whose kind builds its seeds from the host), at the host's current shape.
+
+    An entry that cannot start at a slot's current shape is left out there: a kind's
+    ``param_cost`` raises ``ValueError`` for it (a grown layer's quarter is no whole number of
+    its GroupNorm's groups; a doubled stream's sizes now coincide in a way a further doubling
+    cannot follow), as its G0 would refuse it.
+    """
     costs: dict[tuple[str, str], int] = {}
     for slot in slots:
         for entry in slot.kind.menu:
             key = (entry, slot.profile_name)
-            costs[key] = max(slot.kind.param_cost(slot, entry), costs.get(key, 0))
+            try:
+                cost = slot.kind.param_cost(slot, entry)
+            except ValueError:
+                continue
+            costs[key] = max(cost, costs.get(key, 0))
     return costs
 
 
@@ -248,7 +258,8 @@ def built_candidates(slots: Iterable[SeedSlot]) -> tuple[BlueprintCandidate, ...
     offered: dict[str, tuple[SeedKind, set[str]]] = {}
     for slot in slots:
         for entry in slot.kind.menu:
-            offered.setdefault(entry, (slot.kind, set()))[1].add(slot.profile_name)
+            if (entry, slot.profile_name) in costs:
+                offered.setdefault(entry, (slot.kind, set()))[1].add(slot.profile_name)
     return tuple(
         BlueprintCandidate(
             descriptor=kind.describe(entry),

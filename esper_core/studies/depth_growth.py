@@ -196,6 +196,7 @@ PLANS: dict[str, DepthPlan] = {
         static_budgets=(3,),
         train_windows=64,
         widen_points=(1,),
+        widen_plateau=0.029,
     ),
 }
 
@@ -742,6 +743,14 @@ def merge_results(first: dict[str, Any], second: dict[str, Any]) -> dict[str, An
     warmups = {first.get("blend_lr_warmup_epochs", 0), second.get("blend_lr_warmup_epochs", 0)}
     merged["blend_lr_warmup_epochs"] = warmups.pop() if len(warmups) == 1 else sorted(warmups)
     merged["static_budgets"] = sorted({*first.get("static_budgets", []), *second.get("static_budgets", [])})
+    # What the widened arms were run with, from whichever result ran them.
+    widen_points = sorted({*first.get("widen_points", []), *second.get("widen_points", [])})
+    if widen_points:
+        merged["widen_points"] = widen_points
+    for key in ("narrow_recipe", "widen_plateau"):
+        value = first.get(key, second.get(key))
+        if value is not None:
+            merged[key] = value
     merged["wall_s"] = first["wall_s"] + second["wall_s"]
     return merged
 

@@ -137,7 +137,7 @@ class ZooSpec:
             if not set(facts.kinds) & set(self.kinds):
                 raise ValueError(
                     f"family {family!r} grows only by {facts.kinds}, none of which is in kinds={self.kinds}: "
-                    f"add one to kinds, or drop {family!r} from families"
+                    f"{_kinds_fix(facts.kinds, self.kinds)}drop {family!r} from families"
                 )
             if min(self.depths) > facts.max_depth:
                 raise ValueError(
@@ -198,7 +198,7 @@ class ZooMember:
         if not (self.widen or self.slots or self.deepen or self.widen_stream):
             raise ValueError(
                 f"a {self.family} member with kinds={self.kinds} offers no layer, stack or stream to grow "
-                f"(its family grows by {facts.kinds}): add a kind it has"
+                f"(its family grows by {facts.kinds}): {_kinds_fix(facts.kinds, self.kinds)}draw another family"
             )
 
     @property
@@ -281,6 +281,13 @@ def draw_members(spec: ZooSpec, n: int, *, start: int = 0) -> list[ZooMember]:
     if n < 1:
         raise ValueError(f"n must be >= 1 members, got {n}")
     return [draw_member(spec, i) for i in range(start, start + n)]
+
+
+def _kinds_fix(has: tuple[SeedKindName, ...], kinds: tuple[SeedKindName, ...]) -> str:
+    """The start of a fix for a family offered none of ``kinds``: the kinds it has that may join
+    them (none beside ``stream`` but ``depth``), or nothing."""
+    addable = [k for k in has if k not in kinds and not ("stream" in kinds and k in _STREAM_ALONE)]
+    return f"add one of {addable} to kinds, or " if addable else ""
 
 
 def _check_kinds(kinds: tuple[SeedKindName, ...]) -> None:

@@ -346,3 +346,17 @@ def test_an_input_projection_as_wide_as_the_stream_is_refused_before_anything_ch
     model = ZooEncoder(width=8, depth=1, tokens=8, token_features=8, num_classes=3)
     with pytest.raises(ValueError, match="make the input's feature count differ from the model's width"):
         plan_stream(model, output="head")
+
+
+def test_a_block_whose_mlp_is_as_wide_as_its_fused_projection_is_refused_by_name() -> None:
+    # q/k/v (D -> 3D) and an MLP of 3D in one module: proj (3D -> D) could read either.
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = 2
+            self.qkv, self.out = nn.Linear(8, 24), nn.Linear(8, 8)
+            self.fc, self.proj = nn.Linear(8, 24), nn.Linear(24, 8)
+
+    model = nn.Sequential(nn.Embedding(10, 8), Block(), nn.LayerNorm(8), nn.Linear(8, 10))
+    with pytest.raises(ValueError, match=r"'1' holds attention and \['1.qkv', '1.fc'\].*give the MLP a module"):
+        plan_stream(model, output="3")

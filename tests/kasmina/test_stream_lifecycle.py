@@ -10,7 +10,7 @@ from torch import nn
 from esper_core.contracts import BlendSchedule, GateVerdict, SeedStage
 from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.graft import GrowableModel
-from esper_core.kasmina.manager import SeedManager
+from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.kasmina.signals import SiteSignals
 from esper_core.models.chars_gpt import CharGPT, next_char_loss
 from esper_core.run.config import ModelSpec
@@ -124,6 +124,37 @@ def test_a_checkpoint_gives_the_host_its_width_before_its_weights_load(direction
     assert target.manager.slots[STREAM].width == width == target.gpt.token.embedding_dim
     assert [b.attn.heads for b in target.gpt.blocks] == [width // 8] * 2
     torch.testing.assert_close(target.out(), source.out(), rtol=0, atol=0)
+
+
+def test_a_checkpoint_taken_after_a_block_was_merged_and_the_stream_doubled_resumes_exactly() -> None:
+    # The restore deepens the fresh host first (depth slots come before the stream), so the
+    # doubling it replays must cover the merged block too, not only the blocks of the graft.
+    grown, fresh = Host(), Host()
+    grown.step()
+    assert grown.germinate(DEPTH, "depth-stack").passed
+    # Straight to PROBATIONARY with G4 passed, as the gates would after training.
+    grown.manager.start_epoch()
+    grown.manager.advance(DEPTH)
+    grown.manager.advance(DEPTH)
+    with grown.manager.probe(DEPTH, 0.0):
+        without = float(next_char_loss(grown.out(), grown.y))
+    grown.manager.end_epoch(
+        EpochObservation(
+            val_loss=without - 1.0,
+            seed_grad_norms={},
+            probe_losses={DEPTH: without},
+            isolation_probe=lambda _sid: 0.0,
+            sample_input=lambda _sid: grown.x,
+        )
+    )
+    grown.manager.fossilize(DEPTH)
+    grown.step()
+    assert len(grown.gpt.blocks) == 3 and grown.germinate().passed
+    grown.step()
+    fresh.manager.load_state_dict(grown.manager.state_dict(), load_kernel=lambda a: pytest.fail("no kernel"))
+    fresh.model.load_state_dict(_state(grown.model))
+    assert len(fresh.gpt.blocks) == 3 and fresh.gpt.blocks[2].ln1.normalized_shape == (32,)
+    torch.testing.assert_close(fresh.out(), grown.out(), rtol=0, atol=0)
 
 
 def test_what_cannot_double_is_refused_when_the_host_is_built() -> None:

@@ -30,7 +30,7 @@ from esper_core.kasmina.width import (
     width_batches,
 )
 from esper_core.run import DataSpec, DataSplits, ModelSpec, RunConfig
-from esper_core.run.plan import plan_compile_jobs
+from esper_core.run.plan import built_candidates, plan_compile_jobs
 from tests.helpers.signals import FixedSignals
 from tests.helpers.user_models import digit_images, digit_vectors
 
@@ -263,3 +263,11 @@ def test_a_merge_refuses_channels_still_at_zero_scale_and_takes_them_after_a_ste
     opt.step()
     merge_width_seed(clean, seed)
     torch.testing.assert_close(clean(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_width_entry_that_cannot_start_at_the_layer_is_not_offered() -> None:
+    # A quarter of conv1's 4 channels is 1, no whole group of its GroupNorm's 2: Tamiyo is not
+    # offered width-25 there (its G0 would refuse it), and asking does not fail the decision.
+    model = GrowableModel(ConvGN(), slots=(), sample_shape=(1, 8, 8), batch_max=8, widen=("conv1",))
+    offered = built_candidates(model.slots().values())
+    assert [c.blueprint_id for c in offered] == ["width-50", "width-100"]

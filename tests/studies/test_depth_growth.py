@@ -47,6 +47,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "static-narrow",
         "widen-1",
         "widen-controller",
+        "widen-plateau",
         "controller",
     ]
     arms = result["arms"]
@@ -55,8 +56,14 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     assert widened["commands"]["germinate"] == 1 and widened["params"] == arms["static-final"]["params_mean"]
     # The heuristic doubles once: after its probe epoch it knows a seed germinated (the stream
     # slot is DORMANT again at once), and the risk engine vetoes a second doubling.
+    narrow_params = arms["static-narrow"]["params_mean"]
     (controller,) = arms["widen-controller"]["runs"]
     assert controller["commands"]["germinate"] == 1 and controller["params"] == widened["params"]
+    # The plateau rule doubles at most once too (the live cost of a second doubling is over the
+    # budget), into the same network when it does.
+    (plateau,) = arms["widen-plateau"]["runs"]
+    assert plateau["commands"].get("germinate", 0) <= 1
+    assert plateau["params"] == (widened["params"] if plateau["commands"].get("germinate") else narrow_params)
     narrow = arms["static-narrow"]["train_flops_mean"]
     assert narrow < widened["train_flops"] < arms["static-final"]["train_flops_mean"]
     # The stacked arm germinated twice, the whole-stack arm once; each ends at the final network's
@@ -90,6 +97,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "static-narrow",
         "widen-1",
         "widen-controller",
+        "widen-plateau",
         "controller",
     }
     # The static network reaches its own final loss with all its FLOPs: a saving of 0.
@@ -215,6 +223,13 @@ def test_merging_results_keeps_both_arms_and_refuses_results_of_other_runs() -> 
     merged = merge_results(first, second)
     assert list(merged["arms"]) == ["static-final", "grown", "static-final-4ep"]
     assert merged["static_frontier"]["grown"]["mean"] == pytest.approx(-0.175) and merged["wall_s"] == 20.0
+    # What each side's widened arms ran with travels with them.
+    widened = merge_results(
+        {**first, "narrow_recipe": "n", "widen_points": [3]},
+        {**second, "narrow_recipe": "n", "widen_points": [5], "widen_plateau": 0.029},
+    )
+    assert (widened["widen_points"], widened["widen_plateau"], widened["narrow_recipe"]) == ([3, 5], 0.029, "n")
+    assert "widen_points" not in merged and "widen_plateau" not in merged
     with pytest.raises(ValueError, match="results differ in seeds"):
         merge_results(first, {**second, "seeds": [0]})
     other = {**second, "arms": {**second["arms"], "static-final": _arm([(0, 800.0, 2.0), (1, 800.0, 2.3)])}}

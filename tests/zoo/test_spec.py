@@ -52,7 +52,14 @@ def test_a_restricted_spec_draws_only_what_it_allows() -> None:
         ({"batch_sizes": (1024,)}, r"batch_sizes must be <= 512"),
         ({"lrs": (0.0,)}, r"lrs must be > 0"),
         ({"kinds": ("grow",)}, r"kinds has unknown choices \['grow'\]"),
-        ({"kinds": ("depth",)}, r"family 'mlp' grows only by \('width', 'branch'\).*or drop 'mlp' from families"),
+        (
+            {"kinds": ("depth",)},
+            r"family 'mlp' grows only by \('width', 'branch'\).*add one of \['width', 'branch'\] to kinds, or drop 'mlp'",
+        ),
+        (
+            {"kinds": ("stream", "depth")},
+            r"family 'mlp' grows only by .*kinds=\('stream', 'depth'\): drop 'mlp' from families",
+        ),
         ({"kinds": ("stream", "width")}, r"cannot share a model with width or branch slots"),
         ({"kinds": ("stream",), "families": ("encoder", "decoder")}, r"draw kinds=\('stream', 'depth'\)"),
         ({"families": ("decoder",), "tasks": ("mnist1d",)}, r"family 'decoder' reads only tasks \('chars',\).*add one"),

@@ -199,11 +199,14 @@ def plan_stream(model: nn.Module, *, width: int | None = None, output: str = "")
             "dimension is the stream's, added or scaled per unit (a (1, L, D) position table, a norm's scale); "
             "write a projection as an nn.Linear"
         )
-    if not any(p.role in ("embedding", "writer") for p in parts):
+    # Checked where the width was read off the model: a caller that names it (a restore, the cost
+    # of a further doubling) plans a model whose input was found when its stream was first planned.
+    if width is None and not any(p.role in ("embedding", "writer") for p in parts):
         raise ValueError(
             f"nothing writes {type(model).__name__}'s stream from its input: no nn.Embedding of width {d} and no "
             f"Linear into {d} units from another width; a Linear({d}, {d}) reading the input cannot be told from a "
-            "projection inside the stream, so make the input's feature count differ from the model's width"
+            "projection inside the stream: embed tokens with nn.Embedding, or make the input's feature count "
+            "differ from the model's width"
         )
     return StreamPlan(width=d, parts=tuple(parts), attributes=tuple(dict.fromkeys(attributes)), output=output)
 
@@ -277,18 +280,33 @@ def _mlp_pairs(modules: dict[str, nn.Module], d: int) -> set[str]:
 
     Siblings in a module that also holds the attention's projections and head count (a block
     written as one module) count too: a fused q/k/v projection (D -> 3D) has no sibling reading
-    its 3D outputs, since its outputs are split into heads, so it never pairs.
+    its 3D outputs, since its outputs are split into heads. Where one has (an MLP 3D wide beside
+    a fused D -> 3D projection), the two cannot be told apart by shape, and the block is refused.
+
+    Raises:
+        ValueError: an attention module holds two ``Linear(D, F)`` that one ``Linear(F, D)``
+            could read; the message says to give the MLP a module of its own.
     """
     linears: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, m in modules.items():
         if isinstance(m, nn.Linear):
             linears.setdefault(name.rpartition(".")[0], []).append((name, m))
     pairs: set[str] = set()
-    for siblings in linears.values():
-        for up, a in siblings:
-            for down, b in siblings:
-                if a.in_features == d and b.out_features == d and a.out_features == b.in_features != d:
-                    pairs |= {up, down}
+    for parent, siblings in linears.items():
+        for down, b in siblings:
+            ups = [
+                up
+                for up, a in siblings
+                if a.in_features == d and b.out_features == d and a.out_features == b.in_features != d
+            ]
+            if len(ups) > 1 and _is_attention(modules[parent]):
+                raise ValueError(
+                    f"{parent!r} holds attention and {ups}, each D -> {b.in_features}, which {down!r} could read: "
+                    "doubling the stream cannot tell the MLP's input from the fused q/k/v projection; give the "
+                    "MLP a module of its own"
+                )
+            if ups:
+                pairs |= {*ups, down}
     return pairs
 
 

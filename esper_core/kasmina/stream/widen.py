@@ -428,13 +428,16 @@ def resize_stream(
 
     A doubling is undone with the plan it was made with, never one read off the wider model,
     whose sizes can coincide differently (a position table whose length is twice the narrow width
-    is square at the wide one).
+    is square at the wide one). A doubling made here is planned afresh on the narrow model as it
+    is now: a restore may have deepened it first (its depth slots come before the stream), and
+    the plan the stream was grafted with does not know those blocks.
 
     Args:
         model: The model.
         width: The stream's width to give it.
         current: Its width now.
-        plans: The plan of each doubling by the width it doubled; a doubling made here is added.
+        plans: The plan of each doubling by the width it doubled; a doubling made here replaces
+            the plan of that width.
         output: The model's output layer (``plan_stream``).
         optimizer: The optimizer training it, whose state for resized parameters is dropped.
 
@@ -451,7 +454,7 @@ def resize_stream(
         )
     for _ in range(abs(steps)):
         if steps > 0:
-            plan = plans.setdefault(current, plan_stream(model, width=current, output=output))
+            plan = plans[current] = plan_stream(model, width=current, output=output)
             factor = 2.0
         else:
             if current // 2 not in plans:

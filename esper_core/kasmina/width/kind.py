@@ -60,9 +60,8 @@ class WidthKind:
         """``config.width_init`` must be able to start new units of the layer without changing the
         network (``check_width_init``): refused at planning, not culled once the run trains."""
         ws = _width_slot(slot)
-        with torch.device("meta"):
-            # Its full width: a GroupNorm in between takes any multiple of its group size.
-            seed = WidthSeed(ws.site, ws.host, units=ws.site.width)
+        # Its full width: a GroupNorm in between takes any multiple of its group size.
+        seed = WidthSeed(ws.site, ws.host, units=ws.site.width, device=torch.device("meta"))
         check_width_init(seed, config.width_init)
 
     def sprout(self, slot: SeedSlot, blueprint_id: str, *, params: dict[str, float], nursery: Nursery) -> Sprout:

@@ -69,7 +69,9 @@ class WidthSeed(nn.Module):
             if isinstance(consumer, nn.Linear)
             else (w2.shape[0], units, *w2.shape[2:])
         )
-        self.fan_out = nn.Parameter(torch.zeros(fan_out_shape, dtype=w2.dtype, device=place))
+        self.fan_out = nn.Parameter(
+            torch.zeros(fan_out_shape, dtype=w2.dtype, device=w2.device if device is None else device)
+        )
         # The host's weights, read (never trained) by the data-aware inits; a tuple, not submodules.
         self._host = (layer, consumer)
         self._layer_geometry = _geometry(layer)
