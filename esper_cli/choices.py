@@ -53,6 +53,7 @@ DEPTH_GROWTH_PLANS: tuple[str, ...] = (
     "widen-crossover",
     "widen-late",
     "widen-points",
+    "widen-smooth",
 )
 """``sorted(esper_core.studies.depth_growth.PLANS)``."""
 

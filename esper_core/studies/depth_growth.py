@@ -23,9 +23,10 @@ constant rate with the shared cooldown) and its training tokens, fixed before an
   shape;
 - ``widen-controller``: Tamiyo's heuristic on the narrow network, free to double its width when
   its rules say (with the recipe's caps the risk engine vetoes a second doubling);
-- ``widen-plateau``: the heuristic with no probe epoch, doubling the narrow network's width on the
-  first epoch whose validation loss improved on the one before by less than
-  ``DepthPlan.widen_plateau`` (a plateau over one epoch): when to grow read off the run, not fixed.
+- ``widen-plateau`` (``-wN`` for a window of N epochs): the heuristic with no probe epoch,
+  doubling the narrow network's width on the first epoch whose validation loss improved on the
+  one ``DepthPlan.widen_plateau_window`` epochs before by less than ``DepthPlan.widen_plateau``
+  (a plateau): when to grow read off the run, not fixed.
 
 After every epoch a run records its cumulative training FLOPs (the growth benchmark's counter:
 3 x the forward FLOPs of the network it trained, seeds in isolation and culled seeds included,
@@ -116,9 +117,11 @@ class DepthPlan:
         widen_controls: With ``widen_points``, run ``static-narrow`` and ``widen-controller``
             beside the widened arms; False runs ``static-final`` and the widened arms alone, for
             merging with an earlier result of the same epochs that has them.
-        widen_plateau: Run ``widen-plateau``: the heuristic's one-epoch plateau threshold (a
-            relative improvement of validation loss, 0.029 = 2.9 %) at which it doubles the
-            narrow network; None: no such arm.
+        widen_plateau: Run ``widen-plateau``: the heuristic's plateau threshold (a relative
+            improvement of validation loss over ``widen_plateau_window`` epochs, 0.029 = 2.9 %)
+            at which it doubles the narrow network; None: no such arm.
+        widen_plateau_window: The epochs that improvement is measured over; the arm is named
+            ``widen-plateau-w<N>`` for more than one.
     """
 
     seeds: int
@@ -132,6 +135,7 @@ class DepthPlan:
     widen_points: tuple[int, ...] = ()
     widen_controls: bool = True
     widen_plateau: float | None = None
+    widen_plateau_window: int = 1
 
 
 PLANS: dict[str, DepthPlan] = {
@@ -186,6 +190,19 @@ PLANS: dict[str, DepthPlan] = {
         controls=False,
         widen_controls=False,
         widen_plateau=0.029,
+    ),
+    # The plateau rule smoothed over two epochs, after widen-late's one-epoch rule doubled seed 3
+    # after a noisy epoch and missed the target. Its threshold fixed on selection seed 1000 as
+    # before: the narrow network's two-epoch improvements there were 12.6, 8.5, 7.7 and then 5.7 %
+    # (epochs 2-5), so any threshold in (5.67 %, 7.68 %] doubles after epoch 5; 6.7 % is the middle.
+    "widen-smooth": DepthPlan(
+        seeds=6,
+        epochs=16,
+        growth_points=(),
+        controls=False,
+        widen_controls=False,
+        widen_plateau=0.067,
+        widen_plateau_window=2,
     ),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
@@ -293,6 +310,8 @@ class DepthGrowthConfig:
                     f"run's {epochs} epochs, exclusive: it is a smaller static run with its own cooldown"
                 )
         plateau = self.depth_plan.widen_plateau
+        if self.depth_plan.widen_plateau_window < 1:
+            raise ValueError(f"widen_plateau_window must be >= 1 epoch, got {self.depth_plan.widen_plateau_window}")
         if plateau is not None and not 0.0 < plateau < 1.0:
             raise ValueError(
                 f"widen_plateau must lie in (0, 1), got {plateau}: a relative improvement of validation loss "
@@ -368,7 +387,8 @@ class DepthGrowthConfig:
         if widened and plan.widen_controls:
             widened = ("static-narrow", *widened, "widen-controller")
         if plan.widen_plateau is not None:
-            widened = (*widened, "widen-plateau")
+            window = plan.widen_plateau_window
+            widened = (*widened, "widen-plateau" + (f"-w{window}" if window > 1 else ""))
         if not plan.controls:
             return ("static-final", *budgets, *stacked, *doubled, *widened)
         controls = ("static-start",)
@@ -410,7 +430,11 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
             if plan.widen_points
             else {}
         ),
-        **({"widen_plateau": plan.widen_plateau} if plan.widen_plateau is not None else {}),
+        **(
+            {"widen_plateau": plan.widen_plateau, "widen_plateau_window": plan.widen_plateau_window}
+            if plan.widen_plateau is not None
+            else {}
+        ),
         "blend_epochs": config.blend_epochs,
         "blend_lr_warmup_epochs": config.blend_lr_warmup_epochs,
         "lr": final.trainer.lr,
@@ -455,7 +479,8 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     if arm == "static-narrow" or arm.startswith("widen-"):
         recipe = config.narrow_recipe
     policy = "none" if arm.startswith("static") else "scheduled"
-    if arm in ("controller", "widen-controller", "widen-plateau"):
+    plateau_arm = arm.startswith("widen-plateau")
+    if arm in ("controller", "widen-controller") or plateau_arm:
         policy = "heuristic"
     epochs = int(arm.removeprefix("static-final-").removesuffix("ep")) if arm.endswith("ep") else plan.epochs
     schedule: tuple[ScheduledGermination, ...] = ()
@@ -465,7 +490,7 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
     elif arm.startswith("stack-"):
         points = next(p for p in plan.growth_points if arm == "stack-" + "-".join(map(str, p)))
         schedule = tuple(ScheduledGermination(epoch=e, slot=config.slot, blueprint=STACK_BLUEPRINT) for e in points)
-    elif arm.startswith("widen-") and arm not in ("widen-controller", "widen-plateau"):
+    elif arm.startswith("widen-") and arm != "widen-controller" and not plateau_arm:
         point = int(arm.removeprefix("widen-"))
         schedule = (ScheduledGermination(epoch=point, slot=STREAM_SLOT, blueprint=WIDEN_BLUEPRINT),)
     run_config = episode_config(recipe, seed=seed, policy="none", epochs=epochs, split_seed=SPLIT_SEED)
@@ -484,10 +509,13 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
         # kernels (on chars-gpt they changed nothing: issue 36).
         host = dataclasses.replace(host, slots=(), deepen=(config.stack,))
     heuristic = dataclasses.replace(run_config.tamiyo.heuristic, blend_epochs=config.blend_epochs)
-    if arm == "widen-plateau":
+    if plateau_arm:
         assert plan.widen_plateau is not None  # the arm exists only with it
         heuristic = dataclasses.replace(
-            heuristic, plateau_window=1, plateau_rel_tol=plan.widen_plateau, probe_epoch=None
+            heuristic,
+            plateau_window=plan.widen_plateau_window,
+            plateau_rel_tol=plan.widen_plateau,
+            probe_epoch=None,
         )
     tamiyo = dataclasses.replace(run_config.tamiyo, policy=policy, schedule=schedule, heuristic=heuristic)
     kasmina = dataclasses.replace(run_config.kasmina, blend_lr_warmup_epochs=config.blend_lr_warmup_epochs)
@@ -747,7 +775,7 @@ def merge_results(first: dict[str, Any], second: dict[str, Any]) -> dict[str, An
     widen_points = sorted({*first.get("widen_points", []), *second.get("widen_points", [])})
     if widen_points:
         merged["widen_points"] = widen_points
-    for key in ("narrow_recipe", "widen_plateau"):
+    for key in ("narrow_recipe", "widen_plateau", "widen_plateau_window"):
         value = first.get(key, second.get(key))
         if value is not None:
             merged[key] = value

@@ -340,6 +340,13 @@ def test_a_plan_without_widen_controls_runs_the_final_network_and_the_widened_ar
     assert (rule.plateau_window, rule.plateau_rel_tol, rule.probe_epoch) == (1, 0.029, None)
 
 
+def test_the_smoothed_plateau_rule_is_its_own_arm() -> None:
+    config = DepthGrowthConfig(plan="widen-smooth")
+    assert config.arms == ("static-final", "widen-plateau-w2") and config.seed_list == [0, 1, 2, 3, 4, 5]
+    rule = arm_config(config, arm="widen-plateau-w2", seed=3).tamiyo.heuristic
+    assert (rule.plateau_window, rule.plateau_rel_tol, rule.probe_epoch) == (2, 0.067, None)
+
+
 def test_a_plateau_threshold_outside_0_1_is_refused_with_its_meaning() -> None:
     plan = dataclasses.replace(PLANS["widen-late"], widen_plateau=2.9)
     with mock.patch.dict(PLANS, {"bad": plan}), pytest.raises(ValueError, match="e.g. 0.029 for 2.9 %"):
