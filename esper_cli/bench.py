@@ -280,14 +280,8 @@ def _cmd_bench_depth_growth(args: argparse.Namespace) -> int:
 
 def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
     """``esper bench depth-growth``: print the table (``--json``: one JSON object)."""
-    from esper_core.studies.depth_growth import (
-        DepthGrowthConfig,
-        combine,
-        format_table,
-        read_result,
-        run,
-        save_baseline,
-    )
+    from esper_core.studies.depth_growth import DepthGrowthConfig, read_result, run
+    from esper_core.studies.depth_growth_report import combine, format_table, save_baseline
 
     config = DepthGrowthConfig(
         recipe=args.recipe,
@@ -597,7 +591,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=DEPTH_GROWTH_PLANS,
         help="default: 3 paired seeds, the recipe's 8 epochs, one block stacked after epochs 0 and 4, the whole "
         "stack copied after epoch 1 or 3, the heuristic; budgets: the final network alone at 4, 6 and 8 epochs "
-        "(its frontier); crossover: the start and final networks and the heuristic at 16 epochs; crossover-budgets: the final network alone at 8, 12 and 16 epochs; crossover-stacked: the final network and stacking (after 0 and 4, whole stack after 4 or 8) at 16 epochs, to --merge-with crossover's; widen: the final network and its half-width one static, and the half-width one doubled in place after epoch 1 or 2; widen-crossover: the same at 16 epochs, doubled after epoch 3, to --merge-with crossover's; widen-points: 16 epochs, doubled after epoch 1, 3 or 5 (to choose on a selection seed); widen-late: 16 epochs, doubled after epoch 5 (widen-points' choice) or by the heuristic on the first epoch that improved by under 2.9 %, to --merge-with widen-crossover's; widen-smooth: 6 seeds, 16 epochs, the heuristic doubling when two epochs improved by under 6.7 %; smoke: 1 seed, 6 "
+        "(its frontier); crossover: the start and final networks and the heuristic at 16 epochs; crossover-budgets: the final network alone at 8, 12 and 16 epochs; crossover-stacked: the final network and stacking (after 0 and 4, whole stack after 4 or 8) at 16 epochs, to --merge-with crossover's; widen: the final network and its half-width one static, and the half-width one doubled in place after epoch 1 or 2; widen-crossover: the same at 16 epochs, doubled after epoch 3, to --merge-with crossover's; widen-points: 16 epochs, doubled after epoch 1, 3 or 5 (to choose on a selection seed); widen-late: 16 epochs, doubled after epoch 5 (widen-points' choice) or by the heuristic on the first epoch that improved by under 2.9 %%, to --merge-with widen-crossover's; widen-smooth: 6 seeds, 16 epochs, the heuristic doubling when two epochs improved by under 6.7 %%; smoke: 1 seed, 6 "
         "epochs on 64 training windows (CI)",
     )
     b_depth.add_argument("--seeds", type=positive, default=None, help="paired seeds (default: the plan's)")

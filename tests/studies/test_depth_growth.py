@@ -12,10 +12,8 @@ from unittest import mock
 import pytest
 
 from esper_cli.main import main
-from esper_core.studies.depth_growth import (
-    PLANS,
-    DepthGrowthConfig,
-    arm_config,
+from esper_core.studies.depth_growth import PLANS, DepthGrowthConfig, arm_config, read_result
+from esper_core.studies.depth_growth_report import (
     arm_summary,
     bits_at,
     combine,
@@ -23,7 +21,6 @@ from esper_core.studies.depth_growth import (
     extend_seeds,
     flops_to_reach,
     merge_results,
-    read_result,
     static_frontier,
 )
 
