@@ -365,6 +365,15 @@ class DepthGrowthConfig:
         return f"-w{self.blend_lr_warmup_epochs}" if self.blend_lr_warmup_epochs else ""
 
     @property
+    def plateau_arm(self) -> str | None:
+        """The plateau rule's arm, ``widen-plateau`` (``-w<N>`` over N > 1 epochs), or None."""
+        plan = self.depth_plan
+        if plan.widen_plateau is None:
+            return None
+        window = plan.widen_plateau_window
+        return "widen-plateau" + (f"-w{window}" if window > 1 else "")
+
+    @property
     def arms(self) -> tuple[str, ...]:
         """Every arm of a seed, in run order."""
         plan = self.depth_plan
@@ -377,9 +386,8 @@ class DepthGrowthConfig:
         widened = tuple(f"widen-{p}" for p in plan.widen_points)
         if widened and plan.widen_controls:
             widened = ("static-narrow", *widened, "widen-controller")
-        if plan.widen_plateau is not None:
-            window = plan.widen_plateau_window
-            widened = (*widened, "widen-plateau" + (f"-w{window}" if window > 1 else ""))
+        if self.plateau_arm is not None:
+            widened = (*widened, self.plateau_arm)
         if not plan.controls:
             return ("static-final", *budgets, *stacked, *doubled, *widened)
         controls = ("static-start",)
@@ -421,9 +429,14 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
             if plan.widen_points
             else {}
         ),
+        # Per plateau arm, its rule: a merged result may hold several.
         **(
-            {"widen_plateau": plan.widen_plateau, "widen_plateau_window": plan.widen_plateau_window}
-            if plan.widen_plateau is not None
+            {
+                "widen_plateau": {
+                    config.plateau_arm: {"threshold": plan.widen_plateau, "window": plan.widen_plateau_window}
+                }
+            }
+            if config.plateau_arm is not None
             else {}
         ),
         "blend_epochs": config.blend_epochs,

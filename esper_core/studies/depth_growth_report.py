@@ -214,10 +214,12 @@ def merge_results(first: dict[str, Any], second: dict[str, Any]) -> dict[str, An
     widen_points = sorted({*first.get("widen_points", []), *second.get("widen_points", [])})
     if widen_points:
         merged["widen_points"] = widen_points
-    for key in ("narrow_recipe", "widen_plateau", "widen_plateau_window"):
-        value = first.get(key, second.get(key))
-        if value is not None:
-            merged[key] = value
+    plateaus = {**second.get("widen_plateau", {}), **first.get("widen_plateau", {})}
+    if plateaus:
+        merged["widen_plateau"] = plateaus
+    narrow = first.get("narrow_recipe", second.get("narrow_recipe"))
+    if narrow is not None:
+        merged["narrow_recipe"] = narrow
     merged["wall_s"] = first["wall_s"] + second["wall_s"]
     return merged
 

@@ -58,6 +58,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     assert controller["commands"]["germinate"] == 1 and controller["params"] == widened["params"]
     # The plateau rule doubles at most once too (the live cost of a second doubling is over the
     # budget), into the same network when it does.
+    assert result["widen_plateau"] == {"widen-plateau": {"threshold": 0.029, "window": 1}}
     (plateau,) = arms["widen-plateau"]["runs"]
     assert plateau["commands"].get("germinate", 0) <= 1
     assert plateau["params"] == (widened["params"] if plateau["commands"].get("germinate") else narrow_params)
@@ -223,9 +224,10 @@ def test_merging_results_keeps_both_arms_and_refuses_results_of_other_runs() -> 
     # What each side's widened arms ran with travels with them.
     widened = merge_results(
         {**first, "narrow_recipe": "n", "widen_points": [3]},
-        {**second, "narrow_recipe": "n", "widen_points": [5], "widen_plateau": 0.029},
+        {**second, "narrow_recipe": "n", "widen_points": [5], "widen_plateau": {"widen-plateau": {"window": 1}}},
     )
-    assert (widened["widen_points"], widened["widen_plateau"], widened["narrow_recipe"]) == ([3, 5], 0.029, "n")
+    assert (widened["widen_points"], widened["narrow_recipe"]) == ([3, 5], "n")
+    assert widened["widen_plateau"] == {"widen-plateau": {"window": 1}}
     assert "widen_points" not in merged and "widen_plateau" not in merged
     with pytest.raises(ValueError, match="results differ in seeds"):
         merge_results(first, {**second, "seeds": [0]})
