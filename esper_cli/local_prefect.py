@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -40,6 +40,12 @@ RESUMABLE = "Resumable"
 """Name of the Scheduled state a flow run stopped by ``esper server``'s shutdown is left in."""
 WORKER_LABEL = "prefect.worker.name"
 """The label a Prefect worker gives each flow run it executes: its own name (see ``worker_name_prefix``)."""
+CANCEL_REPLAY_S = 75.0
+"""A flow run rescheduled here starts no sooner than this after its last Cancelling state. A
+starting worker's cancellation observer is sent the Cancelling events of the last minute (Prefect's
+events subscriber backfills one), and kills a run of that id it has in flight: a run cancelled,
+retried and resumed by a new worker within the minute would be stopped again. A minute, plus the
+worker's 10 s prefetch and a margin."""
 PENDING_GRACE_S = 120.0
 """``recover_orphans`` leaves a Pending flow run alone this long. A worker sets Pending, starts the
 flow-run process and only then records its pid, so meanwhile a run that ran before carries the pid
@@ -313,7 +319,9 @@ class LocalPrefect:
         try:
             with temporary_settings({PREFECT_API_URL: self.api_url}), self._client() as client:
                 for run_id in flow_run_ids:
-                    client.set_flow_run_state(run_id, Scheduled(name=RESUMABLE, message=message), force=True)
+                    when = _resume_time(client, run_id)
+                    state = Scheduled(name=RESUMABLE, message=message, scheduled_time=when)
+                    client.set_flow_run_state(run_id, state, force=True)
                     done.append(run_id)
         except Exception as e:  # noqa: BLE001 - as above: the shutdown goes on
             left = ", ".join(i for i in flow_run_ids if i not in done)
@@ -387,9 +395,22 @@ class LocalPrefect:
                     continue
                 message = f"flow-run process {pid} is gone (its worker died); rescheduled by esper server"
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
-                client.set_flow_run_state(run.id, Scheduled(message=message), force=True)
+                when = _resume_time(client, run.id)
+                client.set_flow_run_state(run.id, Scheduled(message=message, scheduled_time=when), force=True)
                 rescheduled.append(str(run.id))
         return rescheduled
+
+
+def _resume_time(client: Any, run_id: Any) -> datetime | None:
+    """When a rescheduled flow run may start: ``CANCEL_REPLAY_S`` after its last Cancelling
+    state if that is still ahead, else None (now)."""
+    from prefect.client.schemas.objects import StateType
+
+    cancels = [s.timestamp for s in client.read_flow_run_states(run_id) if s.type is StateType.CANCELLING]
+    if not cancels:
+        return None
+    when = max(cancels) + timedelta(seconds=CANCEL_REPLAY_S)
+    return when if when > datetime.now(UTC) else None
 
 
 def _orphaned(run: Any, now: datetime, here: str) -> bool:
