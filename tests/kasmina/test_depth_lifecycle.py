@@ -15,6 +15,7 @@ from esper_core.kasmina.depth import DepthSeed
 from esper_core.kasmina.graft import GrowableModel
 from esper_core.kasmina.manager import EpochObservation, SeedManager
 from esper_core.models.chars_gpt import CharGPT, next_char_loss
+from tests.helpers.gates import pass_to_probation
 
 SLOT = "blocks+depth"
 
@@ -59,21 +60,7 @@ class Run:
 
     def to_probation(self) -> None:
         """Straight to PROBATIONARY with G4 passed, as the gates would after training."""
-        self.manager.start_epoch()
-        self.manager.advance(SLOT)
-        self.manager.advance(SLOT)
-        assert self.slot.stage is SeedStage.PROBATIONARY
-        with self.manager.probe(SLOT, 0.0):
-            without = float(next_char_loss(self.out(), self.y))
-        self.manager.end_epoch(
-            EpochObservation(
-                val_loss=without - 1.0,
-                seed_grad_norms={},
-                probe_losses={SLOT: without},
-                isolation_probe=lambda _sid: 0.0,
-                sample_input=lambda _sid: self.x,
-            )
-        )
+        pass_to_probation(self.manager, SLOT, loss=lambda: next_char_loss(self.out(), self.y), sample=self.x)
 
 
 def test_a_stacked_seed_is_a_copy_of_the_last_block_with_its_adam_moments() -> None:

@@ -10,10 +10,11 @@ from torch import nn
 from esper_core.contracts import BlendSchedule, GateVerdict, SeedStage
 from esper_core.karn.entries import default_catalog
 from esper_core.kasmina.graft import GrowableModel
-from esper_core.kasmina.manager import EpochObservation, SeedManager
+from esper_core.kasmina.manager import SeedManager
 from esper_core.kasmina.signals import SiteSignals
 from esper_core.models.chars_gpt import CharGPT, next_char_loss
 from esper_core.run.config import ModelSpec
+from tests.helpers.gates import pass_to_probation
 
 STREAM, DEPTH = "stream", "blocks+depth"
 
@@ -132,21 +133,7 @@ def test_a_checkpoint_taken_after_a_block_was_merged_and_the_stream_doubled_resu
     grown, fresh = Host(), Host()
     grown.step()
     assert grown.germinate(DEPTH, "depth-stack").passed
-    # Straight to PROBATIONARY with G4 passed, as the gates would after training.
-    grown.manager.start_epoch()
-    grown.manager.advance(DEPTH)
-    grown.manager.advance(DEPTH)
-    with grown.manager.probe(DEPTH, 0.0):
-        without = float(next_char_loss(grown.out(), grown.y))
-    grown.manager.end_epoch(
-        EpochObservation(
-            val_loss=without - 1.0,
-            seed_grad_norms={},
-            probe_losses={DEPTH: without},
-            isolation_probe=lambda _sid: 0.0,
-            sample_input=lambda _sid: grown.x,
-        )
-    )
+    pass_to_probation(grown.manager, DEPTH, loss=lambda: next_char_loss(grown.out(), grown.y), sample=grown.x)
     grown.manager.fossilize(DEPTH)
     grown.step()
     assert len(grown.gpt.blocks) == 3 and grown.germinate().passed
