@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from esper_core.child import ChildTimeoutError, run_in_child
+from tests.helpers.processes import pid_alive
 from tests.helpers.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def test_a_limit_kills_the_child_and_its_children(tmp_path: Path) -> None:
     assert time.monotonic() - start < 50
     grandchild = int(pid_file.read_text())
     wait_for(
-        lambda: not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE,
+        lambda: not pid_alive(grandchild),
         what=f"grandchild {grandchild} to end at the limit",
         timeout_s=30,
     )

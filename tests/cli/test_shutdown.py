@@ -22,6 +22,7 @@ from esper_cli import local_prefect
 from esper_cli.local_prefect import LocalPrefect
 from esper_core.settings import EsperSettings
 from esper_core.telemetry import read_jsonl
+from tests.helpers.processes import alive, command_line
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 def _gone(processes: list[psutil.Process]) -> bool:
-    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)
+    return not any(alive(p) for p in processes)
 
 
 def _latest_epoch(run_dir: Path) -> int:
@@ -161,7 +162,7 @@ def test_cancel_and_sigterm_stop_flow_runs_within_seconds_and_both_resume(
                 pid = read().infrastructure_pid
                 if read().state_type is not StateType.RUNNING or not pid or not pid.isdigit():
                     return []
-                worker = next(p for p in _descendants(process.pid) if "worker" in " ".join(p.cmdline()))
+                worker = next(p for p in _descendants(process.pid) if "worker" in command_line(p))
                 return _descendants(worker.pid)
 
             runs = compiled_home.home / "runs"

@@ -13,6 +13,7 @@ import pytest
 
 from esper_core.child import stop_idle
 from esper_core.settings import EsperSettings
+from tests.helpers.processes import command_line
 from tests.helpers.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def test_a_simic_task_over_its_limit_is_stopped(compiled_home: EsperSettings, mo
 def _no_child_left() -> bool:
     """No child process of ``esper_core.child`` is left (call ``stop_idle`` before the work: an
     earlier test's compiles may have left reusable ones idle)."""
-    return not any("esper_core.child" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
+    return not any("esper_core.child" in command_line(p) for p in psutil.Process().children(recursive=True))
 
 
 @pytest.mark.slow
