@@ -23,6 +23,7 @@ when both branches would carry out the same command: they are identical, so one 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import random
 import time
@@ -231,7 +232,9 @@ def _baseline_command(session: Run, record: DecisionRecord, baseline: str) -> Ad
             issued_by=COUNTERFACTUAL_ISSUER,
             reason="wait: counterfactual baseline",
         )
-    return _risk_reviewed(session, record, session.tamiyo.heuristic.decide)
+    return _risk_reviewed(
+        session, record, functools.partial(session.tamiyo.heuristic.decide, total_epochs=session.config.epochs)
+    )
 
 
 def _risk_reviewed(session: Run, record: DecisionRecord, decide: Callable[..., AdaptationCommand]) -> AdaptationCommand:

@@ -26,7 +26,8 @@ constant rate with the shared cooldown) and its training tokens, fixed before an
 - ``widen-plateau`` (``-wN`` for a window of N epochs): the heuristic with no probe epoch,
   doubling the narrow network's width on the first epoch whose validation loss improved on the
   one ``DepthPlan.widen_plateau_window`` epochs before by less than ``DepthPlan.widen_plateau``
-  (a plateau): when to grow read off the run, not fixed.
+  (a plateau): when to grow read off the run, not fixed; ``-fromP`` when it also waits until P %
+  of the run is done (``DepthPlan.widen_plateau_from``: the heuristic's ``grow_from``).
 
 After every epoch a run records its cumulative training FLOPs (the growth benchmark's counter:
 3 x the forward FLOPs of the network it trained, seeds in isolation and culled seeds included,
@@ -113,6 +114,9 @@ class DepthPlan:
             at which it doubles the narrow network; None: no such arm.
         widen_plateau_window: The epochs that improvement is measured over; the arm is named
             ``widen-plateau-w<N>`` for more than one.
+        widen_plateau_from: The share of the run before which the plateau arm doubles nothing
+            (``HeuristicConfig.grow_from``); the arm's name ends ``-from<P>`` (P in %) when it
+            is not 0.
     """
 
     seeds: int
@@ -127,6 +131,7 @@ class DepthPlan:
     widen_controls: bool = True
     widen_plateau: float | None = None
     widen_plateau_window: int = 1
+    widen_plateau_from: float = 0.0
 
 
 PLANS: dict[str, DepthPlan] = {
@@ -195,6 +200,22 @@ PLANS: dict[str, DepthPlan] = {
         widen_plateau=0.067,
         widen_plateau_window=2,
     ),
+    # A rule that reads how much of the run is left: widen-late's plateau rule (one epoch, 2.9 %),
+    # doubling nothing before 5/16 of the run, the share at which widen-points chose to double on
+    # selection seed 1000 (after epoch 5 of 16). Its form answers widen-late's seed 3, which
+    # doubled after a noisy epoch 3 and never reached the target: an evaluation seed shaped the
+    # rule, so it is scored on seeds 6-11 (--first-seed 6), which no choice has seen, beside
+    # widen-5 and static-final on the same seeds.
+    "widen-budget": DepthPlan(
+        seeds=6,
+        epochs=16,
+        growth_points=(),
+        widen_points=(5,),
+        controls=False,
+        widen_controls=False,
+        widen_plateau=0.029,
+        widen_plateau_from=5 / 16,
+    ),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
         seeds=1,
@@ -205,6 +226,7 @@ PLANS: dict[str, DepthPlan] = {
         train_windows=64,
         widen_points=(1,),
         widen_plateau=0.029,
+        widen_plateau_from=0.5,
     ),
 }
 
@@ -303,6 +325,11 @@ class DepthGrowthConfig:
         plateau = self.depth_plan.widen_plateau
         if self.depth_plan.widen_plateau_window < 1:
             raise ValueError(f"widen_plateau_window must be >= 1 epoch, got {self.depth_plan.widen_plateau_window}")
+        if not 0.0 <= self.depth_plan.widen_plateau_from < 1.0:
+            raise ValueError(
+                f"widen_plateau_from must lie in [0, 1), got {self.depth_plan.widen_plateau_from}: a share of the "
+                "run's epochs, e.g. 0.3125 for 5 of 16"
+            )
         if plateau is not None and not 0.0 < plateau < 1.0:
             raise ValueError(
                 f"widen_plateau must lie in (0, 1), got {plateau}: a relative improvement of validation loss "
@@ -366,12 +393,13 @@ class DepthGrowthConfig:
 
     @property
     def plateau_arm(self) -> str | None:
-        """The plateau rule's arm, ``widen-plateau`` (``-w<N>`` over N > 1 epochs), or None."""
+        """The plateau rule's arm, ``widen-plateau`` (``-w<N>`` over N > 1 epochs, ``-from<P>``
+        from P % of the run), or None."""
         plan = self.depth_plan
         if plan.widen_plateau is None:
             return None
-        window = plan.widen_plateau_window
-        return "widen-plateau" + (f"-w{window}" if window > 1 else "")
+        window, share = plan.widen_plateau_window, plan.widen_plateau_from
+        return "widen-plateau" + (f"-w{window}" if window > 1 else "") + (f"-from{round(share * 100)}" if share else "")
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -433,7 +461,11 @@ def run(config: DepthGrowthConfig, *, progress: Progress | None = None) -> dict[
         **(
             {
                 "widen_plateau": {
-                    config.plateau_arm: {"threshold": plan.widen_plateau, "window": plan.widen_plateau_window}
+                    config.plateau_arm: {
+                        "threshold": plan.widen_plateau,
+                        "window": plan.widen_plateau_window,
+                        "grow_from": plan.widen_plateau_from,
+                    }
                 }
             }
             if config.plateau_arm is not None
@@ -520,6 +552,7 @@ def arm_config(config: DepthGrowthConfig, *, arm: str, seed: int) -> RunConfig:
             plateau_window=plan.widen_plateau_window,
             plateau_rel_tol=plan.widen_plateau,
             probe_epoch=None,
+            grow_from=plan.widen_plateau_from,
         )
     tamiyo = dataclasses.replace(run_config.tamiyo, policy=policy, schedule=schedule, heuristic=heuristic)
     kasmina = dataclasses.replace(run_config.kasmina, blend_lr_warmup_epochs=config.blend_lr_warmup_epochs)

@@ -4,7 +4,8 @@ Rules, first match wins (each command's ``reason`` quotes the numbers it used):
 
 1. A PROBATIONARY seed whose last gate is a passed G4 (system impact) is fossilized.
 2. An active, not yet fossilized seed whose last gate failed is culled.
-3. With ``max_active_seeds`` seeds in flight (GERMINATED .. PROBATIONARY), wait.
+3. With ``max_active_seeds`` seeds in flight (GERMINATED .. PROBATIONARY), wait; before
+   ``grow_from`` of the run, wait.
 4. With a DORMANT slot and either a val-loss plateau or the probe epoch reached before any seed
    has ever left DORMANT, germinate: the first of ``prefer`` that fits the slot, else the
    lowest-risk (then smallest) SAFE blueprint with an artifact for the slot's shape profile, in
@@ -16,6 +17,7 @@ Rules, first match wins (each command's ``reason`` quotes the numbers it used):
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +76,11 @@ class HeuristicConfig:
             doubles a width slot's layer where the lowest-risk choice would add 25 %); a slot
             none of them fits (a branch slot) gets the lowest-risk SAFE fit. Empty: always the
             lowest-risk fit.
+        grow_from: Share of the run before which nothing is germinated, plateau or probe (epoch
+            < ``ceil(grow_from * total_epochs)``): a one-epoch dip of the improvement early in
+            a run is noise more often than a plateau, and a network grown early pays for its
+            width over more epochs. The opening counterpart of ``RiskConfig.grow_until``; 0
+            (default) does not limit it. Needs the run's length (``decide(total_epochs=...)``).
     """
 
     plateau_window: int = 2
@@ -83,6 +90,7 @@ class HeuristicConfig:
     blend_epochs: int = 2
     blend_schedule: BlendSchedule = BlendSchedule.LINEAR
     prefer: tuple[str, ...] = ("width-100",)
+    grow_from: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.prefer, str):
@@ -98,6 +106,11 @@ class HeuristicConfig:
             )
         if self.probe_epoch is not None and self.probe_epoch < 0:
             raise ValueError(f"probe_epoch must be >= 0 or None (disabled), got {self.probe_epoch}")
+        if not 0.0 <= self.grow_from < 1.0:
+            raise ValueError(
+                f"grow_from must lie in [0, 1), got {self.grow_from}: a share of the run's epochs, e.g. 0.3 to "
+                "germinate nothing in its first 30 % (0 does not limit growth)"
+            )
         if self.max_active_seeds < 1:
             raise ValueError(f"max_active_seeds must be >= 1, got {self.max_active_seeds}")
         if self.blend_epochs < 1:
@@ -125,6 +138,7 @@ class HeuristicPolicy:
         candidates: Sequence[BlueprintCandidate],
         *,
         run_id: str,
+        total_epochs: int | None = None,
     ) -> AdaptationCommand:
         """Choose this epoch's command.
 
@@ -132,20 +146,33 @@ class HeuristicPolicy:
             history: The run's packets, oldest first; ``history[-1]`` is the current epoch.
             candidates: Blueprints with active artifacts that may be germinated.
             run_id: Run the command belongs to.
+            total_epochs: Length of the run; ``grow_from`` needs it.
 
         Returns:
             A command with ``issued_by="heuristic"`` and a reason quoting the numbers used.
 
         Raises:
-            ValueError: If ``history`` is empty.
+            ValueError: If ``history`` is empty, or ``grow_from`` is set and ``total_epochs`` is not.
         """
         if not history:
             raise ValueError("history is empty: pass at least the current epoch's packet")
+        if self.config.grow_from > 0 and total_epochs is None:
+            raise ValueError(
+                f"grow_from={self.config.grow_from:g} is a share of the run: pass total_epochs to decide, "
+                "or set grow_from=0"
+            )
         make: _Make = functools.partial(_make_command, run_id=run_id, epoch=history[-1].epoch)
         seeds = history[-1].seeds
         command = self.lifecycle_command(seeds, make) or self._wait_while_in_flight(seeds, make)
         if command is not None:
             return command
+        opens = math.ceil(self.config.grow_from * total_epochs) if total_epochs is not None else 0
+        if history[-1].epoch < opens:
+            return make(
+                CommandType.WAIT,
+                f"wait: epoch {history[-1].epoch} < {opens}: growth opens at grow_from={self.config.grow_from:g} "
+                f"of the run's {total_epochs} epochs",
+            )
         return self._germinate_or_wait(history, candidates, make)
 
     def lifecycle_command(self, seeds: Sequence[SeedState], make: _Make) -> AdaptationCommand | None:

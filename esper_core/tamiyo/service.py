@@ -181,7 +181,7 @@ class TamiyoService:
             proposal = self._gnn_command(graph, choice, out, history[-1], run_id)
             log_prob = choice.log_prob
         elif policy == "heuristic":
-            proposal = self.heuristic.decide(history, candidates, run_id=run_id)
+            proposal = self.heuristic.decide(history, candidates, run_id=run_id, total_epochs=total_epochs)
         elif policy == "random":
             proposal = self.random.decide(history, candidates, run_id=run_id)
         elif policy == "periodic":

@@ -44,7 +44,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "static-narrow",
         "widen-1",
         "widen-controller",
-        "widen-plateau",
+        "widen-plateau-from50",
         "controller",
     ]
     arms = result["arms"]
@@ -58,8 +58,8 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
     assert controller["commands"]["germinate"] == 1 and controller["params"] == widened["params"]
     # The plateau rule doubles at most once too (the live cost of a second doubling is over the
     # budget), into the same network when it does.
-    assert result["widen_plateau"] == {"widen-plateau": {"threshold": 0.029, "window": 1}}
-    (plateau,) = arms["widen-plateau"]["runs"]
+    assert result["widen_plateau"] == {"widen-plateau-from50": {"threshold": 0.029, "window": 1, "grow_from": 0.5}}
+    (plateau,) = arms["widen-plateau-from50"]["runs"]
     assert plateau["commands"].get("germinate", 0) <= 1
     assert plateau["params"] == (widened["params"] if plateau["commands"].get("germinate") else narrow_params)
     narrow = arms["static-narrow"]["train_flops_mean"]
@@ -95,7 +95,7 @@ def test_the_smoke_plan_runs_every_arm_and_writes_curves_and_the_plot(
         "static-narrow",
         "widen-1",
         "widen-controller",
-        "widen-plateau",
+        "widen-plateau-from50",
         "controller",
     }
     # The static network reaches its own final loss with all its FLOPs: a saving of 0.
@@ -346,7 +346,21 @@ def test_the_smoothed_plateau_rule_is_its_own_arm() -> None:
     assert (rule.plateau_window, rule.plateau_rel_tol, rule.probe_epoch) == (2, 0.067, None)
 
 
+def test_the_budget_aware_rule_opens_at_five_sixteenths_on_fresh_seeds() -> None:
+    config = DepthGrowthConfig(plan="widen-budget", first_seed=6)
+    assert config.arms == ("static-final", "widen-5", "widen-plateau-from31")
+    assert config.seed_list == [6, 7, 8, 9, 10, 11]
+    rule = arm_config(config, arm="widen-plateau-from31", seed=6).tamiyo.heuristic
+    assert (rule.plateau_window, rule.plateau_rel_tol, rule.probe_epoch, rule.grow_from) == (1, 0.029, None, 5 / 16)
+
+
 def test_a_plateau_threshold_outside_0_1_is_refused_with_its_meaning() -> None:
     plan = dataclasses.replace(PLANS["widen-late"], widen_plateau=2.9)
     with mock.patch.dict(PLANS, {"bad": plan}), pytest.raises(ValueError, match="e.g. 0.029 for 2.9 %"):
+        DepthGrowthConfig(plan="bad")
+
+
+def test_a_plateau_start_outside_0_1_is_refused_with_its_meaning() -> None:
+    plan = dataclasses.replace(PLANS["widen-budget"], widen_plateau_from=5)
+    with mock.patch.dict(PLANS, {"bad": plan}), pytest.raises(ValueError, match="e.g. 0.3125 for 5 of 16"):
         DepthGrowthConfig(plan="bad")

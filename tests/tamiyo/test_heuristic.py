@@ -193,6 +193,30 @@ def test_germinates_at_probe_epoch_without_plateau() -> None:
     assert disabled.command_type is CommandType.WAIT and "probe disabled" in disabled.reason
 
 
+def test_grow_from_holds_plateaus_and_the_probe_until_its_share_of_the_run() -> None:
+    """``grow_from=0.3`` of a 10-epoch run opens growth at epoch ceil(3.0) = 3: a plateau at epoch
+    2 waits, the same plateau at epoch 3 germinates."""
+    seeds = (_dormant("s0", "fc2"),)
+    early = _history([1.0, 0.8, 0.799], seeds)  # a plateau at epoch 2 (0.125 % over one epoch)
+    policy = HeuristicPolicy(HeuristicConfig(grow_from=0.3, plateau_window=1, probe_epoch=0))
+    command = policy.decide(early, CANDIDATES, run_id="run", total_epochs=10)
+    assert command.command_type is CommandType.WAIT
+    assert "epoch 2 < 3: growth opens at grow_from=0.3 of the run's 10 epochs" in command.reason
+    opened = policy.decide(_history([1.0, 0.8, 0.799, 0.798], seeds), CANDIDATES, run_id="run", total_epochs=10)
+    assert opened.seed_operation is SeedOperation.GERMINATE and "plateau" in opened.reason
+    # Open from the start when not set, so the same early plateau germinates.
+    default = HeuristicPolicy(HeuristicConfig(plateau_window=1)).decide(
+        early, CANDIDATES, run_id="run", total_epochs=10
+    )
+    assert default.seed_operation is SeedOperation.GERMINATE
+
+
+def test_grow_from_needs_the_run_length() -> None:
+    policy = HeuristicPolicy(HeuristicConfig(grow_from=0.3))
+    with pytest.raises(ValueError, match="grow_from=0.3 is a share of the run: pass total_epochs"):
+        policy.decide(_history(FLAT, (_dormant("s0", "fc2"),)), CANDIDATES, run_id="run")
+
+
 def test_waits_when_no_safe_blueprint_fits() -> None:
     candidates = [
         _candidate("wrong-profile", profiles=frozenset({"w32"})),
@@ -282,6 +306,8 @@ def test_empty_history_raises() -> None:
         ("max_active_seeds", 0),
         ("blend_epochs", 0),
         ("blend_schedule", "sigmoid"),
+        ("grow_from", 1.0),
+        ("grow_from", -0.1),
     ],
 )
 def test_config_rejects_bad_values(field: str, value: object) -> None:
