@@ -50,6 +50,7 @@ DEPTH_GROWTH_PLANS: tuple[str, ...] = (
     "default",
     "smoke",
     "widen",
+    "widen-budget",
     "widen-crossover",
     "widen-late",
     "widen-points",
