@@ -8,6 +8,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from esper_cli.choices import PINNABLE_POLICIES
 from esper_cli.local_prefect import LocalPrefect
 from esper_cli.temporary_server import TemporaryServer, prefect_defaults
 
@@ -26,6 +27,17 @@ def share(text: str) -> float:
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be a share in (0, 1], e.g. 0.25 for the first quarter, got {text}")
     return value
+
+
+def policy_choice(text: str) -> str:
+    """What ``esper run --policy`` takes: a name of ``PINNABLE_POLICIES``, or ``gnn:<N>`` for Simic
+    version N (``esper_core.tamiyo.config.check_pinnable`` decides the same in the flow)."""
+    number = text.removeprefix("gnn:")
+    if text in PINNABLE_POLICIES or (text.startswith("gnn:") and number.isdigit() and int(number) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"must be one of {', '.join(PINNABLE_POLICIES)} or gnn:<N> (Simic version N >= 1), got {text!r}"
+    )
 
 
 def quiet_prefect() -> None:

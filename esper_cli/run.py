@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Any
 
-from esper_cli.args import local_flow_settings, positive, prefect_for_command, share
-from esper_cli.choices import DEVICES, PINNABLE_POLICIES, RECIPES
+from esper_cli.args import local_flow_settings, policy_choice, positive, prefect_for_command, share
+from esper_cli.choices import DEVICES, RECIPES
 from esper_cli.startup import StartupPhases, first_epoch_time
 
 EXIT_DEGRADED = 3
@@ -169,10 +169,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--policy",
         default=None,
-        choices=PINNABLE_POLICIES,
+        type=policy_choice,
+        metavar="POLICY",
         help="who decides: shipped (the GNN policy shipped with Esper), a "
-        "shipped policy's name (`esper policy list`), heuristic, gnn (the registry's newest Simic version) "
-        "or none (no growth); default: the recipe's own",
+        "shipped policy's name (`esper policy list`), heuristic, gnn (the registry's newest Simic version), "
+        "gnn:N (version N, e.g. what `esper policy tune` published) or none (no growth); default: the recipe's own",
     )
     run.add_argument(
         "--max-params",

@@ -34,7 +34,7 @@ from esper_core.run.config import RunConfig
 from esper_core.run.plan import RunPlan, plan_compile_jobs, plan_run, recipe_feature_shape
 from esper_core.run.recipes import get_recipe
 from esper_core.run.spec_file import SPEC_FILE, SPEC_VERSION, read_spec_file
-from esper_core.tamiyo.config import pinnable_policies, policy_record, with_policy
+from esper_core.tamiyo.config import check_pinnable, policy_record, with_policy
 from esper_core.tezzeret.config import Backend
 
 Epochs = Annotated[int, Field(ge=1, description="Epochs to train (at least 1)")]
@@ -68,8 +68,8 @@ class RunSpec:
         nproc: Data-parallel processes training the run.
         policy: Who decides, pinned for this run (``tamiyo.config.with_policy``): ``shipped``
             (the default shipped policy), a shipped policy's name (``esper policy list``),
-            ``heuristic``, ``gnn`` (the registry's newest Simic version) or ``none``; None: the
-            recipe's own.
+            ``heuristic``, ``gnn`` (the registry's newest Simic version), ``gnn:<N>`` (version N,
+            e.g. what ``esper policy tune`` published) or ``none``; None: the recipe's own.
         max_params: Cap on the network's parameters (``KasminaConfig.max_params``); None: the
             recipe's own.
         max_flops: Cap on the network's forward FLOPs a sample (``KasminaConfig.max_flops``);
@@ -104,10 +104,8 @@ class RunSpec:
             raise ValueError(f"device must be one of {DEVICE_CHOICES} (or None for the recipe's), got {self.device!r}")
         if self.nproc < 1:
             raise ValueError(f"nproc must be >= 1 (processes training the run together), got {self.nproc}")
-        if self.policy is not None and self.policy not in pinnable_policies():
-            raise ValueError(
-                f"policy must be one of {pinnable_policies()} (or None for the recipe's), got {self.policy!r}"
-            )
+        if self.policy is not None:
+            check_pinnable(self.policy)
         if self.max_params is not None and self.max_params < 1:
             raise ValueError(f"max_params must be a positive parameter count (or None), got {self.max_params}")
         if self.max_flops is not None and self.max_flops < 1:

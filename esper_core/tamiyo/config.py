@@ -238,23 +238,54 @@ PINNED_POLICIES = ("shipped", "heuristic", "gnn", "none")
 ``random``, ``periodic`` and ``scheduled`` need settings a name cannot carry."""
 
 
+GNN_VERSION_PREFIX = "gnn:"
+"""``gnn:<N>`` pins a run to Simic version N of this registry (``TamiyoConfig.policy_version``):
+what ``esper policy tune`` publishes, or any version ``esper registry`` lists."""
+
+
 def pinnable_policies() -> tuple[str, ...]:
-    """``PINNED_POLICIES`` and every shipped policy's name."""
+    """``PINNED_POLICIES`` and every shipped policy's name (and ``gnn:<N>`` for any version N)."""
     return (*PINNED_POLICIES, *sorted(SHIPPED))
 
 
+def pinned_version(choice: str) -> int | None:
+    """The version N of a ``gnn:<N>`` choice, None for any other name.
+
+    Raises:
+        ValueError: ``gnn:`` followed by anything but a version number >= 1.
+    """
+    if not choice.startswith(GNN_VERSION_PREFIX):
+        return None
+    number = choice.removeprefix(GNN_VERSION_PREFIX)
+    if not number.isdigit() or int(number) < 1:
+        raise ValueError(f"policy {choice!r}: write gnn:<N> with a Simic version N >= 1, e.g. gnn:3")
+    return int(number)
+
+
+def check_pinnable(choice: str) -> None:
+    """Refuse what a run cannot be pinned to, naming what it can.
+
+    Raises:
+        ValueError: ``choice`` is neither in ``pinnable_policies()`` nor ``gnn:<N>``.
+    """
+    if pinned_version(choice) is None and choice not in pinnable_policies():
+        raise ValueError(f"policy must be one of {pinnable_policies()} or gnn:<N> (Simic version N), got {choice!r}")
+
+
 def with_policy(tamiyo: TamiyoConfig, choice: str) -> TamiyoConfig:
-    """``tamiyo`` deciding by ``choice`` (one of ``pinnable_policies()``), its schedule dropped.
+    """``tamiyo`` deciding by ``choice`` (``check_pinnable``), its schedule dropped; ``gnn:<N>``
+    serves version N.
 
     Raises:
         ValueError: ``choice`` is not pinnable (the message lists what is).
     """
+    check_pinnable(choice)
+    if (version := pinned_version(choice)) is not None:
+        return dataclasses.replace(tamiyo, policy="gnn", policy_version=version, schedule=())
     if choice in SHIPPED:
         return dataclasses.replace(tamiyo, policy="shipped", shipped=choice, schedule=())
     if choice == "shipped":
         return dataclasses.replace(tamiyo, policy="shipped", shipped=DEFAULT_SHIPPED, schedule=())
-    if choice not in PINNED_POLICIES:
-        raise ValueError(f"policy must be one of {pinnable_policies()}, got {choice!r}")
     return dataclasses.replace(tamiyo, policy=choice, schedule=())
 
 

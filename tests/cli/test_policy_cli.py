@@ -57,6 +57,11 @@ def test_esper_run_takes_a_policy_pin_and_a_growth_cap() -> None:
         build_parser().parse_args(["run", "--policy", "zoo-99"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--max-params", "0"])
+    # One Simic version by number (what `esper policy tune` publishes).
+    assert build_parser().parse_args(["run", "--policy", "gnn:12"]).policy == "gnn:12"
+    for bad in ("gnn:0", "gnn:v2"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--policy", bad])
 
 
 def test_esper_run_takes_a_growth_window_that_reaches_the_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,6 +99,14 @@ def test_a_run_pins_its_policy_and_a_resume_keeps_it(esper_home: EsperSettings) 
         RunSpec(recipe="mnist1d-mlp-width", policy="zoo-99")
 
 
+def test_a_run_pins_one_simic_version_by_number() -> None:
+    tamiyo = RunSpec(recipe="mnist1d-cnn-grown", policy="gnn:3").config().tamiyo
+    assert (tamiyo.policy, tamiyo.policy_version, tamiyo.schedule) == ("gnn", 3, ())
+    for bad in ("gnn:0", "gnn:x", "gnn:"):
+        with pytest.raises(ValueError, match="gnn:<N> with a Simic version N >= 1"):
+            RunSpec(recipe="mnist1d-cnn-grown", policy=bad)
+
+
 def test_a_run_is_not_resumed_by_a_controller_whose_defaults_changed_since_it_started(
     esper_home: EsperSettings,
 ) -> None:
