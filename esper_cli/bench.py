@@ -18,7 +18,7 @@ from esper_cli.choices import (
     SIMIC_PLANS,
     ZOO_FAMILIES,
 )
-from esper_cli.progress import progress
+from esper_cli.progress import progress, with_bar
 from esper_core.studies.arms import GROWING_ARMS
 
 
@@ -162,7 +162,7 @@ def _cmd_bench_mnist1d(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_growth(args: argparse.Namespace) -> int:
-    return _with_bar(_growth, args, "growth")
+    return with_bar(_growth, args, "growth")
 
 
 def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
@@ -194,7 +194,7 @@ def _growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], Non
 
 
 def _cmd_bench_transfer(args: argparse.Namespace) -> int:
-    return _with_bar(_transfer, args, "transfer")
+    return with_bar(_transfer, args, "transfer")
 
 
 def _transfer(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
@@ -227,7 +227,7 @@ def _transfer(args: argparse.Namespace, *, progress: Callable[[str, int, int], N
 
 
 def _cmd_bench_rules(args: argparse.Namespace) -> int:
-    return _with_bar(_rules, args, "rules")
+    return with_bar(_rules, args, "rules")
 
 
 def _rules(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
@@ -275,7 +275,7 @@ def _add_evaluation_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_bench_depth_growth(args: argparse.Namespace) -> int:
-    return _with_bar(_depth_growth, args, "depth-growth")
+    return with_bar(_depth_growth, args, "depth-growth")
 
 
 def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int], None] | None = None) -> int:
@@ -309,27 +309,7 @@ def _depth_growth(args: argparse.Namespace, *, progress: Callable[[str, int, int
 def _cmd_bench_headroom(args: argparse.Namespace) -> int:
     from bench.headroom import cli
 
-    return _with_bar(cli, args, "headroom")
-
-
-def _with_bar(cli: Callable[..., int], args: argparse.Namespace, name: str) -> int:
-    """Run a benchmark ``cli(args, progress=...)`` with a bar on stderr while it runs (minutes to
-    an hour); stdout keeps only the report. No bar with ``--json`` or when stderr is no terminal."""
-    import sys
-
-    if args.json or not sys.stderr.isatty():
-        return cli(args)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(name, total=None)
-
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
-
-        return cli(args, progress=progress)
+    return with_bar(cli, args, "headroom")
 
 
 def _training_options(b: argparse.ArgumentParser) -> None:

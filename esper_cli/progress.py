@@ -12,6 +12,7 @@ spinner and the elapsed time twice a second.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import sys
@@ -208,3 +209,19 @@ def follow_task_runs(display: ProgressDisplay, labels: dict[str, str]) -> Iterat
         yield
     finally:
         logger.removeHandler(handler)
+
+
+def with_bar(cli: Callable[..., int], args: argparse.Namespace, name: str) -> int:
+    """Run a long command ``cli(args, progress=...)`` (a benchmark, a policy tuning: minutes to an
+    hour) with a bar on stderr while it runs; stdout keeps only the report. No bar with ``--json``
+    or when stderr is no terminal."""
+    if args.json or not sys.stderr.isatty():
+        return cli(args)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(name, total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        return cli(args, progress=progress)

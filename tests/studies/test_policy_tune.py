@@ -1,0 +1,101 @@
+"""``esper policy tune``: the shipped policy fine-tuned on a recipe's proxies, end to end on a real
+registry, its verdict read off paired held-out runs, and bad input refused before any episode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from esper_cli.main import main
+from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.studies.episodes import EpisodeResult
+from esper_core.studies.policy_tune import TuneConfig, TuneResult
+
+pytestmark = pytest.mark.slow
+
+
+def test_tune_publishes_versions_from_the_shipped_policy_and_judges_the_chosen_one(
+    compiled_home: EsperSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "tune.json"
+    argv = ["policy", "tune", "--recipe", "digits-mlp", "--episodes", "2", "--iterations", "1", "--proxy-epochs", "2"]
+    argv += ["--selection-seeds", "1", "--eval-seeds", "2", "--epochs", "3", "--json", "--save", str(saved)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads(saved.read_text()) == report
+    # The recipe's host scales, so the proxy is half as wide, on half its training data.
+    assert report["proxy"] == {"width": 0.5, "train_fraction": 0.5, "epochs": 2}
+    shipped, (tuned,) = report["shipped_version"], report["versions"]
+    assert set(report["selection"]) == {"none", "shipped", f"v{tuned}"}
+    assert report["chosen"] in (shipped, tuned)
+    assert report["eval_seeds"] == [0, 1] and len(report["shipped_test"]) == 2
+    if report["chosen"] == shipped:
+        assert report["tuned_test"] == [] and report["tuned_minus_shipped"] is None
+        assert report["verdict"].startswith("no tuned version beat the shipped policy")
+    else:
+        assert len(report["tuned_test"]) == 2 and report["tuned_minus_shipped"]["n"] == 2
+    store = SimicStore.open(compiled_home.home)
+    try:
+        version = store.get_policy(tuned)
+        assert (version.method, version.parent_version) == ("ppo", shipped)
+        assert version.provenance["tuned_from"] == "zoo-1" and version.provenance["recipe"] == "digits-mlp"
+        assert store.get_policy(shipped).method == "shipped:zoo-1"
+    finally:
+        store.close()
+    # A second tuning starts from the same registry version of the shipped policy.
+    assert main([*argv[:-3], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["shipped_version"] == shipped
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"recipe": "nope"}, "unknown recipe 'nope'"),
+        ({"recipe": "seed-reference", "proxy_width": 0.5}, r"esper policy tune --proxy-width 1"),
+        ({"recipe": "digits-mlp", "episodes": 3, "iterations": 2}, "must be a positive multiple of iterations"),
+        ({"recipe": "digits-mlp", "eval_seeds": 1}, "a paired interval needs two seeds"),
+        ({"recipe": "digits-mlp", "shipped": "zoo-99"}, "esper policy list"),
+        ({"recipe": "digits-mlp", "proxy_data": 0.0}, r"proxy_data must be a share"),
+        ({"recipe": "digits-mlp", "proxy_epochs": 1}, "a reward needs two epochs"),
+    ],
+)
+def test_bad_tuning_options_are_refused_before_any_episode(
+    esper_home: EsperSettings, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TuneConfig(**options)  # type: ignore[arg-type]
+    assert not esper_home.home.exists()  # no registry opened, nothing stored
+
+
+def _run(seed: int, test_accuracy: float) -> EpisodeResult:
+    return EpisodeResult(
+        run_id=f"r{seed}", recipe="m", policy="gnn", seed=seed, test_accuracy=test_accuracy,
+        val_accuracy=test_accuracy, host_params=1, total_params=1, forward_flops=1, train_flops=100,
+        wall_s=0.0, commands={}, policy_version=None,
+    )  # fmt: skip
+
+
+def _result(shipped: list[float], tuned: list[float]) -> TuneResult:
+    return TuneResult(
+        recipe="m", shipped="zoo-1", shipped_version=1, versions=[2, 3], chosen=3 if tuned else 1,
+        selection={}, shipped_runs=[_run(s, a) for s, a in enumerate(shipped)],
+        tuned_runs=[_run(s, a) for s, a in enumerate(tuned)], language_model=False, proxy={}, wall_s={},
+    )  # fmt: skip
+
+
+def test_the_verdict_follows_the_paired_interval_on_the_held_out_seeds() -> None:
+    shipped = [0.80, 0.82, 0.78, 0.81, 0.79]
+    better = _result(shipped, [a + 0.02 + 0.001 * k for k, a in enumerate(shipped)])
+    assert better.difference is not None and better.difference.better()
+    assert better.verdict.startswith("tuned v3 beat the shipped policy: +2.20 points [")
+    assert "esper run --recipe m --policy gnn:3" in better.verdict
+    worse = _result(shipped, [a - 0.02 - 0.001 * k for k, a in enumerate(shipped)])
+    assert "worse than the shipped policy" in worse.verdict
+    mixed = _result(shipped, [a + d for a, d in zip(shipped, (0.02, -0.02, 0.01, -0.01, 0.0), strict=True)])
+    assert mixed.verdict.startswith("not resolved: tuned v3 - shipped") and "--eval-seeds" in mixed.verdict
+    kept = _result(shipped, [])
+    assert kept.difference is None and kept.as_dict()["tuned_minus_shipped"] is None
+    assert kept.verdict.startswith("no tuned version beat the shipped policy")
