@@ -393,6 +393,11 @@ def format_result(result: TuneResult) -> str:
         + (f"; tuned {' '.join(f'{v:.4g}' for v in d['tuned_test'])}" if d["tuned_test"] else ""),
         result.verdict,
     ]
+    if result.selection["none"] > max(v for k, v in result.selection.items() if k != "none"):
+        lines.append(
+            "note: on the proxy, no growth scored above every version: growth may not pay on this recipe at "
+            "this budget (esper run --policy none trains it static)"
+        )
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from esper_cli.main import main
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.studies.episodes import EpisodeResult
-from esper_core.studies.policy_tune import TuneConfig, TuneResult
+from esper_core.studies.policy_tune import TuneConfig, TuneResult, format_result
 
 pytestmark = pytest.mark.slow
 
@@ -81,8 +81,9 @@ def _run(seed: int, test_accuracy: float) -> EpisodeResult:
 def _result(shipped: list[float], tuned: list[float]) -> TuneResult:
     return TuneResult(
         recipe="m", shipped="zoo-1", shipped_version=1, versions=[2, 3], chosen=3 if tuned else 1,
-        selection={}, shipped_runs=[_run(s, a) for s, a in enumerate(shipped)],
-        tuned_runs=[_run(s, a) for s, a in enumerate(tuned)], language_model=False, proxy={}, wall_s={},
+        selection={"none": 0.5, "shipped": 0.4, "v2": 0.4, "v3": 0.45}, shipped_runs=[_run(s, a) for s, a in enumerate(shipped)],
+        tuned_runs=[_run(s, a) for s, a in enumerate(tuned)], language_model=False,
+        proxy={"width": 0.5, "train_fraction": 0.5, "epochs": 2}, wall_s={},
     )  # fmt: skip
 
 
@@ -99,3 +100,7 @@ def test_the_verdict_follows_the_paired_interval_on_the_held_out_seeds() -> None
     kept = _result(shipped, [])
     assert kept.difference is None and kept.as_dict()["tuned_minus_shipped"] is None
     assert kept.verdict.startswith("no tuned version beat the shipped policy")
+    # Not growing scored best on the proxy: the report says so.
+    shown = format_result(kept)
+    assert "proxy: width x0.5, 50% of the training split, 2 epochs" in shown
+    assert "note: on the proxy, no growth scored above every version" in shown
