@@ -141,17 +141,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fine-tune a shipped policy on your recipe from cheap proxies of it, and say whether it beat the "
         "shipped one on held-out seeds",
         description="PPO continues from the shipped weights on exploring episodes of a proxy of the recipe "
-        "(narrower where the host scales, a share of the training data, fewer epochs); the versions are chosen "
+        "(narrower where the host scales, a share of the training data); the versions are chosen "
         "among on the proxy's selection seeds (2000, ...), and the chosen one meets the shipped policy on the full "
         "recipe on held-out seeds (0, 1, ...). Versions are published to this installation's registry: serve the "
         "tuned one with esper run --policy gnn:N. docs/zoo.md, 'Tuning the shipped policy'.",
     )
     tune.add_argument("--recipe", required=True, help="a built-in recipe or package.module:function")
     tune.add_argument(
-        "--episodes", type=positive, default=8, help="exploring proxy episodes PPO learns from (default: %(default)s)"
+        "--episodes", type=positive, default=48, help="exploring proxy episodes PPO learns from (default: %(default)s)"
     )
     tune.add_argument(
-        "--iterations", type=positive, default=2, help="PPO updates, each a new version (default: %(default)s)"
+        "--iterations", type=positive, default=4, help="PPO updates, each a new version (default: %(default)s)"
     )
     tune.add_argument(
         "--shipped",
@@ -172,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--proxy-epochs",
         type=positive,
         default=None,
-        help="epochs of a proxy episode (default: a quarter of the recipe's, >= 2)",
+        help="epochs of a proxy episode (default: the recipe's)",
     )
     tune.add_argument(
         "--selection-seeds",
@@ -183,7 +183,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument(
         "--eval-seeds",
         type=positive,
-        default=4,
+        default=8,
         help="held-out seeds of the full recipe the chosen version meets the shipped one on (default: %(default)s)",
     )
     tune.add_argument(

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from esper_cli.main import main
+from esper_core.run.recipes import get_recipe
 from esper_core.settings import EsperSettings
 from esper_core.simic.records import SimicStore
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.policy_tune import TuneConfig, TuneResult, format_result
+from esper_core.tamiyo.model import TamiyoGNNConfig
 
 pytestmark = pytest.mark.slow
 
@@ -104,3 +106,14 @@ def test_the_verdict_follows_the_paired_interval_on_the_held_out_seeds() -> None
     shown = format_result(kept)
     assert "proxy: width x0.5, 50% of the training split, 2 epochs" in shown
     assert "note: on the proxy, no growth scored above every version" in shown
+
+
+def test_a_proxy_is_narrower_and_holds_less_data_but_trains_as_long_as_the_recipe() -> None:
+    config = TuneConfig(recipe="digits-mlp")
+    plan = config.plan(TamiyoGNNConfig())
+    assert plan.epochs == get_recipe("digits-mlp").epochs and (plan.iterations, plan.rollouts) == (4, 12)
+    assert plan.variation.widths == (0.5,) and plan.variation.train_fractions == (0.5,)
+    assert (plan.simic.ppo_lr, plan.simic.ppo_epochs, plan.simic.flops_penalty) == (3e-3, 8, 0.01)
+    assert TuneConfig(recipe="digits-mlp", epochs=5).plan(TamiyoGNNConfig()).epochs == 5
+    # A host that cannot be scaled is tuned at its own width.
+    assert TuneConfig(recipe="seed-reference").width == 1.0
