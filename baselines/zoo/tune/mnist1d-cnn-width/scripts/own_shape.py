@@ -1,37 +1,64 @@
-"""Tuned v5 on fresh seeds 100-115 against the static network of its own grown shape, weight decay tuned on validation."""
-import dataclasses, functools, json, statistics
+"""Tuned v5 on fresh seeds 100-115 against the static network of its own grown shape (weight decay
+0, and chosen on validation from {0, 1e-4, 1e-3}); each v5 run is rerun and compared with
+fresh_seeds.py's (determinism).
+
+python own_shape.py HOME FRESH.json OUT.json
+"""
+
+import dataclasses
+import functools
+import json
+import statistics
+import sys
 from pathlib import Path
+
 from esper_core.data import load_dataset
 from esper_core.settings import EsperSettings
-from esper_core.studies.episodes import episode_config, run_episode
+from esper_core.studies.episodes import EpisodeResult, episode_config, run_episode
 from esper_core.studies.growth import fresh_run_id
 from esper_core.studies.yardstick import best_on_validation, static_shape
 from esper_core.telemetry.paired import paired_difference
-s = EsperSettings(home=Path("/tmp/tune3/h60"))
-fresh = json.load(open("/tmp/tune3/fresh.json"))
+
+settings = EsperSettings(home=Path(sys.argv[1]))
+fresh = json.loads(Path(sys.argv[2]).read_text())
 rows = []
 for seed in range(100, 116):
-    grown_cfg = episode_config("mnist1d-cnn-width", seed=seed, policy="gnn", policy_version=5)
-    grown = run_episode(grown_cfg, settings=s, run_id=fresh_run_id(s, f"yard-v5-s{seed}"))
+    grown_config = episode_config("mnist1d-cnn-width", seed=seed, policy="gnn", policy_version=5)
+    grown = run_episode(grown_config, settings=settings, run_id=fresh_run_id(settings, f"yard-v5-s{seed}"))
     before = next(a for a in fresh["arms"]["tuned-v5"] if a["seed"] == seed)
-    host = grown_cfg.host
-    shape = load_dataset(grown_cfg.data).feature_shape
-    static_host = dataclasses.replace(host, build=functools.partial(static_shape, host.build, grown.widths, shape, host.input_dtype))
-    grid = {}
+    host = grown_config.host
+    shape = load_dataset(grown_config.data).feature_shape
+    build = functools.partial(static_shape, host.build, grown.widths, shape, host.input_dtype)  # type: ignore[union-attr]
+    static_host = dataclasses.replace(host, build=build)  # type: ignore[type-var]
+    grid: dict[float, EpisodeResult] = {}
     for wd in (0.0, 1e-4, 1e-3):
-        cfg = dataclasses.replace(episode_config("mnist1d-cnn-width", seed=seed, policy="none"), host=static_host)
+        config = dataclasses.replace(episode_config("mnist1d-cnn-width", seed=seed, policy="none"), host=static_host)
         if wd:
-            cfg.trainer = dataclasses.replace(cfg.trainer, weight_decay=wd)
-        grid[wd] = run_episode(cfg, settings=s, run_id=fresh_run_id(s, f"yard-static-wd{wd:g}-s{seed}"))
+            config.trainer = dataclasses.replace(config.trainer, weight_decay=wd)
+        grid[wd] = run_episode(
+            config, settings=settings, run_id=fresh_run_id(settings, f"yard-static-wd{wd:g}-s{seed}")
+        )
     best = best_on_validation(grid, language_model=False)
-    row = {"seed": seed, "grown_test": 100 * grown.test_accuracy, "rerun_equal": abs(100 * grown.test_accuracy - before["test"]) < 1e-9,
-           "widths": grown.widths, "params": grown.total_params, "static_test": 100 * grid[0.0].test_accuracy,
-           "static_params": grid[0.0].total_params, "tuned_test": 100 * grid[best].test_accuracy, "tuned_wd": best,
-           "grown_flops": grown.train_flops, "static_flops": grid[0.0].train_flops}
-    rows.append(row); print(row, flush=True)
-out = {"rows": rows}
-for k in ("static_test", "tuned_test"):
-    d = paired_difference([r["grown_test"] for r in rows], [r[k] for r in rows]); out[f"grown - {k}"] = d.as_dict(); print("grown -", k, d)
-out["flops_ratio"] = statistics.fmean(r["grown_flops"] / r["static_flops"] for r in rows)
+    row = {
+        "seed": seed,
+        "grown_test": 100 * grown.test_accuracy,
+        "rerun_equal": abs(100 * grown.test_accuracy - before["test"]) < 1e-9,
+        "widths": grown.widths,
+        "params": grown.total_params,
+        "static_test": 100 * grid[0.0].test_accuracy,
+        "static_params": grid[0.0].total_params,
+        "tuned_test": 100 * grid[best].test_accuracy,
+        "tuned_wd": best,
+        "grown_flops": grown.train_flops,
+        "static_flops": grid[0.0].train_flops,
+    }
+    rows.append(row)
+    print(row, flush=True)
+out: dict[str, object] = {"rows": rows}
+for key in ("static_test", "tuned_test"):
+    diff = paired_difference([r["grown_test"] for r in rows], [r[key] for r in rows])  # type: ignore[misc]
+    out[f"grown - {key}"] = diff.as_dict()
+    print("grown -", key, diff)
+out["flops_ratio"] = statistics.fmean(r["grown_flops"] / r["static_flops"] for r in rows)  # type: ignore[operator]
 print("flops ratio", out["flops_ratio"])
-json.dump(out, open("/tmp/tune3/yard.json", "w"), indent=1)
+Path(sys.argv[3]).write_text(json.dumps(out, indent=1))
