@@ -98,13 +98,14 @@ def _tune(args: argparse.Namespace, *, progress: Callable[[str, int, int], None]
     from esper_core.fanout import FanOut
     from esper_core.settings import EsperSettings
     from esper_core.studies.policy_tune import TuneConfig, format_result, tune_policy
+    from esper_core.tamiyo.shipped import DEFAULT_SHIPPED
 
     # Every option and the recipe are checked here, before any episode.
     config = TuneConfig(
         recipe=args.recipe,
         episodes=args.episodes,
         iterations=args.iterations,
-        shipped=args.shipped,
+        shipped=args.shipped or DEFAULT_SHIPPED,
         proxy_width=args.proxy_width,
         proxy_data=args.proxy_data,
         proxy_epochs=args.proxy_epochs,
@@ -144,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(narrower where the host scales, a share of the training data); the versions are chosen "
         "among on the proxy's selection seeds (2000, ...), and the chosen one meets the shipped policy on the full "
         "recipe on held-out seeds (0, 1, ...). Versions are published to this installation's registry: serve the "
-        "tuned one with esper run --policy gnn:N. docs/zoo.md, 'Tuning the shipped policy'.",
+        "tuned one with esper run --policy gnn:N. docs/zoo.md, 'Tuning the shipped policy to one recipe'.",
     )
     tune.add_argument("--recipe", required=True, help="a built-in recipe or package.module:function")
     tune.add_argument(
@@ -156,8 +157,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument(
         "--shipped",
         choices=SHIPPED_POLICIES,
-        default=SHIPPED_POLICIES[0],
-        help="the policy tuned from (default: %(default)s)",
+        default=None,
+        help="the shipped policy tuned from (default: the default shipped policy)",
     )
     tune.add_argument(
         "--proxy-width",

@@ -44,7 +44,8 @@ def morphogenesis(
             on CPU, NCCL with one GPU a process). The recipe's batch is the global batch, shared
             among them; a resume may use another number.
         policy: Pin who decides: ``shipped`` (the default shipped policy), a shipped policy's
-            name (``esper policy list``), ``heuristic``, ``gnn`` or ``none``; default: the
+            name (``esper policy list``), ``heuristic``, ``gnn`` (the newest Simic version),
+            ``gnn:<N>`` (version N) or ``none``; default: the
             recipe's own (the heuristic unless the recipe names another).
         max_params: Cap growth: the network may hold at most this many parameters
             (``KasminaConfig.max_params``); a germination past it is rejected.

@@ -27,6 +27,7 @@ from esper_core.determinism import capture_rng, restore_rng, seed_everything
 from esper_core.run.build import build_host
 from esper_core.run.config import RunConfig
 from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
 from esper_core.urza.service import Urza
 
 
@@ -42,7 +43,37 @@ def preflight(config: RunConfig, data: Dataset, *, settings: EsperSettings) -> N
     """
     check_home(settings.home)
     check_registry(settings)
+    check_pinned_policy(config, settings)
     check_one_batch(config, data)
+
+
+def check_pinned_policy(config: RunConfig, settings: EsperSettings) -> None:
+    """A run pinned to Simic version N (``esper run --policy gnn:N``) finds N in this registry,
+    trained for this Tamiyo: otherwise the first decision would fail after an epoch of work, or,
+    with no SQL store to read versions from, untrained weights would decide."""
+    tamiyo = config.tamiyo
+    version = tamiyo.policy_version
+    if tamiyo.policy != "gnn" or version is None:
+        return
+    urza = Urza.open(settings.home, settings.registry_db_url)
+    try:
+        store = SimicStore.for_urza(urza)
+        if store is None:
+            raise PreflightError(
+                f"policy gnn:{version} needs a registry that stores Simic versions (SQL), and this one has none: "
+                "unset ESPER_REGISTRY_URL for the SQLite registry in ESPER_HOME, or pin a shipped policy"
+            )
+        try:
+            policy = store.get_policy(version)
+        except ValueError as e:
+            raise PreflightError(f"policy gnn:{version}: {e}: pin one of them, or train one (esper policy tune)") from e
+    finally:
+        urza.close()
+    if policy.gnn != tamiyo.gnn:
+        raise PreflightError(
+            f"policy gnn:{version} was trained with {policy.gnn}, but this run's Tamiyo is {tamiyo.gnn}: "
+            "set the recipe's TamiyoConfig.gnn to the stored size, or pin another version"
+        )
 
 
 def check_home(home: Path) -> None:

@@ -117,6 +117,8 @@ class DepthPlan:
         widen_plateau_from: The share of the run before which the plateau arm doubles nothing
             (``HeuristicConfig.grow_from``); the arm's name ends ``-from<P>`` (P in %) when it
             is not 0.
+        first_fresh_seed: The lowest evaluation seed the plan may score: a plan whose rule was
+            shaped by seeds below it refuses them (``--first-seed``).
     """
 
     seeds: int
@@ -132,6 +134,7 @@ class DepthPlan:
     widen_plateau: float | None = None
     widen_plateau_window: int = 1
     widen_plateau_from: float = 0.0
+    first_fresh_seed: int = 0
 
 
 PLANS: dict[str, DepthPlan] = {
@@ -215,6 +218,7 @@ PLANS: dict[str, DepthPlan] = {
         widen_controls=False,
         widen_plateau=0.029,
         widen_plateau_from=5 / 16,
+        first_fresh_seed=6,
     ),
     # What CI runs: one seed, every arm, six short epochs on a cut of the data.
     "smoke": DepthPlan(
@@ -325,6 +329,13 @@ class DepthGrowthConfig:
         plateau = self.depth_plan.widen_plateau
         if self.depth_plan.widen_plateau_window < 1:
             raise ValueError(f"widen_plateau_window must be >= 1 epoch, got {self.depth_plan.widen_plateau_window}")
+        if not self.selection and self.first_seed < self.depth_plan.first_fresh_seed:
+            raise ValueError(
+                f"plan {self.plan!r} is scored on seeds nothing chose on, from {self.depth_plan.first_fresh_seed}: "
+                f"pass --first-seed {self.depth_plan.first_fresh_seed} (or later)"
+            )
+        if self.depth_plan.widen_plateau_from and plateau is None:
+            raise ValueError("widen_plateau_from opens the plateau arm, and this plan has none: set widen_plateau too")
         if not 0.0 <= self.depth_plan.widen_plateau_from < 1.0:
             raise ValueError(
                 f"widen_plateau_from must lie in [0, 1), got {self.depth_plan.widen_plateau_from}: a share of the "

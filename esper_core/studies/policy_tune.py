@@ -37,7 +37,7 @@ from esper_core.run.scores import bits, token_targets
 from esper_core.settings import EsperSettings
 from esper_core.simic.learn import SimicConfig
 from esper_core.simic.records import SimicStore
-from esper_core.simic.shipping import publish_shipped, require_current_inputs, shipped_versions
+from esper_core.simic.shipping import publish_shipped, require_current_inputs
 from esper_core.studies.episodes import EpisodeResult
 from esper_core.studies.simic_train import TrainingPlan, episode_jobs, run_episodes, train_ppo
 from esper_core.studies.variation import TaskVariation
@@ -67,18 +67,18 @@ class TuneConfig:
             can be scaled (a built-in host with hidden layers, a ``ModelSpec`` with
             ``build_scaled``), else 1.0.
         proxy_data: Share of the training split each proxy episode keeps (validation untouched).
-        proxy_epochs: Epochs of a proxy episode; None: the recipe's. Shorter proxies are cheaper but
-            can teach the wrong lesson: on ``mnist1d-cnn-width`` a quarter of its 60 epochs made no
-            growth score best on the proxy, and the version chosen there lost 3.4 points on the
-            full recipe (docs/zoo.md, "Tuning the shipped policy to one recipe").
+        proxy_epochs: Epochs of a proxy episode; None: the evaluation's (``epochs``, else the
+            recipe's). Shorter proxies are cheaper but can teach the wrong lesson: where growth
+            pays only over a long run, a short proxy rewards not growing (measured in docs/zoo.md,
+            "Tuning the shipped policy to one recipe").
         selection_seeds: Proxy seeds (from 2000) every version plays greedily to be chosen on.
         eval_seeds: Held-out seeds (0, 1, ...) of the full recipe on which the chosen version
             meets the shipped one.
         epochs: Epochs of the evaluation runs; None: the recipe's.
         flops_penalty: What the reward and the selection charge per doubling of training FLOPs,
             in validation-accuracy units (the zoo training's 0.01: one point).
-        ppo_lr: PPO's learning rate. Ten times a zoo training's (``SimicConfig.ppo_lr``): at that
-            rate 48 proxy episodes changed one greedy choice of the shipped policy's.
+        ppo_lr: PPO's learning rate, ten times a zoo training's (``SimicConfig.ppo_lr``): at the
+            zoo's rate a tuning's few updates barely move the shipped policy's greedy choices.
         ppo_epochs: Passes over each update's rollouts.
         device: Where episodes train.
     """
@@ -109,7 +109,7 @@ class TuneConfig:
             )
         if self.shipped not in SHIPPED:
             raise ValueError(f"unknown shipped policy {self.shipped!r}; `esper policy list` shows {sorted(SHIPPED)}")
-        if self.proxy_width is not None and self.proxy_width <= 0:
+        if self.proxy_width is not None and not self.proxy_width > 0:
             raise ValueError(f"proxy_width must be a width factor > 0 (0.5: half as wide), got {self.proxy_width}")
         if not 0.0 < self.proxy_data <= 1.0:
             raise ValueError(f"proxy_data must be a share of the training split in (0, 1], got {self.proxy_data}")
@@ -119,6 +119,17 @@ class TuneConfig:
             raise ValueError(f"selection_seeds must be >= 1, got {self.selection_seeds}")
         if self.eval_seeds < 2:
             raise ValueError(f"eval_seeds must be >= 2 (a paired interval needs two seeds), got {self.eval_seeds}")
+        # Three disjoint seed sets: nothing is chosen on a seed it is then scored on.
+        if self.episodes > FIRST_SELECTION_SEED - FIRST_ROLLOUT_SEED:
+            raise ValueError(
+                f"episodes ({self.episodes}) would run into the selection seeds from {FIRST_SELECTION_SEED}: "
+                f"use at most {FIRST_SELECTION_SEED - FIRST_ROLLOUT_SEED}"
+            )
+        if self.eval_seeds > FIRST_ROLLOUT_SEED or self.selection_seeds > FIRST_ROLLOUT_SEED:
+            raise ValueError(
+                f"eval_seeds and selection_seeds must be at most {FIRST_ROLLOUT_SEED}, got {self.eval_seeds} and "
+                f"{self.selection_seeds}: more would reuse the seeds the policy is tuned on"
+            )
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"epochs must be >= 2, got {self.epochs}")
         if self.ppo_lr <= 0 or self.ppo_epochs < 1:
@@ -190,6 +201,7 @@ class TuneResult:
         tuned_runs: The chosen version's (empty when the shipped one was chosen).
         language_model: Whether the recipe's score is bits per token (lower is better).
         proxy: The proxy's width, data share and epochs.
+        settings: The tuning's other settings (episodes, iterations, PPO's, the seed counts).
         wall_s: Seconds by phase.
     """
 
@@ -203,6 +215,7 @@ class TuneResult:
     tuned_runs: list[EpisodeResult]
     language_model: bool
     proxy: dict[str, Any]
+    settings: dict[str, Any]
     wall_s: dict[str, float]
 
     def _test(self, runs: Sequence[EpisodeResult]) -> list[float]:
@@ -235,6 +248,10 @@ class TuneResult:
             f"{diff.mean:+.{digits}f} {unit} [{diff.ci95_low:+.{digits}f}, {diff.ci95_high:+.{digits}f}] "
             f"on {n} held-out seeds"
         )
+        if diff.ci95_low == diff.ci95_high == 0.0:
+            return (
+                f"tuned v{self.chosen} scored the same as the shipped policy on all {n} held-out seeds: keep serving it"
+            )
         if diff.better():
             return f"tuned v{self.chosen} beat the shipped policy: {said}; serve it with `{serve}`"
         # Worse beyond the interval: it excludes 0 on the worse side.
@@ -255,6 +272,7 @@ class TuneResult:
             "chosen": self.chosen,
             "selection": self.selection,
             "proxy": self.proxy,
+            "settings": self.settings,
             "metric": "test bits per token" if self.language_model else "test accuracy, points",
             "eval_seeds": [r.seed for r in self.shipped_runs],
             "shipped_test": self._test(self.shipped_runs),
@@ -295,7 +313,14 @@ def tune_policy(
     publish_missing_kernels(settings, [config.config], device=config.device)
     store = SimicStore.open(settings.home, settings.registry_db_url)
     try:
-        base = shipped_versions(store).get(config.shipped) or publish_shipped(store, config.shipped)
+        # The version of the bytes this Esper ships (published on first use, found after): never an
+        # older release's weights that an earlier Esper published under the same name.
+        base = publish_shipped(store, config.shipped)
+        # Run ids seed the GNN's exploration, so they must follow from the registry's state alone:
+        # "tune" for the first tuning in a registry, "tune<N>" after version N exists (no uuid
+        # suffix from a clash with an earlier tuning's runs).
+        newest = max(p.version for p in store.policies())
+        tag = "tune" if newest == base.version else f"tune{newest}"
     finally:
         store.close()
     wall["setup"] = time.perf_counter() - start
@@ -323,7 +348,7 @@ def tune_policy(
     for iteration in range(config.iterations):
         report("tuning", iteration, config.iterations)
         seeds = [FIRST_ROLLOUT_SEED + iteration * config.rollouts + k for k in range(config.rollouts)]
-        rollouts = play(seeds, "gnn", label=f"tune-roll-v{version}", proxy=True, explore=True, policy_version=version)
+        rollouts = play(seeds, "gnn", label=f"{tag}-roll-v{version}", proxy=True, explore=True, policy_version=version)
         store = SimicStore.open(settings.home, settings.registry_db_url)
         try:
             version = train_ppo(
@@ -342,11 +367,11 @@ def tune_policy(
     # Selection on the proxy: every version and the shipped one, greedy, against no growth.
     start = time.perf_counter()
     selection_seeds = [FIRST_SELECTION_SEED + k for k in range(config.selection_seeds)]
-    static = play(selection_seeds, "none", label="tune-sel", proxy=True)
+    static = play(selection_seeds, "none", label=f"{tag}-sel", proxy=True)
     scores: dict[str, float] = {"none": _score(static, static, config.flops_penalty, language_model)}
     for k, candidate in enumerate([base.version, *versions]):
         report("selection", k, len(versions) + 1)
-        played = play(selection_seeds, "gnn", label=f"tune-sel-v{candidate}", proxy=True, policy_version=candidate)
+        played = play(selection_seeds, "gnn", label=f"{tag}-sel-v{candidate}", proxy=True, policy_version=candidate)
         label = "shipped" if candidate == base.version else f"v{candidate}"
         scores[label] = _score(played, static, config.flops_penalty, language_model)
     best = max((label for label in scores if label != "none"), key=lambda label: scores[label])
@@ -357,11 +382,11 @@ def tune_policy(
     start = time.perf_counter()
     eval_seeds = list(range(config.eval_seeds))
     report("evaluation", 0, 2)
-    shipped_runs = play(eval_seeds, "gnn", label="tune-eval-shipped", proxy=False, policy_version=base.version)
+    shipped_runs = play(eval_seeds, "gnn", label=f"{tag}-eval-shipped", proxy=False, policy_version=base.version)
     tuned_runs: list[EpisodeResult] = []
     if chosen != base.version:
         report("evaluation", 1, 2)
-        tuned_runs = play(eval_seeds, "gnn", label=f"tune-eval-v{chosen}", proxy=False, policy_version=chosen)
+        tuned_runs = play(eval_seeds, "gnn", label=f"{tag}-eval-v{chosen}", proxy=False, policy_version=chosen)
     wall["evaluation"] = time.perf_counter() - start
     report("evaluation", 2, 2)
     return TuneResult(
@@ -375,6 +400,15 @@ def tune_policy(
         tuned_runs=tuned_runs,
         language_model=language_model,
         proxy=proxy,
+        settings={
+            "episodes": config.episodes,
+            "iterations": config.iterations,
+            "ppo_lr": config.ppo_lr,
+            "ppo_epochs": config.ppo_epochs,
+            "flops_penalty": config.flops_penalty,
+            "selection_seeds": selection_seeds,
+            "device": config.device,
+        },
         wall_s=wall,
     )
 
@@ -401,7 +435,12 @@ def format_result(result: TuneResult) -> str:
         + f"; chosen: {'shipped' if result.chosen == result.shipped_version else f'v{result.chosen}'}",
         f"evaluation ({d['metric']}, seeds {d['eval_seeds']}): shipped "
         + " ".join(f"{v:.4g}" for v in d["shipped_test"])
-        + (f"; tuned {' '.join(f'{v:.4g}' for v in d['tuned_test'])}" if d["tuned_test"] else ""),
+        + (
+            f"; tuned {' '.join(f'{v:.4g}' for v in d['tuned_test'])} "
+            f"(training FLOPs x{d['train_flops_ratio']:.2f} the shipped policy's)"
+            if d["tuned_test"]
+            else ""
+        ),
         result.verdict,
     ]
     if result.selection["none"] > max(v for k, v in result.selection.items() if k != "none"):

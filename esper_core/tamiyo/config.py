@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,6 +211,12 @@ class TamiyoConfig:
                 f"scheduled germinations share an epoch ({sorted(epochs)}): Tamiyo issues one command an "
                 "epoch; move one to a later epoch"
             )
+        if 0 < self.heuristic.grow_from >= self.risk.grow_until:
+            raise ValueError(
+                f"heuristic.grow_from={self.heuristic.grow_from:g} opens growth at or after risk.grow_until="
+                f"{self.risk.grow_until:g} closes it, so the rule would never germinate: lower grow_from, or raise "
+                "grow_until (esper run --grow-until)"
+            )
         if self.explore and self.policy != "gnn":
             raise ValueError(f"explore=True samples the GNN's actions: it needs policy='gnn', got {self.policy!r}")
         try:
@@ -257,7 +264,7 @@ def pinned_version(choice: str) -> int | None:
     if not choice.startswith(GNN_VERSION_PREFIX):
         return None
     number = choice.removeprefix(GNN_VERSION_PREFIX)
-    if not number.isdigit() or int(number) < 1:
+    if re.fullmatch(r"[1-9][0-9]*", number) is None:
         raise ValueError(f"policy {choice!r}: write gnn:<N> with a Simic version N >= 1, e.g. gnn:3")
     return int(number)
 
@@ -282,11 +289,12 @@ def with_policy(tamiyo: TamiyoConfig, choice: str) -> TamiyoConfig:
     check_pinnable(choice)
     if (version := pinned_version(choice)) is not None:
         return dataclasses.replace(tamiyo, policy="gnn", policy_version=version, schedule=())
+    # Any other choice drops a version the recipe pinned: `gnn` means the newest.
     if choice in SHIPPED:
-        return dataclasses.replace(tamiyo, policy="shipped", shipped=choice, schedule=())
+        return dataclasses.replace(tamiyo, policy="shipped", shipped=choice, schedule=(), policy_version=None)
     if choice == "shipped":
-        return dataclasses.replace(tamiyo, policy="shipped", shipped=DEFAULT_SHIPPED, schedule=())
-    return dataclasses.replace(tamiyo, policy=choice, schedule=())
+        return dataclasses.replace(tamiyo, policy="shipped", shipped=DEFAULT_SHIPPED, schedule=(), policy_version=None)
+    return dataclasses.replace(tamiyo, policy=choice, schedule=(), policy_version=None)
 
 
 def policy_record(tamiyo: TamiyoConfig, *, served: str | None) -> dict[str, Any]:

@@ -79,8 +79,9 @@ class HeuristicConfig:
         grow_from: Share of the run before which nothing is germinated, plateau or probe (epoch
             < ``ceil(grow_from * total_epochs)``): a one-epoch dip of the improvement early in
             a run is noise more often than a plateau, and a network grown early pays for its
-            width over more epochs. The opening counterpart of ``RiskConfig.grow_until``; 0
-            (default) does not limit it. Needs the run's length (``decide(total_epochs=...)``).
+            width over more epochs. The opening counterpart of ``RiskConfig.grow_until``, but the
+            rule's alone (the risk engine's window binds every policy); 0 (default) does not limit
+            it. Needs the run's length (``decide(total_epochs=...)``).
     """
 
     plateau_window: int = 2

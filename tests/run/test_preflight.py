@@ -18,6 +18,8 @@ from esper_core.determinism import capture_rng
 from esper_core.run.preflight import PreflightError, check_one_batch, preflight
 from esper_core.run.spec import plan_spec
 from esper_core.settings import EsperSettings
+from esper_core.simic.records import SimicStore
+from esper_core.tamiyo.model import TamiyoGNN, TamiyoGNNConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,3 +122,23 @@ def test_a_loss_that_is_not_a_scalar_is_refused(esper_home: EsperSettings) -> No
     planned.config.loss = lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
     with pytest.raises(PreflightError, match="not a scalar"):
         check_one_batch(planned.config, planned.data)
+
+
+def test_a_pinned_simic_version_must_be_in_the_registry_and_of_this_tamiyo(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    line = _one_line_exit_2(_esper_run(home, "--recipe", "digits-mlp", "--device", "cpu", "--policy", "gnn:7"))
+    assert "policy gnn:7: no policy version 7" in line and "esper policy tune" in line
+    assert not (home / "runs").exists() and _nothing_in_prefect(tmp_path / "prefect")
+    # Stored, but trained for another network size than the recipe's Tamiyo.
+    settings = EsperSettings(home=home)
+    store = SimicStore.open(home)
+    try:
+        other = TamiyoGNNConfig(hidden_dim=32)
+        version = store.publish_policy(TamiyoGNN(other).state_dict(), gnn=other, method="imitation", provenance={})
+    finally:
+        store.close()
+    planned = plan_spec("digits-mlp", device="cpu", policy=f"gnn:{version.version}")
+    with pytest.raises(
+        PreflightError, match=rf"gnn:{version.version} was trained with .*set the recipe's TamiyoConfig.gnn"
+    ):
+        preflight(planned.config, planned.data, settings=settings)

@@ -14,7 +14,9 @@ from esper_core.run.reports import RunSummary
 from esper_core.run.spec import check_resume, plan_spec
 from esper_core.settings import EsperSettings
 from esper_core.tamiyo import shipped
-from esper_core.tamiyo.config import TamiyoConfig
+from esper_core.tamiyo.config import TamiyoConfig, with_policy
+from esper_core.tamiyo.heuristic import HeuristicConfig
+from esper_core.tamiyo.risk import RiskConfig
 from esper_core.telemetry import read_jsonl
 from esper_core.tolaria.flops import forward_flops
 from esper_core.tolaria.loop import count_parameters
@@ -102,9 +104,17 @@ def test_a_run_pins_its_policy_and_a_resume_keeps_it(esper_home: EsperSettings) 
 def test_a_run_pins_one_simic_version_by_number() -> None:
     tamiyo = RunSpec(recipe="mnist1d-cnn-grown", policy="gnn:3").config().tamiyo
     assert (tamiyo.policy, tamiyo.policy_version, tamiyo.schedule) == ("gnn", 3, ())
-    for bad in ("gnn:0", "gnn:x", "gnn:"):
+    for bad in ("gnn:0", "gnn:x", "gnn:", "gnn:\u00b2", "gnn:01"):
         with pytest.raises(ValueError, match="gnn:<N> with a Simic version N >= 1"):
             RunSpec(recipe="mnist1d-cnn-grown", policy=bad)
+    # Any other pin drops the version: plain `gnn` serves the newest.
+    assert with_policy(tamiyo, "gnn").policy_version is None
+    assert with_policy(tamiyo, "heuristic").policy_version is None
+
+
+def test_a_rule_that_opens_growth_where_the_risk_engine_closes_it_is_refused() -> None:
+    with pytest.raises(ValueError, match="grow_from=0.5 opens growth at or after risk.grow_until=0.5"):
+        TamiyoConfig(heuristic=HeuristicConfig(grow_from=0.5), risk=RiskConfig(grow_until=0.5))
 
 
 def test_a_run_is_not_resumed_by_a_controller_whose_defaults_changed_since_it_started(

@@ -363,4 +363,12 @@ def test_a_plateau_threshold_outside_0_1_is_refused_with_its_meaning() -> None:
 def test_a_plateau_start_outside_0_1_is_refused_with_its_meaning() -> None:
     plan = dataclasses.replace(PLANS["widen-budget"], widen_plateau_from=5)
     with mock.patch.dict(PLANS, {"bad": plan}), pytest.raises(ValueError, match="e.g. 0.3125 for 5 of 16"):
+        DepthGrowthConfig(plan="bad", first_seed=6)
+
+
+def test_the_budget_plan_refuses_the_seeds_that_shaped_its_rule() -> None:
+    with pytest.raises(ValueError, match="pass --first-seed 6"):
+        DepthGrowthConfig(plan="widen-budget")
+    plan = dataclasses.replace(PLANS["widen-late"], widen_plateau=None, widen_plateau_from=0.3)
+    with mock.patch.dict(PLANS, {"bad": plan}), pytest.raises(ValueError, match="set widen_plateau too"):
         DepthGrowthConfig(plan="bad")

@@ -211,6 +211,16 @@ def test_grow_from_holds_plateaus_and_the_probe_until_its_share_of_the_run() -> 
     assert default.seed_operation is SeedOperation.GERMINATE
 
 
+def test_grow_from_opens_at_the_ceiling_of_its_share() -> None:
+    # 0.25 of 10 epochs is 2.5: growth opens at epoch 3, not 2.
+    seeds = (_dormant("s0", "fc2"),)
+    policy = HeuristicPolicy(HeuristicConfig(grow_from=0.25, plateau_window=1))
+    at_2 = policy.decide(_history([1.0, 0.8, 0.799], seeds), CANDIDATES, run_id="run", total_epochs=10)
+    assert at_2.command_type is CommandType.WAIT and "epoch 2 < 3" in at_2.reason
+    at_3 = policy.decide(_history([1.0, 0.8, 0.799, 0.798], seeds), CANDIDATES, run_id="run", total_epochs=10)
+    assert at_3.seed_operation is SeedOperation.GERMINATE
+
+
 def test_grow_from_needs_the_run_length() -> None:
     policy = HeuristicPolicy(HeuristicConfig(grow_from=0.3))
     with pytest.raises(ValueError, match="grow_from=0.3 is a share of the run: pass total_epochs"):
